@@ -1,0 +1,36 @@
+# The front doors: `make demo` and `make test`. Both install what is missing (Debian 12, as root),
+# configure with CMake presets and build with Ninja.
+PRESET ?= release
+BUILD  := build/$(PRESET)
+JOBS   ?= $(shell nproc)
+
+.PHONY: all deps build test test-asan demo bench clean format
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt CMakePresets.json | deps
+	cmake --preset $(PRESET)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build --preset $(PRESET) -j $(JOBS)
+
+test: build
+	ctest --preset $(PRESET) -j $(JOBS)
+
+test-asan:
+	$(MAKE) test PRESET=asan
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)/gpunode-agent
+
+bench: build
+	@bash tests/bench/run.sh $(BUILD)
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.hpp')
+
+clean:
+	rm -rf build

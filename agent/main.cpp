@@ -1,0 +1,139 @@
+// gpunode-agent: the node agent's command line (CONTRACT §1). A thin main over the libraries.
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <boost/json/serialize.hpp>
+#include <fmt/format.h>
+
+#include "gpunode/config/config.hpp"
+#include "gpunode/discovery/json.hpp"
+#include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/discovery/rules.hpp"
+#include "gpunode/discovery/sysfs_reader.hpp"
+#include "discover_table.hpp"
+
+namespace {
+
+namespace cfg = gpunode::config;
+namespace disc = gpunode::discovery;
+
+constexpr int kExitOk = 0;
+constexpr int kExitInvalid = 1;  // invalid config or input
+constexpr int kExitUsage = 2;
+
+void print_problems(const std::vector<cfg::Problem>& problems) {
+  for (const auto& p : problems) fmt::print(stderr, "{}\n", p.to_string());
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+disc::Policy policy_from(const cfg::Config& config) {
+  disc::Policy policy;
+  policy.gpu_vendors.clear();
+  for (const auto& v : config.discovery.gpu_vendors) {
+    std::uint16_t id = 0;
+    auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), id, 16);
+    if (ec == std::errc{} && ptr == v.data() + v.size()) policy.gpu_vendors.push_back(id);
+  }
+  policy.reservable_classes.clear();
+  for (const auto& c : config.discovery.reservable_classes) {
+    if (auto cls = disc::parse_unit_class(c)) policy.reservable_classes.push_back(*cls);
+  }
+  policy.unsellable = config.node.unsellable_units;
+  return policy;
+}
+
+int cmd_discover(const std::string& config_file, const std::string& host_root_flag, bool json) {
+  cfg::Config config;
+  if (!config_file.empty()) {
+    auto loaded = cfg::load_file(config_file, cfg::Purpose::discover);
+    if (!loaded.ok()) {
+      print_problems(loaded.problems);
+      return kExitInvalid;
+    }
+    config = std::move(loaded.config);
+  }
+  const std::string host_root = host_root_flag.empty() ? config.discovery.host_root : host_root_flag;
+  const disc::Policy policy = policy_from(config);
+
+  auto names = disc::PciIds::load(GPUNODE_PCI_IDS, policy.gpu_vendors);
+  if (!names) fmt::print(stderr, "warning: no GPU names: {}\n", names.error());
+  disc::SysfsReader reader(host_root, policy, names ? &*names : nullptr);
+  disc::HostSnapshot snapshot = reader.read();
+  for (const auto& w : snapshot.warnings) fmt::print(stderr, "warning: {}\n", w);
+  std::vector<disc::Unit> units = disc::build_units(snapshot, policy);
+
+  const std::string node_id = config.node.id.empty() ? host_name() : config.node.id;
+  if (json) {
+    fmt::print("{}\n", boost::json::serialize(disc::units_body(node_id, units)));
+  } else {
+    fmt::print("{}", gpunode::agent::discover_table(node_id, host_root, snapshot, units));
+  }
+  return kExitOk;
+}
+
+int cmd_check_config(const std::string& config_file) {
+  auto loaded = cfg::load_file(config_file, cfg::Purpose::run);
+  if (!loaded.ok()) {
+    print_problems(loaded.problems);
+    return kExitInvalid;
+  }
+  fmt::print("{}: ok\n", config_file);
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpunode-agent: the GPU node agent (discovery, reservations, spot control)", "gpunode-agent"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every command");
+
+  std::string config_file, host_root;
+  bool json = false;
+  auto* discover = app.add_subcommand("discover", "Scan this host once and print its GPU units");
+  discover->add_option("--config", config_file, "agent.yaml to take discovery and node settings from");
+  discover->add_option("--host-root", host_root, "Read <DIR>/sys and <DIR>/proc instead of the host's");
+  discover->add_flag("--json", json, "Print exactly the body of GET /v1/nodes/{nodeId}/units");
+
+  std::string check_file;
+  auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
+  check->add_option("--config", check_file, "The file to check")->required();
+
+  auto* version = app.add_subcommand("version", "Print the agent's version");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+
+  try {
+    if (discover->parsed()) return cmd_discover(config_file, host_root, json);
+    if (check->parsed()) return cmd_check_config(check_file);
+    if (version->parsed()) {
+      fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
+      return kExitOk;
+    }
+  } catch (const std::exception& e) {
+    // A bug, never bad input: say so instead of dying silently.
+    fmt::print(stderr, "gpunode-agent: internal error: {}\n", e.what());
+    return 70;
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,644 @@
+// Loading agent.yaml (CONTRACT §2, §7): read, parse with yaml-cpp, then one schema pass that
+// reports every unknown, duplicate, mistyped, invalid and (for `run`) missing key with its
+// position. Nothing here throws for any input.
+#include "gpunode/config/config.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "text.hpp"
+#include "values.hpp"
+
+namespace gpunode::config {
+namespace {
+
+constexpr std::size_t kMaxFileSize = std::size_t{1} << 20;  // no sane agent.yaml comes near
+
+// --- problems ------------------------------------------------------------------------------------
+
+struct Pos {
+  int line = 1;
+  int column = 1;
+};
+
+constexpr Pos kNowhere{0, 0};  // a problem of the whole file: printed as "FILE: message"
+
+// yaml-cpp marks are 0-based (-1 when a node has none).
+Pos pos_of(const YAML::Mark& mark) {
+  return {std::max(mark.line, 0) + 1, std::max(mark.column, 0) + 1};
+}
+Pos pos_of(const YAML::Node& node) {
+  return pos_of(node.Mark());
+}
+
+std::string_view kind_of(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    default:
+      return "empty";
+  }
+}
+
+class Problems {
+ public:
+  explicit Problems(const std::string& file) : file_(file) {}
+
+  void add(Pos pos, std::string message) {
+    list_.push_back({file_, pos.line, pos.column, std::move(message)});
+  }
+
+  // In file order; problems at one position keep the order they were found in.
+  std::vector<Problem> take_sorted() {
+    std::stable_sort(list_.begin(), list_.end(), [](const Problem& a, const Problem& b) {
+      return std::pair(a.line, a.column) < std::pair(b.line, b.column);
+    });
+    return std::move(list_);
+  }
+
+ private:
+  const std::string& file_;
+  std::vector<Problem> list_;
+};
+
+// --- the schema --------------------------------------------------------------------------------
+
+struct Entry {
+  YAML::Node key;
+  YAML::Node value;
+};
+
+// One mapping of the schema (the top level, node, api.tls, ...): the keys it knows, the first
+// occurrence of each in the file, and where a key it lacks is reported: at the mapping itself, or
+// at the nearest enclosing one when it is absent, or at 1:1 for the top level.
+class Section {
+ public:
+  static Section root(Problems& problems, const YAML::Node& document,
+                      std::initializer_list<std::string_view> keys);
+  // The mapping under `key`. A null value counts as an empty mapping; anything else that is not a
+  // mapping is reported, and the section is then `broken`: its keys are not required.
+  [[nodiscard]] Section child(std::string_view key, std::initializer_list<std::string_view> keys) const;
+
+  [[nodiscard]] const Entry* find(std::string_view key) const;
+  [[nodiscard]] std::string path(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+  [[nodiscard]] Problems& problems() const { return *problems_; }
+  [[nodiscard]] Pos anchor() const { return anchor_; }
+  [[nodiscard]] bool broken() const { return broken_; }
+
+ private:
+  Section(Problems& problems, std::string path, Pos anchor, std::initializer_list<std::string_view> keys)
+      : problems_(&problems), path_(std::move(path)), anchor_(anchor), keys_(keys) {}
+
+  void bind(const YAML::Node& mapping);
+  void add_entry(const YAML::Node& key, const YAML::Node& value);
+  void report_unknown(const YAML::Node& key) const;
+  [[nodiscard]] std::string key_kind() const { return path_.empty() ? "top-level key" : "key"; }
+  [[nodiscard]] std::string where() const { return path_.empty() ? std::string() : " in " + path_; }
+
+  Problems* problems_;
+  std::string path_;
+  Pos anchor_;
+  bool broken_ = false;
+  std::vector<std::string_view> keys_;
+  std::vector<std::pair<std::string_view, Entry>> entries_;
+};
+
+Section Section::root(Problems& problems, const YAML::Node& document,
+                      std::initializer_list<std::string_view> keys) {
+  Section out(problems, "", Pos{}, keys);
+  if (document.IsNull()) return out;  // an empty file: all defaults
+  if (!document.IsMap()) {
+    problems.add(pos_of(document), fmt::format("the top level must be a mapping, not {}", kind_of(document)));
+    out.broken_ = true;
+    return out;
+  }
+  out.bind(document);
+  return out;
+}
+
+Section Section::child(std::string_view key, std::initializer_list<std::string_view> keys) const {
+  Section out(*problems_, path(key), anchor_, keys);
+  out.broken_ = broken_;
+  const Entry* entry = find(key);
+  if (entry == nullptr) return out;
+  if (entry->value.IsNull()) {
+    out.anchor_ = pos_of(entry->key);  // a null's own mark is wherever the next token starts
+    return out;
+  }
+  if (!entry->value.IsMap()) {
+    problems_->add(pos_of(entry->value),
+                   fmt::format("{} must be a mapping, not {}", out.path_, kind_of(entry->value)));
+    out.broken_ = true;
+    return out;
+  }
+  out.anchor_ = pos_of(entry->value);
+  out.bind(entry->value);
+  return out;
+}
+
+const Entry* Section::find(std::string_view key) const {
+  for (const auto& [name, entry] : entries_) {
+    if (name == key) return &entry;
+  }
+  return nullptr;
+}
+
+void Section::bind(const YAML::Node& mapping) {
+  for (auto it = mapping.begin(); it != mapping.end(); ++it) add_entry(it->first, it->second);
+}
+
+void Section::add_entry(const YAML::Node& key, const YAML::Node& value) {
+  if (!key.IsScalar()) {
+    problems_->add(pos_of(key),
+                   fmt::format("a {}{} must be a string, not {}", key_kind(), where(), kind_of(key)));
+    return;
+  }
+  const std::string& name = key.Scalar();
+  const auto known = std::find(keys_.begin(), keys_.end(), name);
+  if (known == keys_.end()) {
+    report_unknown(key);
+    return;
+  }
+  if (const Entry* first = find(*known)) {
+    problems_->add(pos_of(key), fmt::format("duplicate {} {}{} (first at line {})", key_kind(),
+                                            text::quote(name), where(), pos_of(first->key).line));
+    return;
+  }
+  entries_.emplace_back(*known, Entry{key, value});
+}
+
+void Section::report_unknown(const YAML::Node& key) const {
+  const std::string& name = key.Scalar();
+  std::string message = fmt::format("unknown {} {}{}", key_kind(), text::quote(name), where());
+  if (const std::string_view guess = text::closest(name, keys_); !guess.empty()) {
+    message += fmt::format(" (did you mean \"{}\"?)", guess);
+  }
+  problems_->add(pos_of(key), std::move(message));
+}
+
+// --- values --------------------------------------------------------------------------------------
+
+template <class T>
+using Parser = values::Parsed<T> (*)(std::string_view);
+
+// The value of `key` when it is present and a scalar; a null or a non-scalar is reported.
+const YAML::Node* scalar_of(const Section& s, std::string_view key, std::string_view what) {
+  const Entry* entry = s.find(key);
+  if (entry == nullptr) return nullptr;
+  if (entry->value.IsNull()) {
+    s.problems().add(pos_of(entry->key), fmt::format("{} needs a value", s.path(key)));
+    return nullptr;
+  }
+  if (!entry->value.IsScalar()) {
+    s.problems().add(pos_of(entry->value),
+                     fmt::format("{} must be {}, not {}", s.path(key), what, kind_of(entry->value)));
+    return nullptr;
+  }
+  return &entry->value;
+}
+
+// A scalar key: parsed into `out` when present and valid, else reported (and `out` unchanged).
+template <class T>
+void read_value(const Section& s, std::string_view key, std::string_view what, Parser<T> parse, T& out) {
+  const YAML::Node* value = scalar_of(s, key, what);
+  if (value == nullptr) return;
+  auto parsed = parse(value->Scalar());
+  if (!parsed) {
+    s.problems().add(pos_of(*value), fmt::format("invalid value {} for {}: {}", text::quote(value->Scalar()),
+                                                 s.path(key), parsed.error()));
+    return;
+  }
+  out = std::move(*parsed);
+}
+
+template <class T>
+void read_string(const Section& s, std::string_view key, Parser<T> parse, T& out) {
+  read_value(s, key, "a string", parse, out);
+}
+
+// A list of scalars: `out` becomes its valid entries (`[]` empties it); every bad entry is reported.
+template <class T>
+void read_list(const Section& s, std::string_view key, Parser<T> parse, std::vector<T>& out) {
+  const Entry* entry = s.find(key);
+  if (entry == nullptr) return;
+  const std::string path = s.path(key);
+  if (entry->value.IsNull()) {
+    s.problems().add(pos_of(entry->key), fmt::format("{} needs a value (write [] for an empty list)", path));
+    return;
+  }
+  if (!entry->value.IsSequence()) {
+    s.problems().add(pos_of(entry->value),
+                     fmt::format("{} must be a list, not {}", path, kind_of(entry->value)));
+    return;
+  }
+  std::vector<T> items;
+  int index = 0;
+  for (const YAML::Node& item : entry->value) {
+    ++index;
+    if (item.IsNull()) {
+      // A null's mark is wherever the next token starts: point at the list and count instead.
+      s.problems().add(pos_of(entry->value), fmt::format("entry {} of {} is empty", index, path));
+    } else if (!item.IsScalar()) {
+      s.problems().add(pos_of(item),
+                       fmt::format("entries of {} must be scalars, not {}", path, kind_of(item)));
+    } else if (auto parsed = parse(item.Scalar())) {
+      items.push_back(std::move(*parsed));
+    } else {
+      s.problems().add(pos_of(item), fmt::format("invalid entry {} in {}: {}", text::quote(item.Scalar()),
+                                                 path, parsed.error()));
+    }
+  }
+  out = std::move(items);
+}
+
+// --- what `run` needs ----------------------------------------------------------------------------
+
+// The key must be there; its value was checked when it was read.
+void require_key(const Section& s, std::string_view key) {
+  if (s.broken() || s.find(key) != nullptr) return;
+  s.problems().add(s.anchor(), fmt::format("missing required key \"{}\"", s.path(key)));
+}
+
+// The key must be there and hold a non-empty string or list.
+void require_value(const Section& s, std::string_view key) {
+  const Entry* entry = s.find(key);
+  if (entry == nullptr) {
+    require_key(s, key);
+    return;
+  }
+  const YAML::Node& value = entry->value;
+  const bool empty =
+      (value.IsScalar() && value.Scalar().empty()) || (value.IsSequence() && value.size() == 0);
+  if (empty)
+    s.problems().add(pos_of(value), fmt::format("{} must not be empty to run the agent", s.path(key)));
+}
+
+// --- the sections --------------------------------------------------------------------------------
+
+void read_node(const Section& root, Purpose purpose, Config::Node& out) {
+  const Section s = root.child("node", {"id", "owner_org", "unsellable_units"});
+  read_string(s, "id", values::name, out.id);
+  read_string(s, "owner_org", values::name, out.owner_org);
+  read_list(s, "unsellable_units", values::unit_ref, out.unsellable_units);
+  if (purpose != Purpose::run) return;
+  require_key(s, "id");
+  require_key(s, "owner_org");
+}
+
+void read_discovery(const Section& root, Config::Discovery& out) {
+  const Section s =
+      root.child("discovery", {"host_root", "gpu_vendors", "reservable_classes", "rescan_interval"});
+  read_string(s, "host_root", values::absolute_path, out.host_root);
+  read_list(s, "gpu_vendors", values::gpu_vendor, out.gpu_vendors);
+  read_list(s, "reservable_classes", values::reservable_class, out.reservable_classes);
+  read_value(s, "rescan_interval", "a duration", values::rescan_interval, out.rescan_interval);
+}
+
+void read_api(const Section& root, Purpose purpose, Config::Api& out) {
+  const Section s = root.child("api", {"listen", "tls"});
+  read_string(s, "listen", values::listen, out.listen);
+  const Section tls = s.child("tls", {"cert", "key", "client_ca"});
+  read_string(tls, "cert", values::text, out.tls.cert);
+  read_string(tls, "key", values::text, out.tls.key);
+  read_string(tls, "client_ca", values::text, out.tls.client_ca);
+  if (purpose != Purpose::run) return;
+  require_value(tls, "cert");
+  require_value(tls, "key");
+}
+
+void read_auth(const Section& root, Purpose purpose, Config::Auth& out) {
+  const Section s = root.child("auth", {"issuer", "audience", "keys"});
+  read_string(s, "issuer", values::text, out.issuer);
+  read_string(s, "audience", values::non_empty_text, out.audience);
+  read_list(s, "keys", values::non_empty_text, out.keys);
+  if (purpose != Purpose::run) return;
+  require_value(s, "issuer");
+  require_value(s, "keys");
+}
+
+void read_admin(const Section& root, Config::Admin& out) {
+  const Section s = root.child("admin", {"socket", "allowed_uids", "allowed_group"});
+  read_string(s, "socket", values::socket_path, out.socket);
+  read_list(s, "allowed_uids", values::uid, out.allowed_uids);
+  read_string(s, "allowed_group", values::text, out.allowed_group);
+}
+
+void read_libvirt(const Section& root, Config::Libvirt& out) {
+  const Section s = root.child("libvirt", {"uri", "shutdown_grace"});
+  read_string(s, "uri", values::non_empty_text, out.uri);
+  read_value(s, "shutdown_grace", "a duration", values::shutdown_grace, out.shutdown_grace);
+}
+
+void read_central(const Section& root, Purpose purpose, Config::Central& out) {
+  const Section s = root.child("central", {"url", "ca", "client_cert", "client_key"});
+  read_string(s, "url", values::central_url, out.url);
+  read_string(s, "ca", values::text, out.ca);
+  read_string(s, "client_cert", values::text, out.client_cert);
+  read_string(s, "client_key", values::text, out.client_key);
+  if (purpose != Purpose::run || out.url.empty()) return;
+  require_value(s, "client_cert");  // reporting is mTLS (CONTRACT §6)
+  require_value(s, "client_key");
+}
+
+void read_state(const Section& root, Config::State& out) {
+  const Section s = root.child("state", {"dir"});
+  read_string(s, "dir", values::absolute_path, out.dir);
+}
+
+void read_log(const Section& root, Config::Log& out) {
+  const Section s = root.child("log", {"level", "format"});
+  read_string(s, "level", values::log_level, out.level);
+  read_string(s, "format", values::log_format, out.format);
+}
+
+void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out) {
+  const Section root =
+      Section::root(problems, document,
+                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "state", "log"});
+  read_node(root, purpose, out.node);
+  read_discovery(root, out.discovery);
+  read_api(root, purpose, out.api);
+  read_auth(root, purpose, out.auth);
+  read_admin(root, out.admin);
+  read_libvirt(root, out.libvirt);
+  read_central(root, purpose, out.central);
+  read_state(root, out.state);
+  read_log(root, out.log);
+}
+
+// --- parsing -------------------------------------------------------------------------------------
+
+// What one pass of yaml-cpp's event parser over the whole stream shows, beyond the first
+// document's tree. It is taken before YAML::Load because of two yaml-cpp 0.7 defects:
+// - a ',' outside any flow collection is never consumed: each further document is a null at the
+//   same place, so YAML::LoadAll loops and allocates forever (jbeder/yaml-cpp#1040, fixed by
+//   #1319 after 0.7): a null document at the same mark as the one before means "stuck";
+// - a quoted scalar that is never closed runs to the end of the file, so `issuer: "https://x`
+//   silently swallows every key after it. Such a scalar is the last one of the stream.
+struct StreamFacts {
+  std::optional<YAML::Mark> stuck;            // where the parser stopped making progress
+  std::optional<YAML::Mark> last_scalar;      // the start of the stream's last scalar
+  std::optional<YAML::Mark> second_document;  // the start of the second document with content
+};
+
+class StreamScan final : public YAML::EventHandler {
+ public:
+  struct First {
+    YAML::Mark mark;
+    bool content = false;  // anything but a lone null
+  };
+
+  void start_document() { first_.reset(); }
+  [[nodiscard]] const std::optional<First>& first() const { return first_; }
+  [[nodiscard]] const std::optional<YAML::Mark>& last_scalar() const { return last_scalar_; }
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { note(mark, false); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { note(mark, true); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    note(mark, true);
+    last_scalar_ = mark;
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    note(mark, true);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    note(mark, true);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void note(const YAML::Mark& mark, bool content) {
+    if (!first_) first_ = First{mark, content};
+  }
+
+  std::optional<First> first_;
+  std::optional<YAML::Mark> last_scalar_;
+};
+
+// Throws what yaml-cpp throws for a syntax error.
+StreamFacts scan_stream(std::string_view source) {
+  std::istringstream in{std::string(source)};
+  YAML::Parser parser(in);
+  StreamScan scan;
+  StreamFacts facts;
+  int with_content = 0;
+  constexpr int kNone = -2;  // a mark's pos is -1 at the least
+  int previous_null = kNone;
+  // Every document but a stuck one consumes input, so this bound is never reached otherwise.
+  for (std::size_t n = 0; n <= source.size() + 1; ++n) {
+    scan.start_document();
+    if (!parser.HandleNextDocument(scan)) break;
+    const auto& first = scan.first();
+    if (first && first->content) {
+      if (++with_content == 2) facts.second_document = first->mark;
+      previous_null = kNone;
+      continue;
+    }
+    const int at = first ? first->mark.pos : -1;
+    if (previous_null == at) {
+      facts.stuck = first ? first->mark : YAML::Mark();
+      break;
+    }
+    previous_null = at;
+  }
+  facts.last_scalar = scan.last_scalar();
+  return facts;
+}
+
+// The byte offset in `source` of a yaml-cpp mark, whose pos does not count a byte order mark.
+std::size_t offset_of(std::string_view source, const YAML::Mark& mark) {
+  const std::size_t bom = source.starts_with("\xef\xbb\xbf") ? 3 : 0;
+  return bom + static_cast<std::size_t>(std::max(mark.pos, 0));
+}
+
+// Whether the quoted scalar opening at source[open] has its closing quote.
+bool quote_closes(std::string_view source, std::size_t open) {
+  const char quote = source[open];
+  for (std::size_t i = open + 1; i < source.size(); ++i) {
+    if (quote == '"' && source[i] == '\\') {
+      ++i;  // an escape: the next character cannot close
+    } else if (source[i] == quote) {
+      if (quote == '\'' && i + 1 < source.size() && source[i + 1] == '\'') {
+        ++i;  // '' is a quote inside single quotes
+      } else {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool is_unclosed_quote(std::string_view source, const YAML::Mark& mark) {
+  const std::size_t open = offset_of(source, mark);
+  if (open >= source.size() || (source[open] != '"' && source[open] != '\'')) return false;
+  return !quote_closes(source, open);
+}
+
+std::string unexpected_text(std::string_view source, const YAML::Mark& mark) {
+  const std::size_t at = offset_of(source, mark);
+  if (at >= source.size()) return "syntax error: unexpected end of file";
+  const unsigned char c = static_cast<unsigned char>(source[at]);
+  if (c < 0x21 || c > 0x7e) return "syntax error: unexpected character";
+  return "syntax error: unexpected " + text::quote(source.substr(at, 1));
+}
+
+void report_syntax_error(std::string_view source, const YAML::ParserException& e, Problems& problems) {
+  const Pos pos = pos_of(e.mark);
+  // yaml-cpp words a tab in the indentation as "illegal map value" and the like: say what it is.
+  if (const auto tab = text::indentation_tab(source, pos.line)) {
+    problems.add({pos.line, *tab}, "syntax error: tab in indentation (YAML indents with spaces)");
+    return;
+  }
+  problems.add(pos, "syntax error: " + text::printable(e.msg));
+}
+
+// The first document of `source` (a null node when it has none), or nothing when the stream
+// does not parse.
+std::optional<YAML::Node> parse(std::string_view source, Problems& problems) {
+  try {
+    const StreamFacts facts = scan_stream(source);
+    if (facts.stuck) {
+      problems.add(pos_of(*facts.stuck), unexpected_text(source, *facts.stuck));
+      return std::nullopt;
+    }
+    if (facts.last_scalar && is_unclosed_quote(source, *facts.last_scalar)) {
+      problems.add(pos_of(*facts.last_scalar), "syntax error: this quoted string is never closed");
+      return std::nullopt;
+    }
+    if (facts.second_document) {
+      problems.add(pos_of(*facts.second_document),
+                   "a config file holds one YAML document; this is a second one");
+    }
+    return YAML::Load(std::string(source));  // one document: never the loop of LoadAll
+  } catch (const YAML::DeepRecursion& e) {
+    problems.add(pos_of(e.mark), "syntax error: nesting is too deep");
+  } catch (const YAML::ParserException& e) {
+    report_syntax_error(source, e, problems);
+  } catch (const std::exception& e) {  // yaml-cpp's other exceptions, std::bad_alloc
+    problems.add(kNowhere, "cannot parse: " + text::printable(e.what()));
+  }
+  return std::nullopt;
+}
+
+// --- files ---------------------------------------------------------------------------------------
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  [[nodiscard]] int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string errno_text(int error) {
+  return std::generic_category().message(error);
+}
+
+// The whole file, or why it cannot be read.
+std::expected<std::string, std::string> read_file(const std::string& file) {
+  const FileDescriptor fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (fd.get() < 0) return std::unexpected(errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return std::unexpected(errno_text(errno));
+  if (S_ISDIR(st.st_mode)) return std::unexpected(errno_text(EISDIR));
+  std::string content;
+  char buffer[8192];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::unexpected(errno_text(errno));
+    if (n == 0) return content;
+    content.append(buffer, static_cast<std::size_t>(n));
+    if (content.size() > kMaxFileSize) return std::unexpected(std::string("larger than 1 MiB"));
+  }
+}
+
+}  // namespace
+
+std::string Problem::to_string() const {
+  if (line <= 0) return fmt::format("{}: {}", file, message);
+  return fmt::format("{}:{}:{}: {}", file, line, column, message);
+}
+
+LoadResult load_file(const std::string& file, Purpose purpose) {
+  auto content = read_file(file);
+  if (!content) {
+    LoadResult result;
+    result.problems.push_back({file, 0, 0, fmt::format("cannot read {}: {}", file, content.error())});
+    return result;
+  }
+  return load_string(*content, file, purpose);
+}
+
+LoadResult load_string(std::string_view source, const std::string& file, Purpose purpose) {
+  LoadResult result;
+  Problems problems(file);
+  if (const auto fault = text::find_binary(source)) {
+    problems.add({fault->line, fault->column}, fault->message);
+  } else if (const auto document = parse(source, problems)) {
+    try {
+      read_config(*document, purpose, problems, result.config);
+    } catch (const std::exception& e) {  // a yaml-cpp node API that throws: a bug here, not bad input
+      problems.add(kNowhere, "internal error while reading the config: " + text::printable(e.what()));
+    }
+  }
+  result.problems = problems.take_sorted();
+  return result;
+}
+
+std::string_view to_string(LogLevel level) {
+  switch (level) {
+    case LogLevel::debug:
+      return "debug";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::warning:
+      return "warning";
+    case LogLevel::error:
+      return "error";
+  }
+  return "info";
+}
+
+std::string_view to_string(LogFormat format) {
+  switch (format) {
+    case LogFormat::json:
+      return "json";
+    case LogFormat::text:
+      return "text";
+  }
+  return "text";
+}
+
+}  // namespace gpunode::config

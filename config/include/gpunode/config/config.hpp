@@ -1,0 +1,114 @@
+// gpunode/config/config.hpp: agent.yaml (CONTRACT §2) as typed data.
+//
+// Loading never throws for bad input: every unknown, duplicate, mistyped or invalid key becomes a
+// Problem carrying FILE:LINE:COLUMN (1-based). The column is the key's for unknown and duplicate
+// keys and the value's for wrong values (CONTRACT §7).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpunode::config {
+
+using Duration = std::chrono::milliseconds;
+
+enum class LogLevel { debug, info, warning, error };
+enum class LogFormat { text, json };
+
+struct Config {
+  struct Node {
+    std::string id;                             // required for `run`
+    std::string owner_org;                      // required for `run`
+    std::vector<std::string> unsellable_units;  // unit ids (u-...) or GPU PCI addresses
+  } node;
+  struct Discovery {
+    std::string host_root = "/";
+    std::vector<std::string> gpu_vendors{"10de", "1002"};  // 4 lower-case hex digits each
+    std::vector<std::string> reservable_classes{"vfio-group", "device-request"};
+    Duration rescan_interval = std::chrono::seconds(30);
+  } discovery;
+  struct Tls {
+    std::string cert, key, client_ca;  // client_ca empty: no mTLS
+  };
+  struct Api {
+    std::string listen = "0.0.0.0:8443";
+    Tls tls;
+  } api;
+  struct Auth {
+    std::string issuer;
+    std::string audience = "gpunode";
+    std::vector<std::string> keys;
+  } auth;
+  struct Admin {
+    std::string socket = "/run/gpunode/admin.sock";
+    std::vector<std::uint32_t> allowed_uids{0};
+    std::string allowed_group = "gpunode-admin";
+  } admin;
+  struct Libvirt {
+    std::string uri = "qemu:///system";
+    Duration shutdown_grace{0};
+  } libvirt;
+  struct Central {
+    std::string url;  // empty: reporting off
+    std::string ca, client_cert, client_key;
+  } central;
+  struct State {
+    std::string dir = "/var/lib/gpunode";
+  } state;
+  struct Log {
+    LogLevel level = LogLevel::info;
+    LogFormat format = LogFormat::text;
+  } log;
+};
+
+// One problem in a config file. line/column are 1-based; 0 when the problem has no position
+// (an unreadable file, a required key that is absent: then it points at the parent mapping).
+struct Problem {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string message;
+
+  // "FILE:LINE:COLUMN: message" (or "FILE: message" without a position).
+  [[nodiscard]] std::string to_string() const;
+};
+
+// What the config is checked for. `run` additionally requires node.id and node.owner_org (and the
+// other keys the daemon cannot start without); `discover` accepts a file without them.
+enum class Purpose { discover, run };
+
+struct LoadResult {
+  Config config;                  // defaults where the file says nothing; meaningful only if ok()
+  std::vector<Problem> problems;  // in file order
+  [[nodiscard]] bool ok() const { return problems.empty(); }
+};
+
+// Reads and validates a file. `file` is used verbatim in every Problem. A file that cannot be
+// read (missing, a directory, over 1 MiB) is one Problem without a position:
+// "cannot read FILE: REASON".
+LoadResult load_file(const std::string& file, Purpose purpose);
+// Same over text already in memory; `file` labels the problems.
+LoadResult load_string(std::string_view text, const std::string& file, Purpose purpose);
+
+// "30s", "5m", "1h", "250ms", "0s", "1m30s" -> milliseconds. Error text says what is wrong.
+std::expected<Duration, std::string> parse_duration(std::string_view text);
+
+// Where api.listen says to listen. `host` is an IPv4 address, an IPv6 address (without the
+// brackets) or a DNS host name, which the caller resolves.
+struct ListenAddress {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+// "0.0.0.0:8443", "[::1]:8443", "localhost:8443" -> host and port (1..65535). Error text says
+// what is wrong.
+std::expected<ListenAddress, std::string> parse_listen(std::string_view text);
+
+std::string_view to_string(LogLevel level);
+std::string_view to_string(LogFormat format);
+
+}  // namespace gpunode::config

@@ -1,0 +1,197 @@
+// Text helpers for config problems.
+#include "text.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace gpunode::config::text {
+namespace {
+
+constexpr std::size_t kQuoteLimit = 60;
+
+unsigned char byte_at(std::string_view s, std::size_t i) {
+  return static_cast<unsigned char>(s[i]);
+}
+
+bool is_continuation(std::string_view s, std::size_t i, unsigned char low = 0x80, unsigned char high = 0xbf) {
+  if (i >= s.size()) return false;
+  const unsigned char b = byte_at(s, i);
+  return b >= low && b <= high;
+}
+
+// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF), or 0 when there is none.
+std::size_t utf8_length(std::string_view s, std::size_t i) {
+  const unsigned char b = byte_at(s, i);
+  if (b < 0x80) return 1;
+  if (b >= 0xc2 && b <= 0xdf) return is_continuation(s, i + 1) ? 2 : 0;
+  if (b >= 0xe0 && b <= 0xef) {
+    const unsigned char low = b == 0xe0 ? 0xa0 : 0x80;
+    const unsigned char high = b == 0xed ? 0x9f : 0xbf;
+    return is_continuation(s, i + 1, low, high) && is_continuation(s, i + 2) ? 3 : 0;
+  }
+  if (b >= 0xf0 && b <= 0xf4) {
+    const unsigned char low = b == 0xf0 ? 0x90 : 0x80;
+    const unsigned char high = b == 0xf4 ? 0x8f : 0xbf;
+    return is_continuation(s, i + 1, low, high) && is_continuation(s, i + 2) && is_continuation(s, i + 3) ? 4
+                                                                                                          : 0;
+  }
+  return 0;
+}
+
+// C0 controls other than tab, LF and CR; DEL; C1 controls other than NEL (U+0085). YAML allows
+// none of them in a stream.
+bool is_forbidden_control(std::string_view s, std::size_t i, std::size_t length) {
+  const unsigned char b = byte_at(s, i);
+  if (length == 1) return (b < 0x20 && b != '\t' && b != '\n' && b != '\r') || b == 0x7f;
+  if (length == 2 && b == 0xc2) {
+    const unsigned char next = byte_at(s, i + 1);
+    return next >= 0x80 && next <= 0x9f && next != 0x85;
+  }
+  return false;
+}
+
+void append_escaped(std::string& out, unsigned char b) {
+  switch (b) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    default:
+      if (b < 0x20 || b >= 0x7f) {
+        out += fmt::format("\\x{:02x}", b);
+      } else {
+        out += static_cast<char>(b);
+      }
+  }
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+// `s` with escapes, up to the character that crosses `limit` bytes; `cut` tells whether text was left out.
+std::string escape(std::string_view s, std::size_t limit, bool& cut) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < s.size() && i < limit) {
+    const std::size_t length = utf8_length(s, i);
+    if (length > 1 && !is_forbidden_control(s, i, length)) {
+      out.append(s.substr(i, length));
+      i += length;
+    } else {
+      append_escaped(out, byte_at(s, i));
+      ++i;
+    }
+  }
+  cut = i < s.size();
+  return out;
+}
+
+}  // namespace
+
+std::string quote(std::string_view s) {
+  bool cut = false;
+  std::string out = "\"" + escape(s, kQuoteLimit, cut) + "\"";
+  if (cut) out += "...";
+  return out;
+}
+
+std::string printable(std::string_view s) {
+  bool cut = false;
+  return escape(s, s.size(), cut);
+}
+
+std::optional<TextFault> find_binary(std::string_view s) {
+  int line = 1;
+  int column = 1;
+  std::size_t i = s.starts_with("\xef\xbb\xbf") ? 3 : 0;  // yaml-cpp's columns do not count a BOM
+  while (i < s.size()) {
+    const std::size_t length = utf8_length(s, i);
+    if (length == 0) {
+      return TextFault{
+          line, column,
+          fmt::format("invalid UTF-8 (byte 0x{:02x}): a config file must be UTF-8 text", byte_at(s, i))};
+    }
+    if (is_forbidden_control(s, i, length)) {
+      const unsigned code = length == 1 ? byte_at(s, i) : byte_at(s, i + 1);
+      return TextFault{line, column, fmt::format("control character U+{:04X} is not allowed in YAML", code)};
+    }
+    if (s[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      column += static_cast<int>(length);
+    }
+    if (line == std::numeric_limits<int>::max() || column >= std::numeric_limits<int>::max() - 4) break;
+    i += length;
+  }
+  return std::nullopt;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  const std::size_t width = b.size() + 1;
+  std::vector<std::size_t> d((a.size() + 1) * width);
+  auto at = [&](std::size_t i, std::size_t j) -> std::size_t& { return d[i * width + j]; };
+  for (std::size_t i = 0; i <= a.size(); ++i) at(i, 0) = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) at(0, j) = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      at(i, j) = std::min({at(i - 1, j) + 1, at(i, j - 1) + 1, at(i - 1, j - 1) + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        at(i, j) = std::min(at(i, j), at(i - 2, j - 2) + 1);
+      }
+    }
+  }
+  return at(a.size(), b.size());
+}
+
+std::string_view closest(std::string_view word, std::span<const std::string_view> candidates) {
+  if (word.size() > 64) return {};
+  const std::string wanted = lower(word);
+  std::string_view best;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (std::string_view candidate : candidates) {
+    const std::size_t limit = candidate.size() <= 3 ? 1 : 2;
+    const std::size_t distance = edit_distance(wanted, candidate);
+    if (distance <= limit && distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::optional<int> indentation_tab(std::string_view s, int line) {
+  std::size_t start = 0;
+  for (int current = 1; current < line; ++current) {
+    start = s.find('\n', start);
+    if (start == std::string_view::npos) return std::nullopt;
+    ++start;
+  }
+  for (std::size_t i = start; i < s.size() && (s[i] == ' ' || s[i] == '\t'); ++i) {
+    if (s[i] == '\t') return static_cast<int>(i - start) + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpunode::config::text

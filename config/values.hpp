@@ -1,0 +1,48 @@
+// Internal: the value rules of agent.yaml (CONTRACT §2) as pure functions over text.
+//
+// Each parser takes a scalar's text and returns the typed value, or a reason that completes
+// `invalid value "X" for KEY: <reason>`. No I/O, no exceptions.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <string_view>
+
+#include "gpunode/config/config.hpp"
+
+namespace gpunode::config::values {
+
+template <class T>
+using Parsed = std::expected<T, std::string>;
+
+// Any text without NUL characters (paths, URIs, group names, the issuer).
+Parsed<std::string> text(std::string_view s);
+// An absolute path without NUL characters.
+Parsed<std::string> absolute_path(std::string_view s);
+// An absolute path short enough for sockaddr_un (at most 107 bytes).
+Parsed<std::string> socket_path(std::string_view s);
+// 1 to 128 characters of [A-Za-z0-9._-] (node.id, node.owner_org).
+Parsed<std::string> name(std::string_view s);
+// Not empty, no NUL (auth.audience).
+Parsed<std::string> non_empty_text(std::string_view s);
+// 4 hex digits, returned in lower case.
+Parsed<std::string> gpu_vendor(std::string_view s);
+// vfio-group or device-request.
+Parsed<std::string> reservable_class(std::string_view s);
+// u-DDDD-BB-SS-F or DDDD:BB:SS.F (hex), returned in lower case.
+Parsed<std::string> unit_ref(std::string_view s);
+// HOST:PORT or [IPv6]:PORT (see parse_listen), returned unchanged.
+Parsed<std::string> listen(std::string_view s);
+// Empty, or https://HOST[...].
+Parsed<std::string> central_url(std::string_view s);
+// A decimal integer in [0, 2^32).
+Parsed<std::uint32_t> uid(std::string_view s);
+Parsed<LogLevel> log_level(std::string_view s);
+Parsed<LogFormat> log_format(std::string_view s);
+// parse_duration, at least 1s.
+Parsed<Duration> rescan_interval(std::string_view s);
+// parse_duration, 0s to 300s.
+Parsed<Duration> shutdown_grace(std::string_view s);
+
+}  // namespace gpunode::config::values

@@ -1,0 +1,34 @@
+// gpunode/discovery/pci_ids.hpp: device names from the PCI ID database (Debian's pci.ids).
+//
+// Only the vendors asked for are kept, so loading the 1+ MiB file costs one pass over its bytes
+// and memory for a few hundred names.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpunode::discovery {
+
+class PciIds {
+ public:
+  PciIds() = default;
+
+  // Parses pci.ids text, keeping the device names of `vendors`. Malformed lines are skipped.
+  static PciIds parse(std::string_view text, const std::vector<std::uint16_t>& vendors);
+  // Reads `path`; an error says which file and why.
+  static std::expected<PciIds, std::string> load(const std::string& path,
+                                                 const std::vector<std::uint16_t>& vendors);
+
+  [[nodiscard]] std::optional<std::string> device_name(std::uint16_t vendor, std::uint16_t device) const;
+  [[nodiscard]] std::size_t size() const { return names_.size(); }
+
+ private:
+  std::map<std::uint32_t, std::string> names_;  // (vendor << 16 | device) -> name
+};
+
+}  // namespace gpunode::discovery

@@ -1,0 +1,34 @@
+// gpunode/discovery/sysfs_reader.hpp: reads a host's PCI devices and IOMMU groups.
+//
+// The adapter between the kernel and the pure rules: libpci (linux-sysfs method, pointed at
+// <host_root>/sys/bus/pci) for device identity, sysfs attributes and links for the rest,
+// /sys/kernel/iommu_groups/N/devices for group membership and /proc/cmdline for the ACS override.
+// It never reads PCI config space for identity, and no input ends the process: one bad device
+// becomes Faults on its record and warnings in the snapshot.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "gpunode/discovery/model.hpp"
+#include "gpunode/discovery/pci_ids.hpp"
+
+namespace gpunode::discovery {
+
+class SysfsReader {
+ public:
+  // `names` may be null (then devices carry no names); it must outlive the reader.
+  SysfsReader(std::filesystem::path host_root, Policy policy, const PciIds* names);
+  ~SysfsReader();
+  SysfsReader(const SysfsReader&) = delete;
+  SysfsReader& operator=(const SysfsReader&) = delete;
+
+  // One scan of the host. Never throws for anything the host tree holds.
+  HostSnapshot read();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpunode::discovery

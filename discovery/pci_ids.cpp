@@ -1,0 +1,101 @@
+// A reader of the pci.ids text format that keeps only the vendors asked for:
+//   VVVV  Vendor name
+//   <TAB>DDDD  Device name
+//   <TAB><TAB>SSSS SSSS  Subsystem name     (skipped)
+//   C CC  Class name                        (the class section ends the vendor list)
+#include "gpunode/discovery/pci_ids.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace gpunode::discovery {
+namespace {
+
+std::optional<std::uint16_t> hex4_at(std::string_view line, std::size_t pos) {
+  if (line.size() < pos + 4) return std::nullopt;
+  std::uint16_t value = 0;
+  auto [ptr, ec] = std::from_chars(line.data() + pos, line.data() + pos + 4, value, 16);
+  if (ec != std::errc{} || ptr != line.data() + pos + 4) return std::nullopt;
+  return value;
+}
+
+// The name after "XXXX  ", trimmed; empty when the line has none.
+std::string_view name_after(std::string_view line, std::size_t pos) {
+  if (line.size() <= pos) return {};
+  line.remove_prefix(pos);
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) line.remove_suffix(1);
+  return line;
+}
+
+}  // namespace
+
+PciIds PciIds::parse(std::string_view text, const std::vector<std::uint16_t>& vendors) {
+  PciIds ids;
+  bool keeping = false;  // inside the section of a wanted vendor
+  std::uint16_t vendor = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line.front() == '#') continue;
+    if (line.front() != '\t') {
+      if (line.size() >= 2 && line[0] == 'C' && line[1] == ' ') break;  // the class section: no vendors follow
+      auto v = hex4_at(line, 0);
+      keeping = v && line.size() > 4 && (line[4] == ' ' || line[4] == '\t') &&
+                std::find(vendors.begin(), vendors.end(), *v) != vendors.end();
+      if (keeping) vendor = *v;
+      continue;
+    }
+    if (!keeping || line.size() < 2 || line[1] == '\t') continue;  // another vendor's, or a subsystem line
+    auto device = hex4_at(line, 1);
+    if (!device) continue;
+    std::string_view name = name_after(line, 5);
+    if (name.empty()) continue;
+    ids.names_.emplace(static_cast<std::uint32_t>(vendor) << 16 | *device, std::string(name));
+  }
+  return ids;
+}
+
+std::expected<PciIds, std::string> PciIds::load(const std::string& path, const std::vector<std::uint16_t>& vendors) {
+  // One mapping, no copy: the parser touches the pages it scans and nothing else.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int e = errno;
+    ::close(fd);
+    return std::unexpected(fmt::format("cannot read {}: {}", path, S_ISREG(st.st_mode) ? std::strerror(e) : "not a regular file"));
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    return PciIds{};
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(map_errno)));
+  PciIds ids = parse(std::string_view(static_cast<const char*>(map), size), vendors);
+  ::munmap(map, size);
+  return ids;
+}
+
+std::optional<std::string> PciIds::device_name(std::uint16_t vendor, std::uint16_t device) const {
+  auto it = names_.find(static_cast<std::uint32_t>(vendor) << 16 | device);
+  if (it == names_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace gpunode::discovery

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs, by Debian package name, everything gpunode needs to build, test and run its demo.
+# Idempotent: installs only what is missing. Run as root on Debian 12 (bookworm).
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config
+  # design-card libraries
+  libpci-dev pciutils pci.ids
+  libvirt-dev libvirt-clients
+  libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
+  libyaml-cpp-dev libfmt-dev doctest-dev libcli11-dev
+  # storage, crypto, service integration
+  libsqlite3-dev libssl-dev libsystemd-dev openssl
+  # tests and tools
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages: ${missing[*]}" >&2
+  echo "install-deps: run as root (or install them) to continue" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,47 @@
+#include <doctest/doctest.h>
+
+#include "gpunode/discovery/pci_ids.hpp"
+
+using gpunode::discovery::PciIds;
+
+TEST_CASE("pci.ids text: only the wanted vendors, devices not subsystems") {
+  const char* text =
+      "# comment\n"
+      "#\t2330  commented out\n"
+      "1000  Broadcom / LSI\n"
+      "\tc030  PEX89000 switch\n"
+      "10de  NVIDIA Corporation\n"
+      "\t2330  GH100 [H100 SXM5 80GB]\n"
+      "\t\t10de 16c1  H100 SXM5 80GB\n"
+      "\t22a3  GH100 [H100 NVSwitch]  \r\n"
+      "\tzzzz  broken line\n"
+      "\t1e04\n"
+      "1002  Advanced Micro Devices, Inc. [AMD/ATI]\n"
+      "\t74a1  Aqua Vanjaram [Instinct MI300X]\n"
+      "C 03  Display controller\n"
+      "\t02  3D controller\n";
+  PciIds ids = PciIds::parse(text, {0x10de, 0x1002});
+  CHECK(ids.device_name(0x10de, 0x2330) == "GH100 [H100 SXM5 80GB]");
+  CHECK(ids.device_name(0x10de, 0x22a3) == "GH100 [H100 NVSwitch]");
+  CHECK(ids.device_name(0x1002, 0x74a1) == "Aqua Vanjaram [Instinct MI300X]");
+  CHECK_FALSE(ids.device_name(0x1000, 0xc030));  // not a wanted vendor
+  CHECK_FALSE(ids.device_name(0x10de, 0x16c1));  // a subsystem line
+  CHECK_FALSE(ids.device_name(0x10de, 0x1e04));  // no name
+  CHECK(ids.size() == 3);
+}
+
+TEST_CASE("garbage and truncated text never throws") {
+  PciIds ids = PciIds::parse(std::string_view("10de\n\t\n\t2\n\x01\x02\xff", 12), {0x10de});
+  CHECK(ids.size() == 0);
+  CHECK(PciIds::parse("", {0x10de}).size() == 0);
+}
+
+TEST_CASE("loading Debian's pci.ids") {
+  auto missing = PciIds::load("/nonexistent/pci.ids", {0x10de});
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().find("/nonexistent/pci.ids") != std::string::npos);
+  auto ids = PciIds::load(GPUNODE_PCI_IDS, {0x10de, 0x1002});
+  REQUIRE(ids);
+  CHECK(ids->size() > 500);
+  CHECK(ids->device_name(0x10de, 0x1e04).value_or("").find("TU102") != std::string::npos);
+}

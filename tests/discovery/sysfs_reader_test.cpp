@@ -1,0 +1,209 @@
+// The sysfs/libpci adapter against small trees written here, with one fault at a time.
+// (Whole hosts modelled on real machines are tested through the binary in tests/fixtures/.)
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "gpunode/discovery/rules.hpp"
+#include "gpunode/discovery/sysfs_reader.hpp"
+
+namespace fs = std::filesystem;
+using namespace gpunode::discovery;
+
+namespace {
+
+// A minimal kernel-shaped tree: sys/devices/pci0000:00/ADDR, bus/pci/devices links, drivers,
+// iommu groups, proc/cmdline.
+class Tree {
+ public:
+  Tree() {
+    char tmpl[] = "/tmp/gpunode-reader-XXXXXX";
+    root_ = ::mkdtemp(tmpl);
+    fs::create_directories(root_ / "sys/bus/pci/devices");
+    fs::create_directories(root_ / "sys/kernel/iommu_groups");
+    write("proc/cmdline", "BOOT_IMAGE=/vmlinuz ro intel_iommu=on\n");
+  }
+  ~Tree() { fs::remove_all(root_); }
+  Tree(const Tree&) = delete;
+  Tree& operator=(const Tree&) = delete;
+
+  fs::path root() const { return root_; }
+  fs::path dev(const std::string& a) const { return root_ / "sys/devices/pci0000:00" / a; }
+
+  void write(const fs::path& rel, const std::string& text) {
+    fs::path p = rel.is_absolute() ? rel : root_ / rel;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+  }
+
+  void add(const std::string& a, const char* vendor, const char* device, const char* cls, const std::string& driver,
+           int group) {
+    fs::path d = dev(a);
+    write(d / "vendor", fmt::format("0x{}\n", vendor));
+    write(d / "device", fmt::format("0x{}\n", device));
+    write(d / "class", fmt::format("0x{}\n", cls));
+    write(d / "numa_node", "0\n");
+    std::string config(64, '\0');
+    config[0x0e] = std::string_view(cls).starts_with("0604") ? '\x01' : '\x00';
+    write(d / "config", config);
+    fs::create_directory_symlink(fs::relative(d, root_ / "sys/bus/pci/devices"), root_ / "sys/bus/pci/devices" / a);
+    if (!driver.empty()) {
+      fs::path drv = root_ / "sys/bus/pci/drivers" / driver;
+      fs::create_directories(drv);
+      fs::create_directory_symlink(fs::relative(drv, d), d / "driver");
+    }
+    if (group >= 0) {
+      fs::path g = root_ / "sys/kernel/iommu_groups" / std::to_string(group);
+      fs::create_directories(g / "devices");
+      fs::create_directory_symlink(fs::relative(d, g / "devices"), g / "devices" / a);
+      fs::create_directory_symlink(fs::relative(g, d), d / "iommu_group");
+    }
+  }
+
+  HostSnapshot read(Policy policy = {}) { return SysfsReader(root_, std::move(policy), nullptr).read(); }
+
+ private:
+  fs::path root_;
+};
+
+const DeviceRecord* find(const HostSnapshot& s, std::string_view a) {
+  for (const auto& d : s.devices) {
+    if (d.address.to_string() == a) return &d;
+  }
+  return nullptr;
+}
+
+bool warned(const HostSnapshot& s, std::string_view needle) {
+  for (const auto& w : s.warnings) {
+    if (w.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a plain group: identity, driver, NUMA node, group") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 37);
+  t.add("0000:41:00.1", "10de", "22ba", "040300", "vfio-pci", 37);
+  t.add("0000:61:00.0", "15b3", "101d", "020000", "mlx5_core", 52);  // no GPU in its group: not read deeply
+  HostSnapshot s = t.read();
+  CHECK(s.iommu_groups_present);
+  CHECK_FALSE(s.acs_override);
+  REQUIRE(s.devices.size() == 2);
+  const DeviceRecord* g = find(s, "0000:41:00.0");
+  REQUIRE(g);
+  CHECK(g->vendor_id == 0x10de);
+  CHECK(g->device_id == 0x2330);
+  CHECK(g->class_code == 0x030200u);
+  CHECK(g->driver == "vfio-pci");
+  CHECK(g->numa_node == 0);
+  CHECK(g->iommu_group == 37);
+  CHECK(s.warnings.empty());
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 1);
+  CHECK(units[0].reservable);
+}
+
+TEST_CASE("no IOMMU groups: slot mates are read, the host says so") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "1e04", "030000", "vfio-pci", -1);
+  t.add("0000:41:00.1", "10de", "10f7", "040300", "vfio-pci", -1);
+  t.add("0000:42:00.0", "8086", "1533", "020000", "igb", -1);
+  HostSnapshot s = t.read();
+  CHECK_FALSE(s.iommu_groups_present);
+  CHECK(s.devices.size() == 2);
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 1);
+  CHECK(units[0].reasons.at(0).code == "iommu-disabled");
+}
+
+TEST_CASE("a missing vendor file is a fault, never an exit of the process") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  t.add("0000:41:00.1", "10de", "22ba", "040300", "vfio-pci", 3);
+  fs::remove(t.dev("0000:41:00.1") / "vendor");
+  HostSnapshot s = t.read();
+  const DeviceRecord* c = find(s, "0000:41:00.1");
+  REQUIRE(c);
+  CHECK_FALSE(c->vendor_id);
+  REQUIRE(c->fault("vendor"));
+  CHECK(warned(s, "0000:41:00.1: vendor"));
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 1);
+  CHECK(units[0].reasons.at(0).code == "foreign-device");
+}
+
+TEST_CASE("garbage in attribute files becomes faults with safe readings") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030000", "vfio-pci", 3);
+  t.write(t.dev("0000:41:00.0") / "boot_vga", "maybe\n");
+  t.write(t.dev("0000:41:00.0") / "sriov_numvfs", "-3\n");
+  t.write(t.dev("0000:41:00.0") / "numa_node", "zero\n");
+  HostSnapshot s = t.read();
+  const DeviceRecord* g = find(s, "0000:41:00.0");
+  REQUIRE(g);
+  CHECK_FALSE(g->boot_vga.has_value());
+  CHECK_FALSE(g->sriov_numvfs.has_value());
+  CHECK_FALSE(g->numa_node.has_value());
+  CHECK(g->faults.size() == 3);
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 1);
+  CHECK(units[0].reasons.size() == 2);
+  CHECK(units[0].reasons[0].code == "host-boot-display");
+  CHECK(units[0].reasons[1].code == "sriov-enabled");
+}
+
+TEST_CASE("junk entries, a driver that is not a link, a member absent from the bus") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  t.add("0000:43:00.0", "10de", "2330", "030200", "", 4);
+  t.write("sys/bus/pci/devices/garbage", "x");
+  t.write("sys/kernel/iommu_groups/3/devices/not-an-address", "x");
+  fs::create_directories(t.root() / "sys/kernel/iommu_groups/3/devices");
+  fs::create_directory_symlink("../../../../devices/pci0000:00/0000:41:00.7",
+                               t.root() / "sys/kernel/iommu_groups/3/devices/0000:41:00.7");
+  t.write(t.dev("0000:43:00.0") / "driver", "not a link");
+  HostSnapshot s = t.read();
+  CHECK(warned(s, "ignoring \"garbage\""));
+  CHECK(warned(s, "ignoring \"not-an-address\""));
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 2);
+  CHECK(units[0].reasons.at(0).code == "foreign-device");  // 41:00.7 is in the group but not on the bus
+  CHECK(units[1].cls == UnitClass::none);
+  CHECK(units[1].reasons.at(0).code == "mixed-drivers");
+}
+
+TEST_CASE("a tree without sys is an empty host, with a warning") {
+  char tmpl[] = "/tmp/gpunode-empty-XXXXXX";
+  fs::path root = ::mkdtemp(tmpl);
+  HostSnapshot s = SysfsReader(root, {}, nullptr).read();
+  CHECK(s.devices.empty());
+  CHECK(warned(s, "cannot list"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("the ACS override and a gpu's type-0 neighbour that is not a bridge") {
+  Tree t;
+  t.write("proc/cmdline", "ro pcie_acs_override=downstream,multifunction quiet\n");
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  t.add("0000:41:00.2", "1234", "0001", "ff0000", "", 3);
+  HostSnapshot s = t.read();
+  CHECK(s.acs_override);
+  const DeviceRecord* other = find(s, "0000:41:00.2");
+  REQUIRE(other);
+  CHECK(other->header_type == 0);
+}
+
+TEST_CASE("rescans see changes") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  SysfsReader reader(t.root(), {}, nullptr);
+  CHECK(reader.read().devices.size() == 1);
+  t.add("0000:42:00.0", "10de", "2330", "030200", "nvidia", 4);
+  CHECK(reader.read().devices.size() == 2);
+}
