@@ -595,7 +595,7 @@ LoadResult load_file(const std::string& file, Purpose purpose) {
   auto content = read_file(file);
   if (!content) {
     LoadResult result;
-    result.problems.push_back({file, 0, 0, fmt::format("cannot read {}: {}", file, content.error())});
+    result.problems.push_back({file, 0, 0, fmt::format("cannot read the file: {}", content.error())});
     return result;
   }
   return load_string(*content, file, purpose);

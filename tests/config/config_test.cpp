@@ -623,18 +623,17 @@ TEST_CASE("files that cannot be read are one problem without a position") {
   REQUIRE(missing.problems.size() == 1);
   CHECK(missing.problems[0].line == 0);
   CHECK(missing.problems[0].to_string() ==
-        "/nonexistent/gpunode/agent.yaml: cannot read /nonexistent/gpunode/agent.yaml: No such file or "
-        "directory");
+        "/nonexistent/gpunode/agent.yaml: cannot read the file: No such file or directory");
 
   const LoadResult directory = load_file(kData, Purpose::discover);
   REQUIRE(directory.problems.size() == 1);
-  CHECK(directory.problems[0].message == "cannot read " + kData + ": Is a directory");
+  CHECK(directory.problems[0].message == "cannot read the file: Is a directory");
 
   const TempDir dir;
   const std::string huge = dir.write("huge.yaml", "# " + std::string(std::size_t{1} << 20, 'x') + "\n");
   const LoadResult too_large = load_file(huge, Purpose::discover);
   REQUIRE(too_large.problems.size() == 1);
-  CHECK(too_large.problems[0].message == "cannot read " + huge + ": larger than 1 MiB");
+  CHECK(too_large.problems[0].message == "cannot read the file: larger than 1 MiB");
 
   const std::string good = dir.write("agent.yaml", "log:\n  level: warning\n  formt: json\n");
   const LoadResult read = load_file(good, Purpose::discover);
@@ -690,8 +689,8 @@ TEST_CASE("no input makes loading throw: random bytes, YAML-like noise and mutat
 TEST_CASE("Problem::to_string and the enum names") {
   CHECK(Problem{"agent.yaml", 12, 5, "unknown key \"listne\" in api"}.to_string() ==
         "agent.yaml:12:5: unknown key \"listne\" in api");
-  CHECK(Problem{"agent.yaml", 0, 0, "cannot read agent.yaml: Permission denied"}.to_string() ==
-        "agent.yaml: cannot read agent.yaml: Permission denied");
+  CHECK(Problem{"agent.yaml", 0, 0, "cannot read the file: Permission denied"}.to_string() ==
+        "agent.yaml: cannot read the file: Permission denied");
   CHECK(gpunode::config::to_string(LogLevel::warning) == "warning");
   CHECK(gpunode::config::to_string(LogFormat::json) == "json");
 }

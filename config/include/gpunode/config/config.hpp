@@ -65,8 +65,9 @@ struct Config {
   } log;
 };
 
-// One problem in a config file. line/column are 1-based; 0 when the problem has no position
-// (an unreadable file, a required key that is absent: then it points at the parent mapping).
+// One problem in a config file. line/column are 1-based; 0 only when the whole file is the
+// problem (it cannot be read). A required key that is absent points at its parent mapping, or at
+// 1:1 when that is absent too.
 struct Problem {
   std::string file;
   int line = 0;
