@@ -1,0 +1,82 @@
+// gpunode/reservations/rules.hpp: what a reservation may become, and who may see and do what
+// (CONTRACT §4). Pure functions over plain data; the clock is an argument.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gpunode/reservations/model.hpp"
+
+namespace gpunode::reservations {
+
+// ---- terms ---------------------------------------------------------------------------------
+// Half-open intervals: [a, b) and [b, c) do not overlap.
+bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end);
+
+// Ids of the non-ended reservations (other than `candidate.id`) that hold one of the candidate's
+// units at an overlapping time, sorted.
+std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing);
+
+// What the clock alone does to reservations: activations and expiries that are due at `now`,
+// in time order (an activation before an expiry at the same instant; ties by id).
+struct Transition {
+  enum class Kind { activate, expire } kind;
+  std::string reservation_id;
+  Time at;  // when it happened by the terms: starts_at or ends_at, never `now`
+};
+std::vector<Transition> due_transitions(const std::vector<Reservation>& reservations, Time now);
+
+// Applies one transition: state, ended_at = ends_at and end_reason term-expired on expiry;
+// released and reclaiming units leave the spot market when the term ends.
+void apply(Reservation& r, const Transition& t);
+
+// The earliest future instant at which due_transitions would return something, if any.
+std::optional<Time> next_transition_at(const std::vector<Reservation>& reservations, Time now);
+
+// ---- requests --------------------------------------------------------------------------------
+struct FieldError {
+  std::string field;
+  std::string message;
+};
+
+struct CreateRequest {
+  std::vector<std::string> unit_ids;
+  std::vector<std::string> audience_org_ids;
+  std::vector<std::string> managing_org_ids;
+  std::optional<Time> starts_at;  // default: now
+  std::optional<Time> ends_at;    // required
+  std::string note;
+};
+
+constexpr std::size_t kMaxNote = 1024;
+
+// 400 invalid-request checks of a create body (shape and values only: unit existence, overlap
+// and occupancy are checked against the node's state elsewhere).
+std::vector<FieldError> validate_create(const CreateRequest& request, Time now);
+
+// ---- relations -------------------------------------------------------------------------------
+struct NodeView {
+  std::string node_id;
+  std::string owner_org;
+};
+
+bool is_owner(const Caller& caller, const NodeView& node);
+bool manages(const Caller& caller, const Reservation& r);
+bool in_audience(const Caller& caller, const Reservation& r);
+
+// A caller sees the node if it is admin, operator, owner, or manager or audience of a
+// non-ended reservation here. One that does not gets 404 on every node path.
+bool sees_node(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations);
+
+// May read the units list: admin, operator, owner, manager of a non-ended reservation.
+bool may_list_units(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations);
+
+// Sees this reservation: admin, operator, owner, its managers and its audience.
+bool sees_reservation(const Caller& caller, const NodeView& node, const Reservation& r);
+
+// The non-ended reservations holding `unit_id` that the caller sees, sorted by id.
+std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
+                                                 const std::vector<Reservation>& reservations,
+                                                 const std::string& unit_id);
+
+}  // namespace gpunode::reservations

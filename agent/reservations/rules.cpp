@@ -1,0 +1,138 @@
+// Reservation rules (CONTRACT §4, §7). Pure: no I/O, the clock is an argument.
+#include "gpunode/reservations/rules.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace gpunode::reservations {
+namespace {
+
+bool contains(const std::vector<std::string>& list, std::string_view value) {
+  return std::find(list.begin(), list.end(), value) != list.end();
+}
+
+}  // namespace
+
+bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end) { return a_start < b_end && b_start < a_end; }
+
+std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing) {
+  std::vector<std::string> out;
+  for (const auto& r : existing) {
+    if (r.id == candidate.id || r.ended()) continue;
+    if (!terms_overlap(candidate.starts_at, candidate.ends_at, r.starts_at, r.ends_at)) continue;
+    const bool shares = std::any_of(candidate.unit_ids.begin(), candidate.unit_ids.end(),
+                                    [&](const std::string& u) { return r.holds_unit(u); });
+    if (shares) out.push_back(r.id);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<Transition> due_transitions(const std::vector<Reservation>& reservations, Time now) {
+  std::vector<Transition> out;
+  for (const auto& r : reservations) {
+    if (r.state == State::scheduled && r.starts_at <= now) {
+      out.push_back({Transition::Kind::activate, r.id, r.starts_at});
+    }
+    if (r.state != State::ended && r.ends_at <= now) out.push_back({Transition::Kind::expire, r.id, r.ends_at});
+  }
+  std::sort(out.begin(), out.end(), [](const Transition& a, const Transition& b) {
+    if (a.at != b.at) return a.at < b.at;
+    if (a.kind != b.kind) return a.kind == Transition::Kind::activate;
+    return a.reservation_id < b.reservation_id;
+  });
+  return out;
+}
+
+void apply(Reservation& r, const Transition& t) {
+  if (t.kind == Transition::Kind::activate) {
+    if (r.state == State::scheduled) r.state = State::active;
+    return;
+  }
+  r.state = State::ended;
+  r.ended_at = r.ends_at;
+  r.end_reason = EndReason::term_expired;
+  r.released_unit_ids.clear();
+  r.reclaiming_unit_ids.clear();
+}
+
+std::optional<Time> next_transition_at(const std::vector<Reservation>& reservations, Time now) {
+  std::optional<Time> next;
+  auto consider = [&](Time t) {
+    if (t > now && (!next || t < *next)) next = t;
+  };
+  for (const auto& r : reservations) {
+    if (r.state == State::scheduled) consider(r.starts_at);
+    if (r.state != State::ended) consider(r.ends_at);
+  }
+  return next;
+}
+
+std::vector<FieldError> validate_create(const CreateRequest& q, Time now) {
+  std::vector<FieldError> errors;
+  if (q.unit_ids.empty()) errors.push_back({"unitIds", "must name at least one unit"});
+  std::set<std::string> seen;
+  for (const auto& u : q.unit_ids) {
+    if (u.empty()) errors.push_back({"unitIds", "unit ids must not be empty"});
+    if (!seen.insert(u).second) errors.push_back({"unitIds", fmt::format("unit {} is named twice", u)});
+  }
+  if (q.audience_org_ids.empty()) errors.push_back({"audienceOrgIds", "must name at least one org"});
+  for (const auto* list : {&q.audience_org_ids, &q.managing_org_ids}) {
+    std::set<std::string> orgs;
+    const char* field = list == &q.audience_org_ids ? "audienceOrgIds" : "managingOrgIds";
+    for (const auto& o : *list) {
+      if (o.empty()) errors.push_back({field, "org ids must not be empty"});
+      if (!orgs.insert(o).second) errors.push_back({field, fmt::format("org {} is named twice", o)});
+    }
+  }
+  const Time starts = q.starts_at.value_or(now);
+  if (!q.ends_at) {
+    errors.push_back({"endsAt", "is required"});
+  } else {
+    if (*q.ends_at <= starts) errors.push_back({"endsAt", "must be after startsAt"});
+    if (*q.ends_at <= now) errors.push_back({"endsAt", "must be in the future"});
+  }
+  if (q.note.size() > kMaxNote) errors.push_back({"note", fmt::format("must be at most {} characters", kMaxNote)});
+  return errors;
+}
+
+bool is_owner(const Caller& caller, const NodeView& node) { return caller.org && *caller.org == node.owner_org; }
+
+bool manages(const Caller& caller, const Reservation& r) { return caller.org && contains(r.managing_org_ids, *caller.org); }
+
+bool in_audience(const Caller& caller, const Reservation& r) {
+  return caller.org && contains(r.audience_org_ids, *caller.org);
+}
+
+bool sees_node(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations) {
+  if (caller.admin() || caller.operator_role() || is_owner(caller, node)) return true;
+  return std::any_of(reservations.begin(), reservations.end(), [&](const Reservation& r) {
+    return !r.ended() && (manages(caller, r) || in_audience(caller, r));
+  });
+}
+
+bool may_list_units(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations) {
+  if (caller.admin() || caller.operator_role() || is_owner(caller, node)) return true;
+  return std::any_of(reservations.begin(), reservations.end(),
+                     [&](const Reservation& r) { return !r.ended() && manages(caller, r); });
+}
+
+bool sees_reservation(const Caller& caller, const NodeView& node, const Reservation& r) {
+  return caller.admin() || caller.operator_role() || is_owner(caller, node) || manages(caller, r) ||
+         in_audience(caller, r);
+}
+
+std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
+                                                 const std::vector<Reservation>& reservations,
+                                                 const std::string& unit_id) {
+  std::vector<std::string> out;
+  for (const auto& r : reservations) {
+    if (!r.ended() && r.holds_unit(unit_id) && sees_reservation(caller, node, r)) out.push_back(r.id);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace gpunode::reservations
