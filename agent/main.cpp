@@ -16,6 +16,7 @@
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
+#include "daemon.hpp"
 #include "discover_table.hpp"
 
 namespace {
@@ -110,6 +111,10 @@ int main(int argc, char** argv) {
   auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
   check->add_option("--config", check_file, "The file to check")->required();
 
+  std::string run_file = "/etc/gpunode/agent.yaml";
+  auto* run = app.add_subcommand("run", "Run the agent daemon (HTTPS API, admin socket, discovery, terms)");
+  run->add_option("--config", run_file, "agent.yaml (default /etc/gpunode/agent.yaml)");
+
   auto* version = app.add_subcommand("version", "Print the agent's version");
 
   try {
@@ -126,6 +131,7 @@ int main(int argc, char** argv) {
   try {
     if (discover->parsed()) return cmd_discover(config_file, host_root, json);
     if (check->parsed()) return cmd_check_config(check_file);
+    if (run->parsed()) return gpunode::agent::run_daemon(run_file, GPUNODE_PCI_IDS, GPUNODE_VERSION);
     if (version->parsed()) {
       fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
       return kExitOk;

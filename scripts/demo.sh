@@ -1,45 +1,74 @@
 #!/usr/bin/env bash
-# make demo: run gpunode-agent on the bundled demo host (tests/fixtures/hosts/demo_node.py, an
-# 8-GPU server with a mix of classes, written as a sysfs tree) and say what it shows.
+# make demo: the agent on the bundled demo host (tests/fixtures/hosts/demo_node.py: an 8-GPU
+# server with a mix of classes), with a self-signed TLS certificate, a demo token issuer and a
+# throwaway state directory under build/demo. Prints how to call it, then runs it (Ctrl-C stops).
 set -euo pipefail
-agent=${1:?usage: demo.sh PATH/TO/gpunode-agent}
+agent=$(cd "$(dirname "${1:?usage: demo.sh PATH/TO/gpunode-agent}")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
-root="$top/build/demo-host"
+demo="$top/build/demo"
+port=${DEMO_PORT:-8443}
+node=demo-node
 
-rm -rf "$root"
-python3 "$top/tests/fixtures/mkhost.py" "$top/tests/fixtures/hosts/demo_node.py" "$root" >/dev/null
+rm -rf "$demo"
+mkdir -p "$demo"
+python3 "$top/tests/fixtures/mkhost.py" "$top/tests/fixtures/hosts/demo_node.py" "$demo/host" >/dev/null
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 -subj /CN=localhost \
+  -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -keyout "$demo/tls.key" -out "$demo/tls.crt" 2>/dev/null
+openssl genpkey -algorithm ed25519 -out "$demo/issuer.pem" 2>/dev/null
+openssl pkey -in "$demo/issuer.pem" -pubout -out "$demo/issuer.pub" 2>/dev/null
+cat > "$demo/agent.yaml" <<YAML
+node:
+  id: $node
+  owner_org: org-demo-owner
+discovery:
+  host_root: $demo/host
+  rescan_interval: 30s
+api:
+  listen: "127.0.0.1:$port"
+  tls: {cert: $demo/tls.crt, key: $demo/tls.key}
+auth:
+  issuer: https://central.demo.invalid
+  audience: gpunode
+  keys: [$demo/issuer.pub]
+admin:
+  socket: $demo/admin.sock
+  allowed_uids: [$(id -u)]
+libvirt:
+  uri: test:///default
+state:
+  dir: $demo/state
+YAML
+"$agent" check-config --config "$demo/agent.yaml" >/dev/null
 
-cat <<'TXT'
-== gpunode demo: discovery on the bundled demo host ==
-The demo host is a Supermicro AS-4125GS-TNRT-like server with 8 GPUs, laid out as a Linux sysfs
-tree under build/demo-host (the same way the tests model real machines). Discovery turns its
-IOMMU groups into units:
-
-TXT
-"$agent" discover --host-root "$root"
-cat <<'TXT'
-
-What it shows:
-- u-0000-23-00-0, u-0000-24-00-0: L40S on vfio-pci, each in its own IOMMU group: VM units.
-- u-0000-43-00-0: two L40S behind a switch without ACS share one group: one paired unit that is
-  reserved and sold whole (gpuCount 2); the switch ports in the group are bridges.
-- u-0000-81-00-0, u-0000-a1-00-0: H100 PCIe on the nvidia driver: device-request units (pods).
-- u-0000-c1-00-0: the RTX A6000's GPU is on vfio-pci but its audio function on snd_hda_intel:
-  class none, mixed-drivers.
-- u-0000-e1-00-0: the A100 has no driver: class none, driver-unbound.
-- The ASPEED BMC VGA is the boot display but no GPU vendor's: it makes no unit.
-
-The same as the API's JSON body (GET /v1/nodes/{nodeId}/units), first unit:
-TXT
-"$agent" discover --host-root "$root" --json | python3 -c '
-import json, sys
-body = json.load(sys.stdin)
-print(json.dumps({"nodeId": body["nodeId"], "units": body["units"][:1]}, indent=2))
-print("... and %d more units" % (len(body["units"]) - 1))'
+echo "== gpunode demo: node $node on https://127.0.0.1:$port =="
+"$agent" discover --config "$demo/agent.yaml"
+ends=$(date -u -d '+30 days' +%Y-%m-%dT%H:%M:%SZ)
 cat <<TXT
 
-Try it yourself:
-  $agent discover --host-root $root --json
-  $agent discover                      # this machine (needs a readable /sys)
-  $agent check-config --config FILE    # validate an agent.yaml
+The agent starts below (Ctrl-C stops it; its state is thrown away with build/demo). In another
+terminal, from $top:
+
+  # tokens for each role (EdDSA JWTs from the demo issuer, valid one hour)
+  ADMIN=\$(scripts/demo-token --org org-platform --role platform-admin)
+  OPER=\$(scripts/demo-token --org org-platform --role platform-operator)
+  OWNER=\$(scripts/demo-token --org org-demo-owner)
+  ACME=\$(scripts/demo-token --org org-acme)
+  OUTSIDER=\$(scripts/demo-token --org org-outsider)
+  api() { tok=\$1; shift; curl -s --cacert build/demo/tls.crt -H "Authorization: Bearer \$tok" "\$@"; echo; }
+  N=https://127.0.0.1:$port/v1/nodes/$node
+
+  # the node's units as the owner, and reserve two of them for org-acme as the platform admin
+  api \$OWNER \$N/units
+  api \$ADMIN -X POST \$N/reservations -H 'Content-Type: application/json' \\
+      -d '{"unitIds": ["u-0000-23-00-0", "u-0000-43-00-0"], "audienceOrgIds": ["org-acme"], "endsAt": "$ends"}'
+
+  # org-acme sees its reservation and its reserved capacity; an outsider gets 404, as for a node that does not exist
+  api \$ACME \$N/reservations
+  api \$ACME https://127.0.0.1:$port/v1/orgs/org-acme/reserved-capacity
+  api \$OUTSIDER \$N/units -i
+
+  # operators: the admin socket needs no token, and the audit log is hash-chained
+  curl -s --unix-socket build/demo/admin.sock http://localhost/v1/nodes/$node/audit; echo
+
 TXT
+exec "$agent" run --config "$demo/agent.yaml"

@@ -14,7 +14,7 @@ PACKAGES=(
   # storage, crypto, service integration
   libsqlite3-dev libssl-dev libsystemd-dev openssl
   # tests and tools
-  python3
+  python3 curl
 )
 
 missing=()

@@ -1,20 +1,23 @@
 // Canonical JSON (see the header). One recursive writer; the first refusal stops it.
 #include "gpunode/store/canonical_json.hpp"
 
-#include <algorithm>
-#include <charconv>
-#include <cstdint>
-#include <vector>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/string.hpp>
-#include <fmt/format.h>
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace gpunode::store {
 namespace {
 
-std::uint8_t byte_at(std::string_view text, std::size_t i) { return static_cast<std::uint8_t>(text[i]); }
+std::uint8_t byte_at(std::string_view text, std::size_t i) {
+  return static_cast<std::uint8_t>(text[i]);
+}
 
 // Byte order of UTF-8 equals code point order, which is how Python sorts str keys.
 bool key_less(std::string_view a, std::string_view b) {
@@ -29,13 +32,27 @@ void append_escaped(std::string& out, std::string_view text) {
   for (char c : text) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (u < 0x20) {
           out += "\\u00";
@@ -64,13 +81,22 @@ class Writer {
 
   bool write(const boost::json::value& v, std::string& path) {
     switch (v.kind()) {
-      case boost::json::kind::null: out += "null"; return true;
-      case boost::json::kind::bool_: out += v.get_bool() ? "true" : "false"; return true;
-      case boost::json::kind::int64: append_integer(out, v.get_int64()); return true;
-      case boost::json::kind::uint64: append_integer(out, v.get_uint64()); return true;
+      case boost::json::kind::null:
+        out += "null";
+        return true;
+      case boost::json::kind::bool_:
+        out += v.get_bool() ? "true" : "false";
+        return true;
+      case boost::json::kind::int64:
+        append_integer(out, v.get_int64());
+        return true;
+      case boost::json::kind::uint64:
+        append_integer(out, v.get_uint64());
+        return true;
       case boost::json::kind::double_:
-        error = fmt::format("{}: a floating-point number has no canonical form here (use an integer or a string)",
-                            path_or_root(path));
+        error =
+            fmt::format("{}: a floating-point number has no canonical form here (use an integer or a string)",
+                        path_or_root(path));
         return false;
       case boost::json::kind::string: {
         const auto s = std::string_view(v.get_string());
@@ -81,15 +107,18 @@ class Writer {
         append_escaped(out, s);
         return true;
       }
-      case boost::json::kind::array: return write_array(v.get_array(), path);
-      case boost::json::kind::object: return write_object(v.get_object(), path);
+      case boost::json::kind::array:
+        return write_array(v.get_array(), path);
+      case boost::json::kind::object:
+        return write_object(v.get_object(), path);
     }
     error = fmt::format("{}: unknown JSON kind", path_or_root(path));
     return false;
   }
 
- private:
-  static std::string path_or_root(const std::string& path) { return path.empty() ? std::string("$") : "$" + path; }
+  static std::string path_or_root(const std::string& path) {
+    return path.empty() ? std::string("$") : "$" + path;
+  }
 
   bool write_array(const boost::json::array& a, std::string& path) {
     out.push_back('[');
@@ -104,10 +133,12 @@ class Writer {
     return true;
   }
 
-  bool write_object(const boost::json::object& o, std::string& path) {
+  bool write_object(const boost::json::object& o, std::string& path, const std::string_view* omit = nullptr) {
     std::vector<const boost::json::key_value_pair*> members;
     members.reserve(o.size());
-    for (const auto& kv : o) members.push_back(&kv);
+    for (const auto& kv : o) {
+      if (omit == nullptr || kv.key() != *omit) members.push_back(&kv);
+    }
     for (const auto* kv : members) {
       if (!is_valid_utf8(kv->key())) {
         error = fmt::format("{}: a key is not valid UTF-8", path_or_root(path));
@@ -185,6 +216,15 @@ std::expected<std::string, std::string> canonical_json(const boost::json::value&
   Writer w;
   std::string path;
   if (!w.write(value, path)) return std::unexpected(std::move(w.error));
+  return std::move(w.out);
+}
+
+std::expected<std::string, std::string> canonical_json(const boost::json::object& object,
+                                                       std::optional<std::string_view> omit_key) {
+  Writer w;
+  std::string path;
+  const std::string_view* omit = omit_key ? &*omit_key : nullptr;
+  if (!w.write_object(object, path, omit)) return std::unexpected(std::move(w.error));
   return std::move(w.out);
 }
 

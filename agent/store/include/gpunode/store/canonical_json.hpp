@@ -12,15 +12,21 @@
 // that is not valid UTF-8 (overlong forms, surrogates and code points past U+10FFFF included).
 #pragma once
 
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
 #include <expected>
+#include <optional>
 #include <string>
 #include <string_view>
-
-#include <boost/json/value.hpp>
 
 namespace gpunode::store {
 
 std::expected<std::string, std::string> canonical_json(const boost::json::value& value);
+
+// The same for an object, without copying it; `omit_key`, when given, is left out at the top level
+// (the audit hash is taken over the record without its "hash").
+std::expected<std::string, std::string> canonical_json(
+    const boost::json::object& object, std::optional<std::string_view> omit_key = std::nullopt);
 
 // True when `text` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, at most U+10FFFF).
 bool is_valid_utf8(std::string_view text);

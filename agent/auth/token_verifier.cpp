@@ -1,0 +1,716 @@
+// token_verifier.cpp: bearer-token verification (CONTRACT §4 "Authentication").
+//
+// Choices where the contract is silent (the safer reading each time):
+// - Only SubjectPublicKeyInfo `PUBLIC KEY` PEM blocks are keys. A private key is refused rather
+//   than reduced to its public half: a signing key has no business on the node. Several blocks in
+//   one file are all loaded (a rollover file holds the old and the new key).
+// - Duplicate keys: Boost.JSON keeps the last of two equal keys, so the text is first run through
+//   a boost::json::basic_parser whose handler records each object's keys as the parser unescapes
+//   them ("a" and "\u0061" collide) and fails on a repeat; only then is it parsed into a value.
+// - The signature is checked before the payload is parsed, so unauthenticated bytes reach the JSON
+//   parser only through the (small) header.
+// - A signature that is not 64 bytes is `bad_signature` (both algs sign 64 bytes); a base64url
+//   part that does not decode is `malformed`.
+// - Optional claims (`nbf`, `org`, `roles`) given as JSON null count as absent. An empty `sub` is
+//   `missing_claim`. `roles` keeps every string: unknown roles simply grant nothing downstream.
+// - A `kid` selects by RFC 7638 thumbprint only; an issuer's free-form kid names are not
+//   understood, and such a token is `unknown_key` (refused, never "try all keys").
+#include "gpunode/auth/token_verifier.hpp"
+
+#include <fmt/format.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/ec.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/json/basic_parser_impl.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <system_error>
+#include <utility>
+
+namespace gpunode::auth {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// OpenSSL ownership
+
+struct PkeyFree {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct MdCtxFree {
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+};
+struct BioFree {
+  void operator()(BIO* p) const { BIO_free(p); }
+};
+struct BnFree {
+  void operator()(BIGNUM* p) const { BN_free(p); }
+};
+struct EcdsaSigFree {
+  void operator()(ECDSA_SIG* p) const { ECDSA_SIG_free(p); }
+};
+struct OsslFree {
+  void operator()(void* p) const { OPENSSL_free(p); }
+};
+
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+using BnPtr = std::unique_ptr<BIGNUM, BnFree>;
+
+// Drops whatever OpenSSL queued on this thread, so one failure never colours the next call.
+struct ErrorQueueGuard {
+  ErrorQueueGuard() = default;
+  ErrorQueueGuard(const ErrorQueueGuard&) = delete;
+  ErrorQueueGuard& operator=(const ErrorQueueGuard&) = delete;
+  ~ErrorQueueGuard() { ERR_clear_error(); }
+};
+
+enum class KeyType { ed25519, p256 };
+
+struct Key {
+  std::shared_ptr<EVP_PKEY> pkey;
+  KeyType type;
+  std::string thumbprint;  // RFC 7638, base64url SHA-256
+};
+
+// ---------------------------------------------------------------------------------------------
+// base64url (RFC 4648 §5), strict: no padding, no whitespace, zero unused trailing bits.
+
+constexpr std::string_view kB64Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+int b64url_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '-') return 62;
+  if (c == '_') return 63;
+  return -1;
+}
+
+std::optional<std::string> b64url_decode(std::string_view in) {
+  if (in.size() % 4 == 1) return std::nullopt;  // no byte sequence encodes to this length
+  std::string out;
+  out.reserve(in.size() / 4 * 3 + 2);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    const int v = b64url_value(c);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFFu));
+    }
+  }
+  // Leftover bits (2 or 4) must be zero: otherwise two spellings would decode to the same bytes.
+  if (bits > 0 && (acc & ((1u << bits) - 1u)) != 0) return std::nullopt;
+  return out;
+}
+
+std::string b64url_encode(const unsigned char* data, std::size_t n) {
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    acc = (acc << 8) | data[i];
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out.push_back(kB64Alphabet[(acc >> bits) & 0x3Fu]);
+    }
+  }
+  if (bits > 0) out.push_back(kB64Alphabet[(acc << (6 - bits)) & 0x3Fu]);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON: a first pass that refuses duplicate keys, then a non-throwing parse.
+
+constexpr std::size_t kMaxJsonDepth = 16;
+
+class DuplicateKeyHandler {
+ public:
+  static constexpr std::size_t max_object_size = std::size_t(-1);
+  static constexpr std::size_t max_array_size = std::size_t(-1);
+  static constexpr std::size_t max_key_size = std::size_t(-1);
+  static constexpr std::size_t max_string_size = std::size_t(-1);
+
+  bool duplicate = false;
+
+  bool on_document_begin(boost::json::error_code&) { return true; }
+  bool on_document_end(boost::json::error_code&) { return true; }
+  bool on_array_begin(boost::json::error_code&) {
+    scopes_.emplace_back();
+    return true;
+  }
+  bool on_array_end(std::size_t, boost::json::error_code&) {
+    scopes_.pop_back();
+    return true;
+  }
+  bool on_object_begin(boost::json::error_code&) {
+    scopes_.emplace_back();
+    return true;
+  }
+  bool on_object_end(std::size_t, boost::json::error_code&) {
+    scopes_.pop_back();
+    return true;
+  }
+  bool on_string_part(boost::json::string_view, std::size_t, boost::json::error_code&) { return true; }
+  bool on_string(boost::json::string_view, std::size_t, boost::json::error_code&) { return true; }
+  bool on_key_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
+    key_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_key(boost::json::string_view s, std::size_t, boost::json::error_code& ec) {
+    key_.append(s.data(), s.size());
+    const bool fresh = scopes_.back().insert(std::move(key_)).second;
+    key_.clear();
+    if (!fresh) {
+      duplicate = true;
+      ec = boost::json::make_error_code(boost::json::error::syntax);
+      return false;
+    }
+    return true;
+  }
+  bool on_number_part(boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_int64(std::int64_t, boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_uint64(std::uint64_t, boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_double(double, boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_bool(bool, boost::json::error_code&) { return true; }
+  bool on_null(boost::json::error_code&) { return true; }
+  bool on_comment_part(boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_comment(boost::json::string_view, boost::json::error_code&) { return true; }
+
+ private:
+  std::vector<std::set<std::string>> scopes_;  // arrays push an empty set that is never used
+  std::string key_;
+};
+
+boost::json::parse_options json_options() {
+  boost::json::parse_options opt;
+  opt.max_depth = kMaxJsonDepth;  // strict RFC 8259 otherwise: no comments, commas, invalid UTF-8
+  return opt;
+}
+
+// The JSON object in `text`, or why not. `what` is "header" or "payload".
+std::expected<boost::json::object, AuthError> parse_json_object(std::string_view text,
+                                                                std::string_view what) {
+  {
+    boost::json::basic_parser<DuplicateKeyHandler> scanner(json_options());
+    boost::json::error_code ec;
+    const std::size_t used = scanner.write_some(false, text.data(), text.size(), ec);
+    if (scanner.handler().duplicate) {
+      return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} repeats a JSON key", what)});
+    }
+    if (ec || used != text.size()) {
+      return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not valid JSON", what)});
+    }
+  }
+  boost::json::error_code ec;
+  boost::json::value v =
+      boost::json::parse(boost::json::string_view(text.data(), text.size()), ec, {}, json_options());
+  if (ec)
+    return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not valid JSON", what)});
+  if (!v.is_object()) {
+    return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not a JSON object", what)});
+  }
+  return std::move(v.as_object());  // is_object() checked: cannot throw
+}
+
+std::string_view as_sv(const boost::json::string& s) {
+  return {s.data(), s.size()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+std::string sha256_b64url(std::string_view data) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md.data(), &len, EVP_sha256(), nullptr) != 1) return {};
+  return b64url_encode(md.data(), len);
+}
+
+std::expected<std::string, std::string> ed25519_thumbprint(EVP_PKEY* pkey) {
+  std::array<unsigned char, 32> raw{};
+  std::size_t len = raw.size();
+  if (EVP_PKEY_get_raw_public_key(pkey, raw.data(), &len) != 1 || len != raw.size()) {
+    return std::unexpected(std::string("cannot read the Ed25519 public key"));
+  }
+  // RFC 7638 §3.2 / RFC 8037 §2: members in lexicographic order, no whitespace.
+  return sha256_b64url(
+      fmt::format(R"({{"crv":"Ed25519","kty":"OKP","x":"{}"}})", b64url_encode(raw.data(), len)));
+}
+
+std::expected<std::string, std::string> p256_thumbprint(EVP_PKEY* pkey) {
+  BIGNUM* x_raw = nullptr;
+  BIGNUM* y_raw = nullptr;
+  const bool got_x = EVP_PKEY_get_bn_param(pkey, OSSL_PKEY_PARAM_EC_PUB_X, &x_raw) == 1;
+  BnPtr x(x_raw);
+  const bool got_y = EVP_PKEY_get_bn_param(pkey, OSSL_PKEY_PARAM_EC_PUB_Y, &y_raw) == 1;
+  BnPtr y(y_raw);
+  std::array<unsigned char, 32> xb{};
+  std::array<unsigned char, 32> yb{};
+  if (!got_x || !got_y || BN_bn2binpad(x.get(), xb.data(), 32) != 32 ||
+      BN_bn2binpad(y.get(), yb.data(), 32) != 32) {
+    return std::unexpected(std::string("cannot read the P-256 public point"));
+  }
+  return sha256_b64url(fmt::format(R"({{"crv":"P-256","kty":"EC","x":"{}","y":"{}"}})",
+                                   b64url_encode(xb.data(), 32), b64url_encode(yb.data(), 32)));
+}
+
+// Classifies one decoded SubjectPublicKeyInfo.
+std::expected<Key, std::string> make_key(std::shared_ptr<EVP_PKEY> pkey) {
+  EVP_PKEY* p = pkey.get();
+  if (EVP_PKEY_is_a(p, "ED25519") == 1) {
+    auto tp = ed25519_thumbprint(p);
+    if (!tp) return std::unexpected(tp.error());
+    return Key{std::move(pkey), KeyType::ed25519, std::move(*tp)};
+  }
+  if (EVP_PKEY_is_a(p, "EC") == 1) {
+    std::array<char, 80> group{};
+    std::size_t glen = 0;
+    if (EVP_PKEY_get_group_name(p, group.data(), group.size(), &glen) != 1) {
+      return std::unexpected(
+          std::string("unsupported key type: an EC key on an unnamed curve (only P-256 is accepted)"));
+    }
+    const std::string_view name(group.data(), glen);
+    if (name != "prime256v1" && name != "P-256" && name != "secp256r1") {
+      return std::unexpected(fmt::format("unsupported key type: EC curve {} (only P-256 is accepted)", name));
+    }
+    auto tp = p256_thumbprint(p);
+    if (!tp) return std::unexpected(tp.error());
+    return Key{std::move(pkey), KeyType::p256, std::move(*tp)};
+  }
+  const char* type = EVP_PKEY_get0_type_name(p);
+  return std::unexpected(fmt::format("unsupported key type {} (only Ed25519 and P-256 are accepted)",
+                                     type != nullptr ? type : "unknown"));
+}
+
+// Every key of one PEM text. `label` names the text in errors.
+std::expected<std::vector<Key>, std::string> load_pem(std::string_view text, const std::string& label) {
+  ErrorQueueGuard guard;
+  if (text.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return std::unexpected(fmt::format("{}: too large for a key file", label));
+  }
+  BioPtr bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+  if (!bio) return std::unexpected(fmt::format("{}: out of memory", label));
+  std::vector<Key> keys;
+  for (int block = 1;; ++block) {
+    char* name_raw = nullptr;
+    char* header_raw = nullptr;
+    unsigned char* data_raw = nullptr;
+    long len = 0;
+    ERR_clear_error();
+    const int ok = PEM_read_bio(bio.get(), &name_raw, &header_raw, &data_raw, &len);
+    std::unique_ptr<char, OsslFree> name(name_raw);
+    std::unique_ptr<char, OsslFree> header(header_raw);
+    std::unique_ptr<unsigned char, OsslFree> data(data_raw);
+    if (ok != 1) {
+      const unsigned long err = ERR_peek_last_error();
+      if (ERR_GET_LIB(err) == ERR_LIB_PEM && ERR_GET_REASON(err) == PEM_R_NO_START_LINE) {
+        if (keys.empty())
+          return std::unexpected(fmt::format("{}: not a PEM public key (no -----BEGIN line)", label));
+        return keys;  // end of the text
+      }
+      return std::unexpected(
+          fmt::format("{}: PEM block {} is damaged (bad base64 or a missing -----END line)", label, block));
+    }
+    const std::string_view kind(name.get());
+    const auto where = [&] { return block == 1 ? label : fmt::format("{} (PEM block {})", label, block); };
+    if (kind != "PUBLIC KEY") {
+      if (kind.find("PRIVATE KEY") != std::string_view::npos) {
+        return std::unexpected(
+            fmt::format("{}: holds a private key ({}); auth.keys takes public keys only", where(), kind));
+      }
+      if (kind == "RSA PUBLIC KEY")
+        return std::unexpected(fmt::format("{}: unsupported key type RSA", where()));
+      return std::unexpected(fmt::format(
+          "{}: a \"{}\" block, not a PEM public key (-----BEGIN PUBLIC KEY-----)", where(), kind));
+    }
+    if (header && header.get()[0] != '\0') {
+      return std::unexpected(fmt::format("{}: a public key block may not carry PEM headers", where()));
+    }
+    const unsigned char* p = data.get();
+    std::shared_ptr<EVP_PKEY> pkey(d2i_PUBKEY(nullptr, &p, len), PkeyFree{});
+    if (!pkey || p != data.get() + len) {
+      return std::unexpected(fmt::format("{}: not a valid public key (bad SubjectPublicKeyInfo)", where()));
+    }
+    auto key = make_key(std::move(pkey));
+    if (!key) return std::unexpected(fmt::format("{}: {}", where(), key.error()));
+    keys.push_back(std::move(*key));
+  }
+}
+
+std::expected<std::string, std::string> read_file(const std::string& path) {
+  constexpr std::size_t kMaxKeyFile = 1 << 20;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return std::unexpected(fmt::format("{}: cannot read: {}", path, std::generic_category().message(errno)));
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(f, &std::fclose);
+  std::string out;
+  std::array<char, 4096> buf{};
+  for (;;) {
+    const std::size_t n = std::fread(buf.data(), 1, buf.size(), f);
+    out.append(buf.data(), n);
+    if (out.size() > kMaxKeyFile)
+      return std::unexpected(fmt::format("{}: larger than 1 MiB, not a key file", path));
+    if (n < buf.size()) break;
+  }
+  if (std::ferror(f) != 0) {
+    return std::unexpected(fmt::format("{}: cannot read: {}", path, std::generic_category().message(errno)));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signatures
+
+// JWS ES256 signs R||S (32 bytes each, big-endian); EVP_DigestVerify wants a DER ECDSA-Sig-Value.
+std::optional<std::vector<unsigned char>> es256_to_der(std::string_view sig) {
+  const auto* raw = reinterpret_cast<const unsigned char*>(sig.data());
+  BnPtr r(BN_bin2bn(raw, 32, nullptr));
+  BnPtr s(BN_bin2bn(raw + 32, 32, nullptr));
+  std::unique_ptr<ECDSA_SIG, EcdsaSigFree> ecdsa(ECDSA_SIG_new());
+  if (!r || !s || !ecdsa) return std::nullopt;
+  if (ECDSA_SIG_set0(ecdsa.get(), r.get(), s.get()) != 1) return std::nullopt;
+  (void)r.release();  // owned by ecdsa now
+  (void)s.release();
+  const int len = i2d_ECDSA_SIG(ecdsa.get(), nullptr);
+  if (len <= 0) return std::nullopt;
+  std::vector<unsigned char> der(static_cast<std::size_t>(len));
+  unsigned char* out = der.data();
+  if (i2d_ECDSA_SIG(ecdsa.get(), &out) != len) return std::nullopt;
+  return der;
+}
+
+bool verify_with(const Key& key, std::string_view signing_input, std::string_view sig) {
+  ErrorQueueGuard guard;
+  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  if (!ctx) return false;
+  const auto* tbs = reinterpret_cast<const unsigned char*>(signing_input.data());
+  if (key.type == KeyType::ed25519) {
+    if (EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, key.pkey.get()) != 1) return false;
+    return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()), sig.size(), tbs,
+                            signing_input.size()) == 1;
+  }
+  const auto der = es256_to_der(sig);
+  if (!der) return false;
+  if (EVP_DigestVerifyInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key.pkey.get()) != 1) return false;
+  return EVP_DigestVerify(ctx.get(), der->data(), der->size(), tbs, signing_input.size()) == 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claims
+
+AuthError reject(Rejection why, std::string detail) {
+  return AuthError{why, std::move(detail)};
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           const auto lower = [](char c) {
+             return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+           };
+           return lower(x) == lower(y);
+         });
+}
+
+bool is_token_char(char c) {
+  return c == '.' || b64url_value(c) >= 0;
+}
+
+// The token of a `Bearer` credential.
+std::expected<std::string_view, AuthError> bearer_token(std::string_view value) {
+  const auto ows = [](char c) { return c == ' ' || c == '\t'; };
+  while (!value.empty() && ows(value.front())) value.remove_prefix(1);
+  while (!value.empty() && ows(value.back())) value.remove_suffix(1);
+  if (value.empty()) return std::unexpected(reject(Rejection::missing, "no Authorization header"));
+  std::size_t end = 0;
+  while (end < value.size() && !ows(value[end])) ++end;
+  if (!iequals(value.substr(0, end), "Bearer")) {
+    return std::unexpected(
+        reject(Rejection::missing, "the Authorization header is not of the Bearer scheme"));
+  }
+  std::string_view token = value.substr(end);
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  if (token.empty()) return std::unexpected(reject(Rejection::malformed, "Bearer without a token"));
+  if (token.size() > kMaxTokenBytes) {
+    return std::unexpected(reject(
+        Rejection::malformed, fmt::format("token of {} bytes, more than {}", token.size(), kMaxTokenBytes)));
+  }
+  if (!std::all_of(token.begin(), token.end(), is_token_char)) {
+    return std::unexpected(reject(
+        Rejection::malformed, "the token holds a character outside base64url and '.' (or a second token)"));
+  }
+  return token;
+}
+
+// An integer claim (NumericDate as whole seconds). Absent or (when `null_is_absent`) null: nullopt.
+std::expected<std::optional<std::int64_t>, AuthError> int_claim(const boost::json::object& o,
+                                                                std::string_view name, bool null_is_absent) {
+  const boost::json::value* v = o.if_contains(boost::json::string_view(name.data(), name.size()));
+  if (v == nullptr || (null_is_absent && v->is_null())) return std::optional<std::int64_t>{};
+  if (const std::int64_t* i = v->if_int64()) return std::optional<std::int64_t>{*i};
+  return std::unexpected(
+      reject(Rejection::malformed, fmt::format("claim {} is not an integer number of seconds", name)));
+}
+
+std::int64_t floor_seconds(std::chrono::system_clock::time_point t) {
+  return std::chrono::floor<std::chrono::seconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct TokenVerifier::Impl {
+  VerifierConfig cfg;
+  std::vector<Key> keys;
+};
+
+bool Claims::has_role(std::string_view role) const {
+  return std::find(roles.begin(), roles.end(), role) != roles.end();
+}
+
+std::string_view to_string(Rejection why) {
+  switch (why) {
+    case Rejection::missing:
+      return "missing";
+    case Rejection::malformed:
+      return "malformed";
+    case Rejection::unsupported_alg:
+      return "unsupported_alg";
+    case Rejection::bad_signature:
+      return "bad_signature";
+    case Rejection::expired:
+      return "expired";
+    case Rejection::not_yet_valid:
+      return "not_yet_valid";
+    case Rejection::wrong_issuer:
+      return "wrong_issuer";
+    case Rejection::wrong_audience:
+      return "wrong_audience";
+    case Rejection::unknown_key:
+      return "unknown_key";
+    case Rejection::missing_claim:
+      return "missing_claim";
+  }
+  return "unknown";
+}
+
+std::expected<TokenVerifier, std::string> TokenVerifier::build(const std::vector<std::string>& texts,
+                                                               const std::vector<std::string>& labels,
+                                                               VerifierConfig cfg) {
+  if (cfg.issuer.empty()) return std::unexpected(std::string("auth.issuer is empty"));
+  if (cfg.audience.empty() && cfg.node_id.empty()) {
+    return std::unexpected(
+        std::string("neither auth.audience nor the node id is set: no token could be for us"));
+  }
+  if (cfg.leeway < std::chrono::seconds(0) || cfg.leeway > std::chrono::hours(24)) {
+    return std::unexpected(std::string("the leeway must be between 0 s and 24 h"));
+  }
+  if (texts.empty()) return std::unexpected(std::string("auth.keys is empty: no token could ever verify"));
+  auto impl = std::make_shared<Impl>();
+  impl->cfg = std::move(cfg);
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    auto keys = load_pem(texts[i], labels[i]);
+    if (!keys) return std::unexpected(keys.error());
+    for (Key& k : *keys) impl->keys.push_back(std::move(k));
+  }
+  return TokenVerifier(std::move(impl));
+}
+
+std::expected<TokenVerifier, std::string> TokenVerifier::from_files(const std::vector<std::string>& pem_files,
+                                                                    VerifierConfig cfg) {
+  std::vector<std::string> texts;
+  for (const std::string& path : pem_files) {
+    auto text = read_file(path);
+    if (!text) return std::unexpected(text.error());
+    texts.push_back(std::move(*text));
+  }
+  return build(texts, pem_files, std::move(cfg));
+}
+
+std::expected<TokenVerifier, std::string> TokenVerifier::from_pems(const std::vector<std::string>& pem_texts,
+                                                                   VerifierConfig cfg) {
+  std::vector<std::string> labels;
+  for (std::size_t i = 0; i < pem_texts.size(); ++i) labels.push_back(fmt::format("key #{}", i + 1));
+  return build(pem_texts, labels, std::move(cfg));
+}
+
+std::vector<std::string> TokenVerifier::key_ids() const {
+  std::vector<std::string> ids;
+  for (const Key& k : impl_->keys) ids.push_back(k.thumbprint);
+  return ids;
+}
+
+std::expected<Claims, AuthError> TokenVerifier::verify(std::string_view authorization,
+                                                       std::chrono::system_clock::time_point now) const {
+  const auto token = bearer_token(authorization);
+  if (!token) return std::unexpected(token.error());
+
+  // Compact JWS: BASE64URL(header) '.' BASE64URL(payload) '.' BASE64URL(signature).
+  const std::size_t dot1 = token->find('.');
+  const std::size_t dot2 = dot1 == std::string_view::npos ? dot1 : token->find('.', dot1 + 1);
+  if (dot2 == std::string_view::npos || token->find('.', dot2 + 1) != std::string_view::npos) {
+    const auto parts = std::count(token->begin(), token->end(), '.') + 1;
+    return std::unexpected(
+        reject(Rejection::malformed, fmt::format("a JWS has 3 parts, this token {}", parts)));
+  }
+  const std::string_view signing_input = token->substr(0, dot2);
+  const auto header_text = b64url_decode(token->substr(0, dot1));
+  const auto payload_text = b64url_decode(token->substr(dot1 + 1, dot2 - dot1 - 1));
+  const auto signature = b64url_decode(token->substr(dot2 + 1));
+  if (!header_text || !payload_text || !signature) {
+    const char* which = !header_text ? "header" : !payload_text ? "payload" : "signature";
+    return std::unexpected(
+        reject(Rejection::malformed, fmt::format("the {} is not strict base64url", which)));
+  }
+
+  // Header.
+  auto header = parse_json_object(*header_text, "header");
+  if (!header) return std::unexpected(header.error());
+  const boost::json::value* alg = header->if_contains("alg");
+  if (alg == nullptr) return std::unexpected(reject(Rejection::malformed, "the header has no alg"));
+  if (!alg->is_string())
+    return std::unexpected(reject(Rejection::malformed, "the header's alg is not a string"));
+  KeyType type{};
+  if (as_sv(alg->get_string()) == "EdDSA") {
+    type = KeyType::ed25519;
+  } else if (as_sv(alg->get_string()) == "ES256") {
+    type = KeyType::p256;
+  } else {
+    return std::unexpected(reject(Rejection::unsupported_alg, "alg is not EdDSA or ES256"));
+  }
+  if (header->contains("crit")) {
+    return std::unexpected(reject(Rejection::malformed, "the header has crit: no extension is understood"));
+  }
+  std::optional<std::string_view> kid;
+  if (const boost::json::value* k = header->if_contains("kid")) {
+    if (!k->is_string())
+      return std::unexpected(reject(Rejection::malformed, "the header's kid is not a string"));
+    kid = as_sv(k->get_string());
+  }
+
+  // Signature.
+  std::vector<const Key*> candidates;
+  for (const Key& k : impl_->keys) {
+    if (k.type == type && (!kid || *kid == k.thumbprint)) candidates.push_back(&k);
+  }
+  const char* type_name = type == KeyType::ed25519 ? "Ed25519" : "P-256";
+  if (candidates.empty()) {
+    return std::unexpected(
+        reject(Rejection::unknown_key, kid ? fmt::format("no {} key has the token's kid", type_name)
+                                           : fmt::format("no {} key is loaded", type_name)));
+  }
+  if (signature->size() != 64) {
+    return std::unexpected(reject(Rejection::bad_signature, fmt::format("signature of {} bytes, {} signs 64",
+                                                                        signature->size(), type_name)));
+  }
+  const bool verified = std::any_of(candidates.begin(), candidates.end(),
+                                    [&](const Key* k) { return verify_with(*k, signing_input, *signature); });
+  if (!verified) {
+    return std::unexpected(
+        reject(Rejection::bad_signature,
+               fmt::format("no {} key verifies the signature ({} tried)", type_name, candidates.size())));
+  }
+
+  // Claims, now that they are known to come from the issuer's key.
+  auto payload = parse_json_object(*payload_text, "payload");
+  if (!payload) return std::unexpected(payload.error());
+  const VerifierConfig& cfg = impl_->cfg;
+
+  const boost::json::value* iss = payload->if_contains("iss");
+  if (iss == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no iss claim"));
+  if (!iss->is_string()) return std::unexpected(reject(Rejection::malformed, "claim iss is not a string"));
+  if (as_sv(iss->get_string()) != cfg.issuer) {
+    return std::unexpected(reject(Rejection::wrong_issuer, "iss is not the configured issuer"));
+  }
+
+  const boost::json::value* aud = payload->if_contains("aud");
+  if (aud == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no aud claim"));
+  const auto ours = [&](const boost::json::string& s) {
+    const std::string_view v = as_sv(s);
+    return (!cfg.audience.empty() && v == cfg.audience) || (!cfg.node_id.empty() && v == cfg.node_id);
+  };
+  bool for_us = false;
+  if (aud->is_string()) {
+    for_us = ours(aud->get_string());
+  } else if (aud->is_array()) {
+    for (const boost::json::value& a : aud->get_array()) {
+      if (!a.is_string())
+        return std::unexpected(reject(Rejection::malformed, "claim aud holds a non-string"));
+      for_us = for_us || ours(a.get_string());
+    }
+  } else {
+    return std::unexpected(
+        reject(Rejection::malformed, "claim aud is neither a string nor an array of strings"));
+  }
+  if (!for_us) {
+    return std::unexpected(
+        reject(Rejection::wrong_audience, "aud holds neither the configured audience nor the node id"));
+  }
+
+  const std::int64_t now_s = floor_seconds(now);
+  const std::int64_t leeway = cfg.leeway.count();
+  Claims claims;
+
+  auto exp = int_claim(*payload, "exp", false);
+  if (!exp) return std::unexpected(exp.error());
+  if (!*exp) return std::unexpected(reject(Rejection::missing_claim, "no exp claim"));
+  claims.exp = **exp;
+  if (now_s - leeway > claims.exp) {  // now > exp + leeway, without overflow near INT64_MAX
+    return std::unexpected(reject(
+        Rejection::expired, fmt::format("expired: exp={} now={} leeway={}s", claims.exp, now_s, leeway)));
+  }
+
+  auto nbf = int_claim(*payload, "nbf", true);
+  if (!nbf) return std::unexpected(nbf.error());
+  claims.nbf = *nbf;
+  if (claims.nbf && now_s + leeway < *claims.nbf) {
+    return std::unexpected(
+        reject(Rejection::not_yet_valid,
+               fmt::format("not yet valid: nbf={} now={} leeway={}s", *claims.nbf, now_s, leeway)));
+  }
+
+  const boost::json::value* sub = payload->if_contains("sub");
+  if (sub == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no sub claim"));
+  if (!sub->is_string()) return std::unexpected(reject(Rejection::malformed, "claim sub is not a string"));
+  if (sub->get_string().empty())
+    return std::unexpected(reject(Rejection::missing_claim, "claim sub is empty"));
+  claims.sub = std::string(as_sv(sub->get_string()));
+
+  if (const boost::json::value* org = payload->if_contains("org"); org != nullptr && !org->is_null()) {
+    if (!org->is_string()) return std::unexpected(reject(Rejection::malformed, "claim org is not a string"));
+    claims.org = std::string(as_sv(org->get_string()));
+  }
+
+  if (const boost::json::value* roles = payload->if_contains("roles");
+      roles != nullptr && !roles->is_null()) {
+    if (!roles->is_array())
+      return std::unexpected(reject(Rejection::malformed, "claim roles is not an array"));
+    for (const boost::json::value& r : roles->get_array()) {
+      if (!r.is_string())
+        return std::unexpected(reject(Rejection::malformed, "claim roles holds a non-string"));
+      claims.roles.emplace_back(as_sv(r.get_string()));
+    }
+  }
+  return claims;
+}
+
+}  // namespace gpunode::auth

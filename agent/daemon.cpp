@@ -1,0 +1,257 @@
+// The daemon: two event loops. `net` runs the HTTPS listener and the admin socket (Beast);
+// `core` is one thread that owns the NodeService (SQLite, discovery, the clock's timers). A request
+// is parsed on `net`, handled on `core`, and answered back on `net`: the reactor never waits for
+// an fsync.
+#include "daemon.hpp"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/config/config.hpp"
+#include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/http/server.hpp"
+#include "gpunode/service/node_service.hpp"
+#include "log.hpp"
+
+namespace gpunode::agent {
+namespace {
+
+namespace asio = boost::asio;
+using config::LogLevel;
+
+discovery::Policy policy_from(const config::Config& c) {
+  discovery::Policy p;
+  p.gpu_vendors.clear();
+  for (const auto& v : c.discovery.gpu_vendors) p.gpu_vendors.push_back(static_cast<std::uint16_t>(std::stoul(v, nullptr, 16)));
+  p.reservable_classes.clear();
+  for (const auto& cls : c.discovery.reservable_classes) {
+    if (auto u = discovery::parse_unit_class(cls)) p.reservable_classes.push_back(*u);
+  }
+  p.unsellable = c.node.unsellable_units;
+  return p;
+}
+
+// Who may use the admin socket: a uid of admin.allowed_uids, or a member of admin.allowed_group.
+class AdminPeers {
+ public:
+  explicit AdminPeers(const config::Config::Admin& a) : uids_(a.allowed_uids) {
+    if (!a.allowed_group.empty()) {
+      if (const group* g = ::getgrnam(a.allowed_group.c_str())) group_ = g->gr_gid;
+    }
+  }
+  bool allowed(const http::Peer& peer) const {
+    if (!peer.uid) return false;
+    if (std::find(uids_.begin(), uids_.end(), *peer.uid) != uids_.end()) return true;
+    if (!group_) return false;
+    if (peer.gid && *peer.gid == *group_) return true;
+    const passwd* pw = ::getpwuid(*peer.uid);
+    if (pw == nullptr) return false;
+    int n = 64;
+    std::vector<gid_t> groups(static_cast<std::size_t>(n));
+    if (::getgrouplist(pw->pw_name, pw->pw_gid, groups.data(), &n) < 0) {
+      groups.resize(static_cast<std::size_t>(n));
+      if (::getgrouplist(pw->pw_name, pw->pw_gid, groups.data(), &n) < 0) return false;
+    }
+    groups.resize(static_cast<std::size_t>(n));
+    return std::find(groups.begin(), groups.end(), *group_) != groups.end();
+  }
+
+ private:
+  std::vector<std::uint32_t> uids_;
+  std::optional<gid_t> group_;
+};
+
+service::ApiRequest to_api(http::Request&& q) {
+  service::ApiRequest a;
+  a.method = std::move(q.method);
+  a.path = std::move(q.path);
+  a.query = std::move(q.query);
+  a.headers = std::move(q.headers);
+  a.body = std::move(q.body);
+  a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket
+                                                      : service::ApiRequest::Via::https;
+  if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
+  a.request_id = std::move(q.request_id);
+  return a;
+}
+
+std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(const config::Config& c) {
+  auto v = auth::TokenVerifier::from_files(c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
+  if (!v) return std::unexpected(v.error());
+  return std::make_shared<const auth::TokenVerifier>(std::move(*v));
+}
+
+}  // namespace
+
+int run_daemon(const std::string& config_file, const std::string& pci_ids_file, const std::string& version) {
+  Logger log;
+  auto loaded = config::load_file(config_file, config::Purpose::run);
+  if (!loaded.ok()) {
+    for (const auto& p : loaded.problems) fmt::print(stderr, "{}\n", p.to_string());
+    fmt::print(stderr, "gpunode-agent: refusing to start: {} is invalid\n", config_file);
+    return 1;
+  }
+  config::Config cfg = std::move(loaded.config);
+  log.configure(cfg.log.level, cfg.log.format);
+  auto fail = [&](const std::string& what) {
+    log.log(LogLevel::error, "refusing to start: " + what);
+    return 1;
+  };
+
+  auto verifier = load_verifier(cfg);
+  if (!verifier) return fail(verifier.error());
+  auto tls = http::make_tls_context({cfg.api.tls.cert, cfg.api.tls.key, cfg.api.tls.client_ca});
+  if (!tls) return fail(tls.error());
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.state.dir, ec);
+  if (ec) return fail(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
+  ::chmod(cfg.state.dir.c_str(), 0700);
+
+  const discovery::Policy policy = policy_from(cfg);
+  auto names = discovery::PciIds::load(pci_ids_file, policy.gpu_vendors);
+  if (!names) log.log(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+
+  service::ServiceOptions opts{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, version};
+  auto service_log = [&log](service::LogLevel level, const std::string& text) {
+    log.log(static_cast<LogLevel>(static_cast<int>(level)), text);
+  };
+  auto opened = service::NodeService::open(opts, *verifier, names ? &*names : nullptr,
+                                           [] { return std::chrono::system_clock::now(); }, service_log);
+  if (!opened) return fail(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
+  std::unique_ptr<service::NodeService> node = std::move(*opened);
+
+  asio::io_context net;
+  asio::io_context core;
+  auto core_work = asio::make_work_guard(core);
+
+  // The clock's timers run on `core`, beside the service.
+  asio::steady_timer term_timer(core);
+  asio::steady_timer rescan_timer(core);
+  std::function<void()> arm_terms = [&] {
+    auto next = node->tick();
+    auto wait = std::chrono::seconds(1);  // at the latest every second: "within a second"
+    if (next) {
+      auto until = *next - std::chrono::system_clock::now();
+      if (until < wait) wait = std::max(std::chrono::duration_cast<std::chrono::seconds>(until), std::chrono::seconds(0));
+    }
+    term_timer.expires_after(wait == std::chrono::seconds(0) ? std::chrono::milliseconds(50) : std::chrono::milliseconds(wait));
+    term_timer.async_wait([&](const boost::system::error_code& e) {
+      if (!e) arm_terms();
+    });
+  };
+  std::function<void()> arm_rescan = [&] {
+    rescan_timer.expires_after(std::chrono::milliseconds(cfg.discovery.rescan_interval));
+    rescan_timer.async_wait([&](const boost::system::error_code& e) {
+      if (e) return;
+      node->rescan();
+      arm_rescan();
+    });
+  };
+  asio::post(core, [&] {
+    arm_terms();
+    arm_rescan();
+  });
+
+  http::Server server(net, http::Limits{}, [&](http::Request q, http::Reply reply) {
+    asio::post(core, [&, q = std::move(q), reply = std::move(reply)]() mutable {
+      const bool rescan = q.peer.kind == http::Peer::Kind::unix_socket && q.method == "POST" && q.path == "/v1/admin/rescan";
+      if (rescan) node->rescan();
+      service::ApiResponse a = rescan ? service::json_response(boost::json::object{{"revision", node->revision()}})
+                                      : node->handle(to_api(std::move(q)));
+      reply(http::Response{a.status, std::move(a.headers), std::move(a.body)});
+    });
+  }, [&](std::string_view m) { log.log(LogLevel::info, std::string(m)); });
+
+  if (auto l = server.listen_tls(cfg.api.listen, *tls); !l) return fail(l.error());
+  auto peers = std::make_shared<AdminPeers>(cfg.admin);
+  if (auto l = server.listen_unix(cfg.admin.socket, 0660, [peers](const http::Peer& p) { return peers->allowed(p); }); !l) {
+    return fail(l.error());
+  }
+
+  std::thread core_thread([&] { core.run(); });
+  log.log(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}", version, cfg.node.id,
+                                      cfg.api.listen, cfg.admin.socket));
+  ::sd_notify(0, "READY=1");
+
+  // systemd's watchdog, petted from the network loop (a stuck reactor stops the pets).
+  asio::steady_timer watchdog(net);
+  std::uint64_t watchdog_usec = 0;
+  std::function<void()> pet = [&] {
+    ::sd_notify(0, "WATCHDOG=1");
+    watchdog.expires_after(std::chrono::microseconds(watchdog_usec / 2));
+    watchdog.async_wait([&](const boost::system::error_code& e) {
+      if (!e) pet();
+    });
+  };
+  if (::sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) pet();
+
+  asio::signal_set signals(net, SIGTERM, SIGINT, SIGHUP);
+  std::atomic<bool> stopping = false;
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& e, int sig) {
+      if (e) return;
+      if (sig == SIGHUP) {
+        auto fresh = config::load_file(config_file, config::Purpose::run);
+        if (!fresh.ok()) {
+          for (const auto& p : fresh.problems) log.log(LogLevel::error, "reload: " + p.to_string());
+          log.log(LogLevel::error, "reload refused: keeping the running configuration");
+        } else {
+          auto v = load_verifier(fresh.config);
+          auto t = http::make_tls_context({fresh.config.api.tls.cert, fresh.config.api.tls.key, fresh.config.api.tls.client_ca});
+          if (!v || !t) {
+            log.log(LogLevel::error, "reload refused: " + (v ? t.error() : v.error()));
+          } else {
+            server.set_tls_context(*t);
+            log.configure(fresh.config.log.level, fresh.config.log.format);
+            asio::post(core, [&node, v = *v, u = fresh.config.node.unsellable_units]() mutable {
+              node->set_verifier(v);
+              node->set_unsellable(std::move(u));
+            });
+            log.log(LogLevel::info, "reloaded: TLS files, token keys, log level, unsellable units");
+          }
+        }
+        wait_signal();
+        return;
+      }
+      if (stopping.exchange(true)) return;
+      log.log(LogLevel::info, fmt::format("signal {}: stopping (draining connections)", sig));
+      ::sd_notify(0, "STOPPING=1");
+      watchdog.cancel();
+      server.shutdown(std::chrono::seconds(10), [&] {
+        signals.cancel();
+        net.stop();
+      });
+    });
+  };
+  wait_signal();
+  net.run();
+
+  asio::post(core, [&] {
+    term_timer.cancel();
+    rescan_timer.cancel();
+    core_work.reset();
+  });
+  core_thread.join();
+  node.reset();
+  log.log(LogLevel::info, "stopped");
+  return 0;
+}
+
+}  // namespace gpunode::agent

@@ -1,0 +1,150 @@
+// gpunode's HTTP server layer: HTTPS on a TCP port and plain HTTP on the local admin socket,
+// both HTTP/1.1 with keep-alive. It knows nothing about the API: every request goes to one
+// Handler, which answers through a Reply callback (from any thread, exactly once).
+//
+// What the layer does itself (CONTRACT §4, §7; STYLE "The server"):
+// - body > Limits::body       -> 413 problem `body-too-large`, then close (a Content-Length over
+//   the limit is refused before the body is read; a chunked body when it passes the limit)
+// - header > Limits::header   -> 431 problem `headers-too-large`, then close (request line and
+//   fields together)
+// - malformed request        -> 400 problem `invalid-request`, then close
+//   (after these three answers the server half-closes where it can and reads and drops what the
+//   client still sends, up to read_timeout capped at 5 s, so the client gets to read the answer)
+// - handler silent for Limits::handler_timeout -> 503 problem `timeout` (a later reply is dropped)
+// - handler throws           -> 500 problem `internal`
+// - every response: X-Request-Id (the client's if sane, else generated), Content-Type (the
+//   handler's, default application/json), Content-Length; no Server header. 204 and 304 carry no
+//   body, no Content-Type and no Content-Length.
+// - `Connection: close` from the client or from the handler closes after the response; a
+//   Connection or Content-Length or Transfer-Encoding header set by the handler is not copied.
+// - `Expect: 100-continue`: once the headers are read and within limits, the server answers
+//   `100 Continue` and reads the body (an oversized Content-Length gets 413 instead).
+// - timeouts: idle_timeout while waiting for the first byte of a request, read_timeout for
+//   reading one whole request (and for the TLS handshake), write_timeout for each write and for
+//   the TLS shutdown. A connection that runs past one is closed without an answer.
+// - the admin socket: SO_PEERCRED is read right after accept; a peer the PeerFilter refuses is
+//   closed at once without an HTTP answer and logged.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/context.hpp>
+
+namespace gpunode::http {
+
+struct Peer {
+  enum class Kind { tcp, unix_socket } kind = Kind::tcp;
+  std::string address;  // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
+  std::optional<uid_t> uid;  // SO_PEERCRED, admin socket only
+  std::optional<gid_t> gid;
+  std::optional<pid_t> pid;
+};
+
+struct Request {
+  std::string method;
+  std::string target;  // raw path?query
+  std::string path;
+  std::string query;   // after '?', raw (not decoded); empty when none
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in order
+  std::string body;
+  Peer peer;
+  std::string request_id;  // the client's X-Request-Id if sane (1..128 printable chars), else generated
+
+  // The first header of that (lower-case) name.
+  std::optional<std::string_view> header(std::string_view lower_name) const;
+};
+
+struct Response {
+  unsigned status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+
+using Reply = std::function<void(Response)>;          // any thread, exactly once (later calls ignored)
+using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
+
+struct FieldError {
+  std::string field;
+  std::string message;
+};
+
+// application/problem+json: {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
+Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
+                 const std::vector<FieldError>& errors = {});
+
+// True for an X-Request-Id the server echoes: 1..128 printable ASCII characters (0x20..0x7e).
+bool sane_request_id(std::string_view id);
+// A fresh random request id (a UUID v4 in its text form).
+std::string generate_request_id();
+
+struct Limits {
+  std::size_t body = 64 * 1024;
+  std::size_t header = 8 * 1024;
+  std::chrono::seconds read_timeout{30};
+  std::chrono::seconds write_timeout{30};
+  std::chrono::seconds idle_timeout{60};
+  std::chrono::seconds handler_timeout{30};
+};
+
+struct TlsFiles {
+  std::string cert;       // PEM chain, leaf first
+  std::string key;        // PEM private key
+  std::string client_ca;  // empty: no mTLS; else client certificates must chain to it
+};
+
+// A server context per CONTRACT §7: TLS 1.2 and 1.3 only; TLS 1.2 suites ECDHE with AES-GCM or
+// ChaCha20-Poly1305 only; no renegotiation, no compression, server cipher preference; with
+// client_ca, verify_peer|fail_if_no_peer_cert against it. Errors name the file and the reason.
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files);
+
+// Admin socket: false refuses the peer (closed at once, no HTTP answer, logged).
+using PeerFilter = std::function<bool(const Peer&)>;
+
+namespace detail {
+struct ServerState;
+}
+
+// The io_context may be run by any number of threads; each connection runs on its own strand.
+// Every member function may be called from any thread. `log` may be called from any I/O thread.
+class Server {
+ public:
+  Server(boost::asio::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log);
+  ~Server();  // stops accepting and closes every connection
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // "host:port", "[v6]:port" ("0.0.0.0:8443", "[::]:8443"; port 0 picks one, see tls_port()).
+  std::expected<void, std::string> listen_tls(std::string_view listen, std::shared_ptr<boost::asio::ssl::context> tls);
+  // Unlinks a stale socket first (only if it is a socket), binds, chmods to `mode`, listens.
+  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode, PeerFilter filter);
+  // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
+  void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
+  std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)
+
+  // Phase 1 of a graceful shutdown: close the listeners (and unlink the admin socket we made).
+  // Open connections keep being served.
+  void stop_accepting();
+  // Stop accepting; close idle connections; let requests in flight finish (their responses carry
+  // Connection: close) for up to `drain`, then close every connection. `done` runs (on an I/O
+  // thread) once no connection is left.
+  void shutdown(std::chrono::milliseconds drain, std::function<void()> done);
+  std::size_t open_connections() const;
+
+ private:
+  std::shared_ptr<detail::ServerState> state_;
+};
+
+}  // namespace gpunode::http

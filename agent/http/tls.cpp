@@ -1,0 +1,97 @@
+// The server's TLS context (CONTRACT §7: TLS 1.2 and 1.3, ECDHE + AEAD suites, no renegotiation).
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <fmt/format.h>
+
+#include "gpunode/http/server.hpp"
+
+namespace gpunode::http {
+namespace {
+
+// Mozilla "intermediate", less the DHE suites: ECDHE key exchange, AES-GCM or ChaCha20-Poly1305.
+constexpr const char* kTls12Ciphers =
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+    "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+    "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+constexpr const char* kTls13Suites = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+constexpr const char* kGroups = "X25519:P-256:P-384";
+
+// Drains OpenSSL's error queue; the first entry is the most specific one.
+std::string ssl_reason() {
+  unsigned long first = ERR_get_error();
+  while (ERR_get_error() != 0) {
+  }
+  if (first == 0) return "unknown OpenSSL error";
+  if (ERR_SYSTEM_ERROR(first)) return std::strerror(static_cast<int>(ERR_GET_REASON(first)));
+  if (const char* r = ERR_reason_error_string(first)) return r;
+  std::array<char, 256> buf{};
+  ERR_error_string_n(first, buf.data(), buf.size());
+  return buf.data();
+}
+
+// A readable file, else the system's reason (OpenSSL's message for a missing file is poor).
+std::optional<std::string> unreadable(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::string{std::strerror(errno)};
+  std::fclose(f);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files) {
+  namespace ssl = boost::asio::ssl;
+  ERR_clear_error();
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
+  SSL_CTX* h = ctx->native_handle();
+  if (SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION) != 1 || SSL_CTX_set_max_proto_version(h, TLS1_3_VERSION) != 1) {
+    return std::unexpected(fmt::format("TLS: cannot set protocol versions: {}", ssl_reason()));
+  }
+  SSL_CTX_set_options(h, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+                             SSL_OP_NO_SSLv2 | SSL_OP_NO_SSLv3 | SSL_OP_NO_TLSv1 | SSL_OP_NO_TLSv1_1);
+  if (SSL_CTX_set_cipher_list(h, kTls12Ciphers) != 1 || SSL_CTX_set_ciphersuites(h, kTls13Suites) != 1) {
+    return std::unexpected(fmt::format("TLS: cannot set cipher suites: {}", ssl_reason()));
+  }
+  if (SSL_CTX_set1_groups_list(h, kGroups) != 1) {
+    return std::unexpected(fmt::format("TLS: cannot set key exchange groups: {}", ssl_reason()));
+  }
+  static constexpr unsigned char kSidContext[] = "gpunode";
+  SSL_CTX_set_session_id_context(h, kSidContext, sizeof kSidContext - 1);
+
+  if (auto why = unreadable(files.cert)) return std::unexpected(fmt::format("TLS certificate {}: {}", files.cert, *why));
+  if (SSL_CTX_use_certificate_chain_file(h, files.cert.c_str()) != 1) {
+    return std::unexpected(fmt::format("TLS certificate {}: {}", files.cert, ssl_reason()));
+  }
+  if (auto why = unreadable(files.key)) return std::unexpected(fmt::format("TLS key {}: {}", files.key, *why));
+  if (SSL_CTX_use_PrivateKey_file(h, files.key.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return std::unexpected(fmt::format("TLS key {}: {}", files.key, ssl_reason()));
+  }
+  if (SSL_CTX_check_private_key(h) != 1) {
+    return std::unexpected(
+        fmt::format("TLS key {} does not match certificate {}: {}", files.key, files.cert, ssl_reason()));
+  }
+  if (!files.client_ca.empty()) {
+    if (auto why = unreadable(files.client_ca)) {
+      return std::unexpected(fmt::format("TLS client CA {}: {}", files.client_ca, *why));
+    }
+    if (SSL_CTX_load_verify_locations(h, files.client_ca.c_str(), nullptr) != 1) {
+      return std::unexpected(fmt::format("TLS client CA {}: {}", files.client_ca, ssl_reason()));
+    }
+    STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.client_ca.c_str());
+    if (names == nullptr) {
+      return std::unexpected(fmt::format("TLS client CA {}: no certificate in it ({})", files.client_ca, ssl_reason()));
+    }
+    SSL_CTX_set_client_CA_list(h, names);  // takes ownership
+    SSL_CTX_set_verify(h, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
+  ERR_clear_error();
+  return ctx;
+}
+
+}  // namespace gpunode::http

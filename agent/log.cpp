@@ -1,0 +1,53 @@
+#include "log.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+namespace gpunode::agent {
+namespace {
+
+int syslog_priority(config::LogLevel level) {
+  switch (level) {
+    case config::LogLevel::debug: return 7;
+    case config::LogLevel::info: return 6;
+    case config::LogLevel::warning: return 4;
+    case config::LogLevel::error: return 3;
+  }
+  return 6;
+}
+
+std::mutex& out_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+void Logger::log(config::LogLevel level, std::string_view message) const {
+  if (!enabled(level)) return;
+  static const bool journal = std::getenv("JOURNAL_STREAM") != nullptr;
+  std::string line;
+  if (format_.load() == config::LogFormat::json) {
+    const auto now = std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
+    line = boost::json::serialize(boost::json::object{{"at", fmt::format("{:%FT%TZ}", now)},
+                                                      {"level", config::to_string(level)},
+                                                      {"msg", message}}) + "\n";
+  } else if (journal) {
+    line = fmt::format("<{}>{}\n", syslog_priority(level), message);
+  } else {
+    const auto now = std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
+    line = fmt::format("{:%FT%TZ} {:<7} {}\n", now, config::to_string(level), message);
+  }
+  std::lock_guard lock(out_mutex());
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace gpunode::agent

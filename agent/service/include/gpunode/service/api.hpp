@@ -1,0 +1,52 @@
+// gpunode/service/api.hpp: the API as plain data, independent of any transport.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json/fwd.hpp>
+
+namespace gpunode::service {
+
+struct ApiRequest {
+  enum class Via { https, admin_socket };
+  std::string method;
+  std::string path;   // without the query
+  std::string query;  // without '?'
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
+  std::string body;
+  Via via = Via::https;
+  std::optional<std::uint32_t> peer_uid;  // SO_PEERCRED on the admin socket
+  std::string request_id;
+
+  [[nodiscard]] std::optional<std::string_view> header(std::string_view lower_name) const;
+  // The decoded value of a query parameter (first occurrence).
+  [[nodiscard]] std::optional<std::string> query_param(std::string_view name) const;
+};
+
+struct ApiResponse {
+  unsigned status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+
+  [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
+};
+
+struct FieldProblem {
+  std::string field;
+  std::string message;
+};
+
+// application/problem+json with every key of CONTRACT §4/§7. `extra` members are merged in.
+ApiResponse problem(unsigned status, std::string_view code, std::string_view detail,
+                    const std::vector<FieldProblem>& errors = {}, const boost::json::object* extra = nullptr);
+std::string_view status_title(unsigned status);
+
+// 200 (or `status`) with a JSON body.
+ApiResponse json_response(const boost::json::value& body, unsigned status = 200);
+
+}  // namespace gpunode::service

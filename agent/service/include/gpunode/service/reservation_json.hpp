@@ -1,0 +1,42 @@
+// gpunode/service/reservation_json.hpp: reservation JSON (CONTRACT §4) and request bodies.
+#pragma once
+
+#include <expected>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include "gpunode/reservations/rules.hpp"
+#include "gpunode/service/api.hpp"
+
+namespace gpunode::service {
+
+boost::json::object to_json(const reservations::Reservation& r);
+// The inverse, for what the agent itself stored; an error says which key is wrong.
+std::expected<reservations::Reservation, std::string> reservation_from_json(const boost::json::value& v);
+
+// Parses a request body that must be a JSON object (an empty body is `{}` when allowed).
+// Errors are 400 invalid-request field problems ("body": "not valid JSON: ...").
+std::expected<boost::json::object, std::vector<FieldProblem>> parse_object(const std::string& body, bool empty_ok);
+
+// Reads typed members of a request object, collecting a problem per bad or unknown member.
+class Fields {
+ public:
+  Fields(const boost::json::object& o, std::vector<std::string> known);
+  std::optional<std::vector<std::string>> strings(const char* name);  // array of non-empty strings
+  std::optional<std::string> string(const char* name, bool nullable = false);
+  std::optional<reservations::Time> time(const char* name);
+  std::optional<bool> boolean(const char* name);
+  std::optional<std::int64_t> integer(const char* name, std::int64_t min, std::int64_t max);
+  bool has(const char* name) const { return o_.contains(name); }
+  std::vector<FieldProblem>& problems() { return problems_; }
+
+ private:
+  const boost::json::object& o_;
+  std::vector<FieldProblem> problems_;
+};
+
+}  // namespace gpunode::service

@@ -1,0 +1,907 @@
+// The node's API over its state. See node_service.hpp.
+#include "gpunode/service/node_service.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <random>
+#include <set>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gpunode/discovery/json.hpp"
+#include "gpunode/discovery/rules.hpp"
+#include "gpunode/discovery/sysfs_reader.hpp"
+#include "gpunode/service/reservation_json.hpp"
+#include "gpunode/store/audit_chain.hpp"
+#include "gpunode/store/canonical_json.hpp"
+#include "gpunode/store/database.hpp"
+
+namespace gpunode::service {
+namespace r = gpunode::reservations;
+namespace json = boost::json;
+using store::DbError;
+
+namespace {
+
+constexpr std::int64_t kIdempotencyWindowSeconds = 24 * 3600;
+constexpr std::size_t kDefaultLimit = 100;
+constexpr std::size_t kMaxLimit = 500;
+
+const std::vector<store::Migration>& migrations() {
+  static const std::vector<store::Migration> list{
+      {1, "initial",
+       R"sql(
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+INSERT INTO meta (key, value) VALUES ('revision', '0'), ('audit_seq', '0'), ('event_seq', '0'),
+                                     ('audit_last_hash', '0000000000000000000000000000000000000000000000000000000000000000'),
+                                     ('inventory_digest', '');
+CREATE TABLE reservations (id TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE units (id TEXT PRIMARY KEY, doc TEXT NOT NULL, absent INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE audit (seq INTEGER PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE idempotency (caller TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+                          status INTEGER NOT NULL, headers TEXT NOT NULL, body TEXT NOT NULL,
+                          created_at INTEGER NOT NULL, PRIMARY KEY (caller, key)) WITHOUT ROWID;
+)sql"}};
+  return list;
+}
+
+r::Time to_time(std::chrono::system_clock::time_point t) {
+  return std::chrono::time_point_cast<std::chrono::seconds>(t);
+}
+
+json::array strings_json(const std::vector<std::string>& list) {
+  json::array a;
+  for (const auto& s : list) a.emplace_back(s);
+  return a;
+}
+
+// rsv_ + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids sort
+// by creation time.
+std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now) {
+  static constexpr char kAlphabet[] = "0123456789abcdefghjkmnpqrstvwxyz";
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const auto ms = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
+  std::string out(prefix);
+  for (int i = 9; i >= 0; --i) out.push_back(kAlphabet[(ms >> (5 * i)) & 31]);
+  for (int i = 0; i < 16; ++i) out.push_back(kAlphabet[rng() & 31]);
+  return out;
+}
+
+struct Caller {
+  r::Caller who;
+  json::object actor() const {
+    json::object a;
+    a["sub"] = who.sub;
+    a["org"] = who.org ? json::value(*who.org) : json::value(nullptr);
+    a["roles"] = strings_json(who.roles);
+    a["via"] = who.via;
+    return a;
+  }
+  std::string by() const { return who.org ? *who.org : who.sub; }
+};
+
+Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}}; }
+
+ApiResponse not_found() {
+  // Holds nothing from the request: every 404 for an unseen node is byte-identical (§7).
+  return problem(404, "not-found", "no such resource");
+}
+
+ApiResponse forbidden(std::string_view detail) { return problem(403, "forbidden", detail); }
+
+ApiResponse with_header(ApiResponse resp, std::string name, std::string value) {
+  resp.headers.emplace_back(std::move(name), std::move(value));
+  return resp;
+}
+
+std::string etag_of_version(std::int64_t version) { return fmt::format("\"{}\"", version); }
+
+bool etag_matches(std::string_view header, std::string_view etag) {
+  // A list of entity tags, or *; weak comparison.
+  std::string_view h = header;
+  while (!h.empty()) {
+    const auto comma = h.find(',');
+    std::string_view t = h.substr(0, comma);
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+    if (t.starts_with("W/")) t.remove_prefix(2);
+    if (t == "*" || t == etag) return true;
+    h = comma == std::string_view::npos ? std::string_view{} : h.substr(comma + 1);
+  }
+  return false;
+}
+
+std::vector<std::string> split_path(std::string_view path) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  if (path.starts_with('/')) pos = 1;
+  while (pos <= path.size()) {
+    const auto slash = path.find('/', pos);
+    const auto end = slash == std::string_view::npos ? path.size() : slash;
+    out.emplace_back(path.substr(pos, end - pos));
+    if (slash == std::string_view::npos) break;
+    pos = slash + 1;
+  }
+  return out;
+}
+
+struct AuditDraft {
+  std::string action;
+  std::optional<std::string> reservation_id;
+  std::vector<std::string> unit_ids;
+  std::vector<std::string> vm_ids;
+  std::string result = "ok";
+  std::optional<std::string> detail;
+};
+
+struct EventDraft {
+  std::string type;
+  json::object data;
+};
+
+struct IdempotencyDraft {
+  std::string caller, key, fingerprint;
+  ApiResponse response;
+};
+
+// One transaction's worth of change.
+struct Change {
+  Caller actor;
+  std::optional<std::string> request_id;
+  r::Time at{};
+  std::vector<r::Reservation> upserts;
+  std::vector<AuditDraft> audits;
+  std::vector<EventDraft> events;
+  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units;  // id -> (doc, absent)
+  std::optional<std::string> inventory_digest;
+  std::optional<IdempotencyDraft> idempotency;
+};
+
+}  // namespace
+
+struct NodeService::Impl {
+  ServiceOptions opt;
+  std::shared_ptr<const auth::TokenVerifier> verifier;
+  const discovery::PciIds* names = nullptr;
+  Clock clock;
+  LogSink log;
+  store::Database db;
+  std::unique_ptr<discovery::SysfsReader> reader;
+
+  std::map<std::string, r::Reservation> reservations;
+  std::vector<discovery::Unit> units;                // present, sorted by id
+  std::map<std::string, json::object> absent_units;  // last seen JSON, with `absent` applied
+  std::int64_t revision = 0, audit_seq = 0, event_seq = 0;
+  std::string audit_last_hash;
+  std::string inventory_digest;
+  std::size_t undelivered = 0;
+
+  Impl(ServiceOptions o, store::Database d) : opt(std::move(o)), db(std::move(d)) {}
+
+  r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
+  r::Time now() const { return to_time(clock()); }
+  std::vector<r::Reservation> all_reservations() const {
+    std::vector<r::Reservation> v;
+    v.reserve(reservations.size());
+    for (const auto& [id, x] : reservations) v.push_back(x);
+    return v;
+  }
+
+  void say(LogLevel level, const std::string& text) const {
+    if (log) log(level, text);
+  }
+
+  // ---- loading ---------------------------------------------------------------------------------
+  std::expected<void, std::string> load() {
+    auto meta = db.prepare("SELECT key, value FROM meta");
+    if (!meta) return std::unexpected(meta.error().message);
+    while (true) {
+      auto step = meta->step();
+      if (!step) return std::unexpected(step.error().message);
+      if (*step == store::Statement::Step::done) break;
+      const std::string key = meta->column_text(0), value = meta->column_text(1);
+      if (key == "revision") revision = std::stoll(value);
+      if (key == "audit_seq") audit_seq = std::stoll(value);
+      if (key == "event_seq") event_seq = std::stoll(value);
+      if (key == "audit_last_hash") audit_last_hash = value;
+      if (key == "inventory_digest") inventory_digest = value;
+    }
+    auto rows = db.prepare("SELECT id, doc FROM reservations");
+    if (!rows) return std::unexpected(rows.error().message);
+    while (true) {
+      auto step = rows->step();
+      if (!step) return std::unexpected(step.error().message);
+      if (*step == store::Statement::Step::done) break;
+      boost::system::error_code ec;
+      auto v = json::parse(rows->column_text(1), ec);
+      auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
+      if (!x) return std::unexpected(fmt::format("reservation {} in {}: bad {}", rows->column_text(0), db.path().string(), x.error()));
+      reservations.emplace(x->id, std::move(*x));
+    }
+    auto us = db.prepare("SELECT id, doc FROM units WHERE absent = 1");
+    if (!us) return std::unexpected(us.error().message);
+    while (true) {
+      auto step = us->step();
+      if (!step) return std::unexpected(step.error().message);
+      if (*step == store::Statement::Step::done) break;
+      boost::system::error_code ec;
+      auto v = json::parse(us->column_text(1), ec);
+      if (!ec && v.is_object()) absent_units.emplace(us->column_text(0), std::move(v.get_object()));
+    }
+    auto depth = db.prepare("SELECT count(*) FROM outbox WHERE delivered = 0");
+    if (depth && depth->step() && depth->column_count() > 0) undelivered = static_cast<std::size_t>(depth->column_int64(0));
+    return {};
+  }
+
+  // ---- the one way state changes --------------------------------------------------------------
+  std::expected<void, std::string> commit(Change& c) {
+    std::int64_t seq = audit_seq, ev = event_seq;
+    std::string last_hash = audit_last_hash;
+    std::vector<json::object> events_out;
+    auto result = db.transaction([&](store::Tx& tx) -> std::expected<void, DbError> {
+      for (const auto& x : c.upserts) {
+        auto st = tx.prepare("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc");
+        if (!st) return std::unexpected(st.error());
+        if (auto b = st->bind_all(x.id, json::serialize(to_json(x))); !b) return std::unexpected(b.error());
+        if (auto run = st->run(); !run) return std::unexpected(run.error());
+      }
+      for (const auto& [id, doc_absent] : c.units) {
+        auto st = tx.prepare("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent");
+        if (!st) return std::unexpected(st.error());
+        if (auto b = st->bind_all(id, doc_absent.first, doc_absent.second ? 1 : 0); !b) return std::unexpected(b.error());
+        if (auto run = st->run(); !run) return std::unexpected(run.error());
+      }
+      for (const auto& a : c.audits) {
+        json::object rec;
+        rec["id"] = store::format_audit_id(static_cast<std::uint64_t>(++seq));
+        rec["at"] = r::format_time(c.at);
+        rec["actor"] = c.actor.actor();
+        rec["action"] = a.action;
+        rec["nodeId"] = opt.node_id;
+        rec["reservationId"] = a.reservation_id ? json::value(*a.reservation_id) : json::value(nullptr);
+        rec["unitIds"] = strings_json(a.unit_ids);
+        rec["vmIds"] = strings_json(a.vm_ids);
+        rec["result"] = a.result;
+        rec["detail"] = a.detail ? json::value(*a.detail) : json::value(nullptr);
+        rec["requestId"] = c.request_id ? json::value(*c.request_id) : json::value(nullptr);
+        if (auto sealed = store::seal_audit_record(rec, last_hash); !sealed) {
+          return std::unexpected(DbError{0, "audit record: " + sealed.error()});
+        }
+        last_hash = std::string(rec["hash"].get_string());
+        auto st = tx.prepare("INSERT INTO audit (seq, record) VALUES (?1, ?2)");
+        if (!st) return std::unexpected(st.error());
+        if (auto b = st->bind_all(seq, json::serialize(rec)); !b) return std::unexpected(b.error());
+        if (auto run = st->run(); !run) return std::unexpected(run.error());
+      }
+      for (const auto& e : c.events) {
+        json::object evt;
+        evt["seq"] = ++ev;
+        evt["id"] = new_id("evt_", clock());
+        evt["type"] = e.type;
+        evt["at"] = r::format_time(c.at);
+        evt["data"] = e.data;
+        auto st = tx.prepare("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
+        if (!st) return std::unexpected(st.error());
+        if (auto b = st->bind_all(ev, json::serialize(evt)); !b) return std::unexpected(b.error());
+        if (auto run = st->run(); !run) return std::unexpected(run.error());
+      }
+      if (c.idempotency) {
+        const auto& i = *c.idempotency;
+        json::array headers;
+        for (const auto& [k, v] : i.response.headers) headers.emplace_back(json::array{json::value(k), json::value(v)});
+        auto st = tx.prepare("INSERT OR REPLACE INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+        if (!st) return std::unexpected(st.error());
+        if (auto b = st->bind_all(i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
+                                  json::serialize(headers), i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
+            !b) {
+          return std::unexpected(b.error());
+        }
+        if (auto run = st->run(); !run) return std::unexpected(run.error());
+      }
+      auto meta = tx.prepare("UPDATE meta SET value = ?2 WHERE key = ?1");
+      if (!meta) return std::unexpected(meta.error());
+      auto set = [&](std::string_view key, const std::string& value) -> std::expected<void, DbError> {
+        meta->reset();
+        if (auto b = meta->bind_all(key, value); !b) return std::unexpected(b.error());
+        return meta->run();
+      };
+      if (auto s = set("revision", std::to_string(revision + 1)); !s) return s;
+      if (auto s = set("audit_seq", std::to_string(seq)); !s) return s;
+      if (auto s = set("event_seq", std::to_string(ev)); !s) return s;
+      if (auto s = set("audit_last_hash", last_hash); !s) return s;
+      if (c.inventory_digest) {
+        if (auto s = set("inventory_digest", *c.inventory_digest); !s) return s;
+      }
+      return {};
+    });
+    if (!result) {
+      say(LogLevel::error, fmt::format("state commit failed: {}", result.error().message));
+      return std::unexpected(result.error().message);
+    }
+    // Committed: now memory follows.
+    for (auto& x : c.upserts) reservations[x.id] = x;
+    revision += 1;
+    undelivered += static_cast<std::size_t>(ev - event_seq);
+    audit_seq = seq;
+    event_seq = ev;
+    audit_last_hash = last_hash;
+    if (c.inventory_digest) inventory_digest = *c.inventory_digest;
+    return {};
+  }
+
+  // ---- units -------------------------------------------------------------------------------------
+  json::object unit_view(const discovery::Unit& u, const Caller& caller) const {
+    return discovery::unit_to_json(u, r::visible_reservation_ids(caller.who, node(), all_reservations(), u.id));
+  }
+
+  json::object absent_view(const std::string& id, json::object doc, const Caller& caller) const {
+    doc["reservationIds"] = strings_json(r::visible_reservation_ids(caller.who, node(), all_reservations(), id));
+    return doc;
+  }
+
+  json::array units_json(const Caller& caller) const {
+    std::map<std::string, json::object> all;
+    for (const auto& u : units) all.emplace(u.id, unit_view(u, caller));
+    for (const auto& [id, doc] : absent_units) {
+      if (!all.contains(id)) all.emplace(id, absent_view(id, doc, caller));
+    }
+    json::array out;
+    for (auto& [id, o] : all) out.emplace_back(std::move(o));
+    return out;
+  }
+
+  const discovery::Unit* present_unit(const std::string& id) const {
+    auto it = std::lower_bound(units.begin(), units.end(), id, [](const discovery::Unit& u, const std::string& k) { return u.id < k; });
+    return it != units.end() && it->id == id ? &*it : nullptr;
+  }
+
+  void scan(bool first) {
+    if (!reader) reader = std::make_unique<discovery::SysfsReader>(opt.host_root, opt.policy, names);
+    auto snapshot = reader->read();
+    for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
+    auto fresh = discovery::build_units(snapshot, opt.policy);
+
+    // What discovery says (reservationIds empty), its digest, and what changed.
+    json::array answer;
+    for (const auto& u : fresh) answer.emplace_back(discovery::unit_to_json(u));
+    std::set<std::string> fresh_ids;
+    for (const auto& u : fresh) fresh_ids.insert(u.id);
+
+    Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}};
+    // Units seen before (present last time, or stored) that are gone now become absent.
+    std::set<std::string> known;
+    for (const auto& u : units) known.insert(u.id);
+    if (first) {
+      auto st = db.prepare("SELECT id FROM units WHERE absent = 0");
+      while (st && st->step().value_or(store::Statement::Step::done) == store::Statement::Step::row) known.insert(st->column_text(0));
+    }
+    std::map<std::string, json::object> newly_absent;
+    for (const auto& id : known) {
+      if (fresh_ids.contains(id) || absent_units.contains(id)) continue;
+      json::object doc;
+      if (const auto* u = present_unit(id)) {
+        doc = discovery::unit_to_json(*u);
+      } else {
+        auto st = db.prepare("SELECT doc FROM units WHERE id = ?1");
+        if (st && st->bind_all(id) && st->step().value_or(store::Statement::Step::done) == store::Statement::Step::row) {
+          boost::system::error_code ec;
+          auto v = json::parse(st->column_text(0), ec);
+          if (!ec && v.is_object()) doc = v.get_object();
+        }
+      }
+      if (doc.empty()) continue;
+      auto& reasons = doc["notReservableReasons"];
+      if (!reasons.is_array()) reasons = json::array{};
+      reasons.get_array().emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
+      doc["reservable"] = false;
+      doc["sellable"] = false;
+      newly_absent.emplace(id, doc);
+      c.units.push_back({id, {json::serialize(doc), true}});
+      c.audits.push_back(AuditDraft{"unit.absent", std::nullopt, {id}, {}, "ok", "the unit is no longer on the host"});
+    }
+    std::vector<std::string> back;
+    for (const auto& u : fresh) {
+      c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
+      if (absent_units.contains(u.id)) back.push_back(u.id);
+    }
+    json::array full = answer;
+    for (const auto& [id, doc] : absent_units) {
+      if (!fresh_ids.contains(id)) full.emplace_back(doc);
+    }
+    for (const auto& [id, doc] : newly_absent) full.emplace_back(doc);
+    auto canon = store::canonical_json(full);
+    auto digest = canon ? store::sha256_hex(*canon) : std::unexpected(canon.error());
+    const std::string d = digest.value_or("");
+    const bool changed = d != inventory_digest;
+    if (!changed && newly_absent.empty() && back.empty()) {
+      units = std::move(fresh);
+      return;
+    }
+    // Apply to memory first for the admin view of the event, then commit (a failed commit is
+    // retried by the next scan: the digest is unchanged in the store).
+    auto previous_units = units;
+    auto previous_absent = absent_units;
+    units = std::move(fresh);
+    for (auto& [id, doc] : newly_absent) absent_units[id] = doc;
+    for (const auto& id : back) absent_units.erase(id);
+    Caller admin{r::Caller{"gpunode-agent", std::nullopt, {"platform-admin"}, "agent"}};
+    c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin)}}});
+    c.inventory_digest = d;
+    if (auto ok = commit(c); !ok) {
+      units = std::move(previous_units);
+      absent_units = std::move(previous_absent);
+      return;
+    }
+    say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", units.size(), absent_units.size()));
+  }
+
+  // ---- terms -------------------------------------------------------------------------------------
+  std::optional<r::Time> apply_terms() {
+    const r::Time t = now();
+    for (const auto& tr : r::due_transitions(all_reservations(), t)) {
+      r::Reservation x = reservations.at(tr.reservation_id);
+      r::apply(x, tr);
+      x.updated_at = t;
+      x.version += 1;
+      const bool activate = tr.kind == r::Transition::Kind::activate;
+      Change c{agent_caller(), std::nullopt, t, {x}, {}, {}, {}, {}, {}};
+      c.audits.push_back(AuditDraft{activate ? "reservation.activate" : "reservation.expire", x.id, x.unit_ids, {}, "ok",
+                                    fmt::format("term {} at {}", activate ? "started" : "ended", r::format_time(tr.at))});
+      c.events.push_back(EventDraft{activate ? "reservation.activated" : "reservation.expired",
+                                    json::object{{"reservation", to_json(x)}}});
+      if (!commit(c)) return t + std::chrono::seconds(1);  // retry soon
+      say(LogLevel::info, fmt::format("RESERVATION={} {}", x.id, activate ? "activated" : "expired"));
+    }
+    return r::next_transition_at(all_reservations(), t);
+  }
+
+  // ---- request plumbing ----------------------------------------------------------------------
+  std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q) const {
+    if (q.via == ApiRequest::Via::admin_socket) {
+      const std::string sub = fmt::format("local:{}", q.peer_uid.value_or(0));
+      return Caller{r::Caller{sub, std::nullopt, {"platform-admin"}, "admin-socket"}};
+    }
+    if (!verifier) return std::unexpected(with_header(problem(401, "unauthenticated", "no token keys are configured"), "WWW-Authenticate", "Bearer"));
+    auto claims = verifier->verify(q.header("authorization").value_or(""), clock());
+    if (!claims) {
+      say(LogLevel::info, fmt::format("REQUEST={} unauthenticated: {} ({})", q.request_id, auth::to_string(claims.error().why), claims.error().detail));
+      return std::unexpected(with_header(problem(401, "unauthenticated", fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why))),
+                                         "WWW-Authenticate", "Bearer error=\"invalid_token\""));
+    }
+    return Caller{r::Caller{claims->sub, claims->org, claims->roles, "https"}};
+  }
+
+  static std::string caller_key(const Caller& c) {
+    return fmt::format("{}|{}|{}", c.who.via, c.who.sub, c.who.org.value_or(""));
+  }
+
+  // Idempotency-Key: a stored response to replay, a 422, or nothing (go on).
+  std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft) {
+    auto key = q.header("idempotency-key");
+    if (!key) return std::nullopt;
+    if (key->empty() || key->size() > 256) return problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters", {{"Idempotency-Key", "must be 1 to 256 characters"}});
+    auto fp = store::sha256_hex(q.method + " " + q.path + "\n" + q.body);
+    IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
+    auto st = db.prepare("SELECT fingerprint, status, headers, body, created_at FROM idempotency WHERE caller = ?1 AND key = ?2");
+    if (st && st->bind_all(d.caller, d.key) && st->step().value_or(store::Statement::Step::done) == store::Statement::Step::row) {
+      const std::int64_t created = st->column_int64(4);
+      if (now().time_since_epoch().count() - created < kIdempotencyWindowSeconds) {
+        if (st->column_text(0) != d.fingerprint) {
+          return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");
+        }
+        ApiResponse replay;
+        replay.status = static_cast<unsigned>(st->column_int64(1));
+        replay.body = st->column_text(3);
+        boost::system::error_code ec;
+        auto hs = json::parse(st->column_text(2), ec);
+        if (!ec && hs.is_array()) {
+          for (const auto& h : hs.get_array()) {
+            if (h.is_array() && h.get_array().size() == 2 && h.get_array()[0].is_string() && h.get_array()[1].is_string()) {
+              replay.headers.emplace_back(std::string(h.get_array()[0].get_string()), std::string(h.get_array()[1].get_string()));
+            }
+          }
+        }
+        replay.headers.emplace_back("Idempotent-Replayed", "true");
+        return replay;
+      }
+    }
+    draft = std::move(d);
+    return std::nullopt;
+  }
+
+  ApiResponse commit_response(Change& c, ApiResponse resp) {
+    if (c.idempotency) c.idempotency->response = resp;
+    if (auto ok = commit(c); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed");
+    return resp;
+  }
+
+  // ---- routes ----------------------------------------------------------------------------------
+  ApiResponse route(const ApiRequest& q) {
+    if (q.path == "/healthz") {
+      if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
+      return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", revision}});
+    }
+    auto caller = authenticate(q);
+    if (!caller) return caller.error();
+    const auto seg = split_path(q.path);
+    if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
+    if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {
+      return reserved_capacity(q, *caller, seg[2]);
+    }
+    return not_found();
+  }
+
+  ApiResponse method_not_allowed(std::string allow) {
+    return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
+  }
+
+  ApiResponse node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
+    if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
+    const std::size_t n = seg.size();
+    if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(c) : method_not_allowed("GET");
+    if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
+    if (n == 4 && seg[3] == "reservations") {
+      if (q.method == "GET") return list_reservations(q, c);
+      if (q.method == "POST") return create(q, c);
+      return method_not_allowed("GET, POST");
+    }
+    if (n >= 5 && seg[3] == "reservations") {
+      auto it = reservations.find(seg[4]);
+      if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) return not_found();
+      if (n == 5) {
+        if (q.method == "GET") return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
+        if (q.method == "PATCH") return amend(q, c, it->second);
+        return method_not_allowed("GET, PATCH");
+      }
+      if (n == 6 && seg[5] == "end") return q.method == "POST" ? end(q, c, it->second) : method_not_allowed("POST");
+    }
+    return not_found();
+  }
+
+  ApiResponse list_units(const Caller& c) {
+    if (!r::may_list_units(c.who, node(), all_reservations())) return forbidden("units are listed for operators, the owner and managing orgs");
+    return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
+  }
+
+  // limit and pageToken; pageToken is the last id of the previous page.
+  std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) const {
+    std::size_t limit = kDefaultLimit;
+    if (auto l = q.query_param("limit")) {
+      std::size_t v = 0;
+      auto [p, ec] = std::from_chars(l->data(), l->data() + l->size(), v);
+      if (ec != std::errc{} || p != l->data() + l->size() || v < 1 || v > kMaxLimit) {
+        return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500", {{"limit", "must be an integer from 1 to 500"}}));
+      }
+      limit = v;
+    }
+    return std::pair{limit, q.query_param("pageToken").value_or("")};
+  }
+
+  ApiResponse list_reservations(const ApiRequest& q, const Caller& c) {
+    std::optional<r::State> state;
+    if (auto s = q.query_param("state"); s && !s->empty()) {
+      state = r::parse_state(*s);
+      if (!state) return problem(400, "invalid-request", "state must be scheduled, active or ended", {{"state", "must be scheduled, active or ended"}});
+    }
+    auto page = paging(q);
+    if (!page) return page.error();
+    const auto& [limit, token] = *page;
+    json::array list;
+    std::string last;
+    bool more = false;
+    for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token); it != reservations.end(); ++it) {
+      const auto& x = it->second;
+      if (!r::sees_reservation(c.who, node(), x) || (state && x.state != *state)) continue;
+      if (list.size() == limit) {
+        more = true;
+        break;
+      }
+      list.emplace_back(to_json(x));
+      last = x.id;
+    }
+    return json_response(json::object{{"reservations", std::move(list)}, {"nextPageToken", more ? json::value(last) : json::value(nullptr)}});
+  }
+
+  // Units named in a request: 422 unknown-unit, 409 unit-not-reservable.
+  std::optional<ApiResponse> check_units(const std::vector<std::string>& ids) {
+    std::vector<FieldProblem> unknown;
+    json::array not_reservable;
+    for (const auto& id : ids) {
+      const auto* u = present_unit(id);
+      if (u == nullptr && !absent_units.contains(id)) {
+        unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", id, opt.node_id)});
+        continue;
+      }
+      json::array reasons;
+      if (u != nullptr) {
+        for (const auto& rs : u->reasons) reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
+      } else {
+        reasons = absent_units.at(id)["notReservableReasons"].as_array();
+      }
+      if (!reasons.empty()) not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
+    }
+    if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
+    if (!not_reservable.empty()) {
+      json::object extra{{"units", not_reservable}};
+      return problem(409, "unit-not-reservable", "some units cannot be reserved", {}, &extra);
+    }
+    return std::nullopt;
+  }
+
+  std::optional<ApiResponse> check_overlap(const r::Reservation& candidate) {
+    auto blockers = r::blocking_reservations(candidate, all_reservations());
+    if (blockers.empty()) return std::nullopt;
+    json::object extra{{"blockingReservationIds", strings_json(blockers)}};
+    return problem(409, "reservation-overlap",
+                   fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {}, &extra);
+  }
+
+  ApiResponse create(const ApiRequest& q, const Caller& c) {
+    if (!c.who.admin()) return forbidden("only a platform admin reserves units");
+    std::optional<IdempotencyDraft> idem;
+    if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+    auto body = parse_object(q.body, false);
+    if (!body) return problem(400, "invalid-request", "the body is not a valid reservation request", body.error());
+    Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
+    r::CreateRequest req;
+    req.unit_ids = f.strings("unitIds").value_or(std::vector<std::string>{});
+    req.audience_org_ids = f.strings("audienceOrgIds").value_or(std::vector<std::string>{});
+    req.managing_org_ids = f.strings("managingOrgIds").value_or(std::vector<std::string>{});
+    req.starts_at = f.time("startsAt");
+    req.ends_at = f.time("endsAt");
+    req.note = f.string("note").value_or("");
+    const r::Time t = now();
+    auto problems = std::move(f.problems());
+    for (auto& e : r::validate_create(req, t)) {
+      if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+        problems.push_back({e.field, e.message});
+      }
+    }
+    if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid reservation request", problems);
+    if (auto bad = check_units(req.unit_ids)) return *bad;
+
+    r::Reservation x;
+    x.id = new_id("rsv_", clock());
+    x.node_id = opt.node_id;
+    x.unit_ids = req.unit_ids;
+    x.audience_org_ids = req.audience_org_ids;
+    x.managing_org_ids = req.managing_org_ids;
+    x.starts_at = req.starts_at.value_or(t);
+    x.ends_at = *req.ends_at;
+    x.state = x.starts_at <= t ? r::State::active : r::State::scheduled;
+    x.note = req.note;
+    x.created_at = x.updated_at = t;
+    x.version = 1;
+    if (auto overlap = check_overlap(x)) return *overlap;
+
+    Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem)};
+    ch.audits.push_back(AuditDraft{"reservation.create", x.id, x.unit_ids, {}, "ok", std::nullopt});
+    ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", to_json(x)}}});
+    auto body_out = to_json(x);
+    body_out["spotWorkloads"] = json::array{};
+    ApiResponse resp = json_response(body_out, 201);
+    resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", opt.node_id, x.id));
+    resp.headers.emplace_back("ETag", etag_of_version(x.version));
+    auto out = commit_response(ch, std::move(resp));
+    if (out.status == 201) say(LogLevel::info, fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub, fmt::join(x.unit_ids, ",")));
+    return out;
+  }
+
+  ApiResponse amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+    if (!c.who.admin()) return forbidden("only a platform admin amends reservations");
+    const auto ct = q.header("content-type").value_or("");
+    if (!ct.starts_with("application/merge-patch+json") && !ct.starts_with("application/json")) {
+      return problem(415, "unsupported-media-type", "send application/merge-patch+json or application/json");
+    }
+    std::optional<IdempotencyDraft> idem;
+    if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+    if (auto m = q.header("if-match"); m && !etag_matches(*m, etag_of_version(current.version))) {
+      return problem(412, "version-mismatch", fmt::format("the reservation is at version {}", current.version));
+    }
+    if (current.ended()) return problem(409, "reservation-ended", "an ended reservation cannot be amended");
+    auto body = parse_object(q.body, false);
+    if (!body) return problem(400, "invalid-request", "the body is not a valid amendment", body.error());
+    Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
+    r::Reservation x = current;
+    const r::Time t = now();
+    if (auto v = f.strings("unitIds")) x.unit_ids = *v;
+    if (auto v = f.strings("audienceOrgIds")) x.audience_org_ids = *v;
+    if (auto v = f.strings("managingOrgIds")) x.managing_org_ids = *v;
+    if (auto v = f.string("note")) x.note = *v;
+    if (f.has("startsAt")) {
+      if (auto v = f.time("startsAt")) {
+        if (current.state != r::State::scheduled) {
+          f.problems().push_back({"startsAt", "can change only while the reservation is scheduled"});
+        } else {
+          x.starts_at = *v;
+        }
+      }
+    }
+    if (auto v = f.time("endsAt")) x.ends_at = *v;
+    auto problems = std::move(f.problems());
+    r::CreateRequest check{x.unit_ids, x.audience_org_ids, x.managing_org_ids, x.starts_at, x.ends_at, x.note};
+    for (auto& e : r::validate_create(check, t)) {
+      if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
+      if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+        problems.push_back({e.field, e.message});
+      }
+    }
+    if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid amendment", problems);
+    std::vector<std::string> added;
+    for (const auto& u : x.unit_ids) {
+      if (!current.holds_unit(u)) added.push_back(u);
+    }
+    if (auto bad = check_units(added)) return *bad;
+    if (auto overlap = check_overlap(x)) return *overlap;
+    // Released or reclaiming units that left the reservation leave the spot market with it.
+    std::erase_if(x.released_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
+    std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
+    x.version += 1;
+    x.updated_at = t;
+    Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem)};
+    ch.audits.push_back(AuditDraft{"reservation.amend", x.id, x.unit_ids, {}, "ok", std::nullopt});
+    ch.events.push_back(EventDraft{"reservation.amended", json::object{{"reservation", to_json(x)}}});
+    auto resp = with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version));
+    auto out = commit_response(ch, std::move(resp));
+    apply_terms();  // a new startsAt or endsAt may be due already
+    if (out.status == 200 && reservations.at(x.id).version != x.version) {
+      const auto& now_x = reservations.at(x.id);
+      out = with_header(json_response(to_json(now_x)), "ETag", etag_of_version(now_x.version));
+    }
+    return out;
+  }
+
+  ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+    if (!c.who.admin()) return forbidden("only a platform admin ends reservations");
+    std::optional<IdempotencyDraft> idem;
+    if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+    auto body = parse_object(q.body, true);
+    if (!body) return problem(400, "invalid-request", "the body is not valid", body.error());
+    Fields f(*body, {"reason"});
+    auto reason = f.string("reason", true);
+    if (reason && reason->size() > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+    if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not valid", f.problems());
+    if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
+    const r::Time t = now();
+    r::Reservation x = current;
+    x.state = r::State::ended;
+    x.ended_at = t;
+    x.end_reason = r::EndReason::ended_early;
+    x.released_unit_ids.clear();
+    x.reclaiming_unit_ids.clear();
+    x.version += 1;
+    x.updated_at = t;
+    Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem)};
+    ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
+    ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
+    return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
+  }
+
+  ApiResponse audit(const ApiRequest& q, const Caller& c) {
+    if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("the audit log is for operators and the owner");
+    auto page = paging(q);
+    if (!page) return page.error();
+    const auto& [limit, token] = *page;
+    std::int64_t after = 0;
+    for (const auto& cursor : {q.query_param("after").value_or(""), token}) {
+      if (cursor.empty()) continue;
+      auto seq = store::parse_audit_id(cursor);
+      if (!seq) return problem(400, "invalid-request", "after and pageToken take an audit id such as aud_12", {{"after", "must be an audit id such as aud_12"}});
+      after = std::max(after, static_cast<std::int64_t>(*seq));
+    }
+    auto st = db.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+    if (!st || !st->bind_all(after, static_cast<std::int64_t>(limit + 1))) return problem(503, "storage-unavailable", "the audit log cannot be read");
+    json::array records;
+    std::int64_t last = 0;
+    bool more = false;
+    while (true) {
+      auto step = st->step();
+      if (!step) return problem(503, "storage-unavailable", "the audit log cannot be read");
+      if (*step == store::Statement::Step::done) break;
+      if (records.size() == limit) {
+        more = true;
+        break;
+      }
+      boost::system::error_code ec;
+      records.emplace_back(json::parse(st->column_text(1), ec));
+      last = st->column_int64(0);
+    }
+    return json_response(json::object{{"records", std::move(records)},
+                                      {"nextPageToken", more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
+  }
+
+  ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org) {
+    if (q.method != "GET") {
+      if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
+      return method_not_allowed("GET");
+    }
+    if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
+    json::array entries;
+    std::int64_t total_units = 0, total_gpus = 0;
+    for (const auto& [id, x] : reservations) {
+      if (x.ended() || std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), org) == x.audience_org_ids.end()) continue;
+      json::array units_out;
+      std::int64_t gpus = 0;
+      for (const auto& uid : x.unit_ids) {
+        if (const auto* u = present_unit(uid)) {
+          gpus += u->gpu_count();
+          units_out.emplace_back(unit_view(*u, c));
+        } else if (auto a = absent_units.find(uid); a != absent_units.end()) {
+          if (const auto* g = a->second.if_contains("gpuCount"); g && g->is_int64()) gpus += g->get_int64();
+          units_out.emplace_back(absent_view(uid, a->second, c));
+        }
+      }
+      total_units += static_cast<std::int64_t>(x.unit_ids.size());
+      total_gpus += gpus;
+      entries.emplace_back(json::object{{"reservationId", x.id}, {"state", r::to_string(x.state)},
+                                        {"startsAt", r::format_time(x.starts_at)}, {"endsAt", r::format_time(x.ends_at)},
+                                        {"unitIds", strings_json(x.unit_ids)}, {"releasedUnitIds", strings_json(x.released_unit_ids)},
+                                        {"gpuCount", gpus}, {"units", std::move(units_out)}});
+    }
+    return json_response(json::object{{"orgId", org}, {"nodeId", opt.node_id}, {"reservations", std::move(entries)},
+                                      {"totals", json::object{{"units", total_units}, {"gpus", total_gpus}}}});
+  }
+
+  // GETs carry an ETag and answer If-None-Match with 304.
+  ApiResponse conditional(const ApiRequest& q, ApiResponse resp) const {
+    if (q.method != "GET" || resp.status != 200) return resp;
+    std::string etag;
+    if (auto e = resp.header("ETag")) {
+      etag = std::string(*e);
+    } else {
+      etag = fmt::format("\"{}\"", store::sha256_hex(resp.body).value_or("0").substr(0, 20));
+      resp.headers.emplace_back("ETag", etag);
+    }
+    if (auto inm = q.header("if-none-match"); inm && etag_matches(*inm, etag)) {
+      ApiResponse not_modified;
+      not_modified.status = 304;
+      not_modified.headers.emplace_back("ETag", etag);
+      return not_modified;
+    }
+    return resp;
+  }
+};
+
+NodeService::NodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeService::~NodeService() = default;
+
+std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(ServiceOptions options,
+                                                                           std::shared_ptr<const auth::TokenVerifier> verifier,
+                                                                           const discovery::PciIds* names, Clock clock,
+                                                                           LogSink log) {
+  const auto file = options.state_dir / "state.db";
+  auto db = store::Database::open(file);
+  if (!db) return std::unexpected(db.error().message);
+  if (auto m = db->migrate(migrations()); !m) return std::unexpected(m.error().message);
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(*db));
+  impl->verifier = std::move(verifier);
+  impl->names = names;
+  impl->clock = std::move(clock);
+  impl->log = std::move(log);
+  if (auto loaded = impl->load(); !loaded) return std::unexpected(loaded.error());
+  impl->apply_terms();  // terms that came while the agent was down, in time order, before serving
+  impl->scan(true);
+  return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
+}
+
+ApiResponse NodeService::handle(const ApiRequest& request) {
+  impl_->apply_terms();  // never answer with a term the clock has passed
+  return impl_->conditional(request, impl_->route(request));
+}
+
+std::optional<reservations::Time> NodeService::tick() { return impl_->apply_terms(); }
+void NodeService::rescan() { impl_->scan(false); }
+void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) { impl_->verifier = std::move(verifier); }
+void NodeService::set_unsellable(std::vector<std::string> unsellable) {
+  impl_->opt.policy.unsellable = std::move(unsellable);
+  impl_->reader.reset();
+  impl_->scan(false);
+}
+std::int64_t NodeService::revision() const { return impl_->revision; }
+std::size_t NodeService::outbox_depth() const { return impl_->undelivered; }
+
+}  // namespace gpunode::service

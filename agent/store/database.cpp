@@ -1,0 +1,502 @@
+// The SQLite base (see the header). SQLite result codes become DbError here and only here; the
+// one errno this file meets (creating the file) is mapped in os_error().
+#include "gpunode/store/database.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <system_error>
+
+namespace gpunode::store {
+namespace {
+
+constexpr int kBusyTimeoutMs = 5000;
+
+// SQL as it appears in messages: whitespace runs folded to one space, at most ~100 characters.
+std::string shorten_sql(std::string_view sql) {
+  std::string out;
+  bool space = false;
+  for (char c : sql) {
+    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+    if (out.size() >= 100) {
+      out += "...";
+      break;
+    }
+  }
+  return out;
+}
+
+std::string statement_context(std::string_view sql) {
+  return fmt::format("statement \"{}\"", shorten_sql(sql));
+}
+
+// The one place an errno becomes a DbError.
+DbError os_error(int err, const std::filesystem::path& file, std::string_view what) {
+  int code = SQLITE_CANTOPEN;
+  if (err == ENOSPC || err == EDQUOT) code = SQLITE_FULL;
+  if (err == ENOMEM) code = SQLITE_NOMEM;
+  return DbError{code,
+                 fmt::format("{}: cannot {}: {}", file.string(), what, std::generic_category().message(err))};
+}
+
+std::string db_file(sqlite3* db) {
+  const char* name = db != nullptr ? sqlite3_db_filename(db, "main") : nullptr;
+  return name != nullptr && *name != '\0' ? std::string(name) : std::string("(database)");
+}
+
+// Authorizer used while a migration's SQL runs: BEGIN/COMMIT/ROLLBACK inside it would end the
+// migration's transaction early, so it is refused when prepared (nothing of it runs).
+int deny_transaction_statements(void*, int action, const char*, const char*, const char*, const char*) {
+  return action == SQLITE_TRANSACTION ? SQLITE_DENY : SQLITE_OK;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Statement
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(std::exchange(other.db_, nullptr)), stmt_(std::exchange(other.stmt_, nullptr)) {}
+
+Statement& Statement::operator=(Statement&& other) noexcept {
+  if (this != &other) {
+    sqlite3_finalize(stmt_);
+    db_ = std::exchange(other.db_, nullptr);
+    stmt_ = std::exchange(other.stmt_, nullptr);
+  }
+  return *this;
+}
+
+Statement::~Statement() {
+  sqlite3_finalize(stmt_);
+}
+
+DbError Statement::error(int rc, std::string_view what) const {
+  const char* msg = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+  return DbError{rc, fmt::format("{}: {} ({}, {})", db_file(db_), msg, what, statement_context(sql()))};
+}
+
+std::expected<void, DbError> Statement::bind_too_big(int index) const {
+  return std::unexpected(
+      DbError{SQLITE_TOOBIG, fmt::format("{}: integer too big for SQLite (binding parameter {}, {})",
+                                         db_file(db_), index, statement_context(sql()))});
+}
+
+std::expected<void, DbError> Statement::bind_int64(int index, std::int64_t value) {
+  const int rc = sqlite3_bind_int64(stmt_, index, value);
+  if (rc != SQLITE_OK) return std::unexpected(error(rc, fmt::format("binding parameter {}", index)));
+  return {};
+}
+
+std::expected<void, DbError> Statement::bind(int index, std::string_view value) {
+  const int rc = sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+  if (rc != SQLITE_OK) return std::unexpected(error(rc, fmt::format("binding parameter {}", index)));
+  return {};
+}
+
+std::expected<void, DbError> Statement::bind(int index, std::nullptr_t) {
+  const int rc = sqlite3_bind_null(stmt_, index);
+  if (rc != SQLITE_OK) return std::unexpected(error(rc, fmt::format("binding parameter {}", index)));
+  return {};
+}
+
+std::expected<Statement::Step, DbError> Statement::step() {
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return Step::row;
+  if (rc == SQLITE_DONE) return Step::done;
+  return std::unexpected(error(rc, "step"));
+}
+
+std::expected<void, DbError> Statement::run() {
+  for (;;) {
+    auto s = step();
+    if (!s) return std::unexpected(std::move(s.error()));
+    if (*s == Step::done) return {};
+  }
+}
+
+void Statement::reset() {
+  sqlite3_reset(stmt_);
+}  // its code repeats the last step's, already reported
+void Statement::clear_bindings() {
+  sqlite3_clear_bindings(stmt_);
+}
+
+int Statement::column_count() const {
+  return sqlite3_column_count(stmt_);
+}
+
+bool Statement::column_in_range(int column) const {
+  // data_count is 0 unless a row is current: reading then is undefined in SQLite, so refused here.
+  return column >= 0 && column < sqlite3_data_count(stmt_);
+}
+
+bool Statement::column_is_null(int column) const {
+  return !column_in_range(column) || sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+std::int64_t Statement::column_int64(int column) const {
+  return column_in_range(column) ? sqlite3_column_int64(stmt_, column) : 0;
+}
+
+std::string Statement::column_text(int column) const {
+  if (!column_in_range(column)) return {};
+  const auto* text = sqlite3_column_text(stmt_, column);  // before _bytes, as SQLite asks
+  const int size = sqlite3_column_bytes(stmt_, column);
+  if (text == nullptr || size <= 0) return {};
+  return std::string(reinterpret_cast<const char*>(text), static_cast<std::size_t>(size));
+}
+
+std::optional<std::int64_t> Statement::column_optional_int64(int column) const {
+  if (column_is_null(column)) return std::nullopt;
+  return column_int64(column);
+}
+
+std::optional<std::string> Statement::column_optional_text(int column) const {
+  if (column_is_null(column)) return std::nullopt;
+  return column_text(column);
+}
+
+std::string_view Statement::sql() const {
+  const char* s = stmt_ != nullptr ? sqlite3_sql(stmt_) : nullptr;
+  return s != nullptr ? std::string_view(s) : std::string_view();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tx
+
+std::expected<void, DbError> Tx::exec(std::string_view sql) {
+  return db_.exec(sql);
+}
+std::expected<Statement, DbError> Tx::prepare(std::string_view sql) {
+  return db_.prepare(sql);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database
+
+Database::Database(Database&& other) noexcept
+    : db_(std::exchange(other.db_, nullptr)),
+      path_(std::move(other.path_)),
+      schema_version_(std::exchange(other.schema_version_, 0)) {}
+
+Database& Database::operator=(Database&& other) noexcept {
+  if (this != &other) {
+    sqlite3_close_v2(db_);
+    db_ = std::exchange(other.db_, nullptr);
+    path_ = std::move(other.path_);
+    schema_version_ = std::exchange(other.schema_version_, 0);
+  }
+  return *this;
+}
+
+// close_v2: a Statement that (wrongly) outlives us keeps the connection alive instead of dangling.
+Database::~Database() {
+  sqlite3_close_v2(db_);
+}
+
+DbError Database::error(int rc, std::string_view what) const {
+  const char* msg = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+  return DbError{rc, fmt::format("{}: {} ({})", path_.string(), msg, what)};
+}
+
+std::expected<Database, DbError> Database::open(const std::filesystem::path& file) {
+  // SQLite would create the file 0644 (less umask); create it ourselves so it is 0600 from the
+  // first byte. Opening an existing file read-write also tells us early if we cannot write it.
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return std::unexpected(os_error(errno, file, "open or create the database file"));
+  ::close(fd);
+
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(
+      file.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
+  if (rc != SQLITE_OK) {
+    DbError e{rc, fmt::format("{}: cannot open the database: {}", file.string(),
+                              raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc))};
+    sqlite3_close_v2(raw);
+    return std::unexpected(std::move(e));
+  }
+  Database db(raw, file);
+  if (auto ok = db.configure(); !ok) return std::unexpected(std::move(ok.error()));
+  auto version = db.read_schema_version();
+  if (!version) return std::unexpected(std::move(version.error()));
+  db.schema_version_ = *version;
+  return db;
+}
+
+std::expected<void, DbError> Database::configure() {
+  sqlite3_extended_result_codes(db_, 1);
+  sqlite3_db_config(db_, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+
+  // The first statement reads the file: a file that is not a database fails here, and so does a
+  // WAL file that cannot be created.
+  const auto wal_hint = [&](DbError e) {
+    const int code = e.primary_code();
+    if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN) {
+      e.message += fmt::format("; WAL needs to create {0}-wal and {0}-shm in a directory it can write",
+                               path_.filename().string());
+    }
+    return std::unexpected(std::move(e));
+  };
+  std::string mode;
+  {
+    auto st = prepare("PRAGMA journal_mode=WAL");
+    if (!st) return wal_hint(std::move(st.error()));
+    auto stepped = st->step();
+    if (!stepped) return wal_hint(std::move(stepped.error()));
+    if (*stepped == Statement::Step::row) mode = st->column_text(0);
+  }
+  for (auto& c : mode) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (mode != "wal") {
+    return std::unexpected(
+        DbError{SQLITE_CANTOPEN, fmt::format("{}: journal_mode is \"{}\" after asking for WAL "
+                                             "(can the directory be written?)",
+                                             path_.string(), mode)});
+  }
+  if (auto ok = exec("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON"); !ok) return ok;
+
+  struct Expect {
+    const char* pragma;
+    const char* value;
+  };
+  for (const auto& [name, want] :
+       {Expect{"synchronous", "2"}, Expect{"foreign_keys", "1"}, Expect{"busy_timeout", "5000"}}) {
+    auto got = pragma(name);
+    if (!got) return std::unexpected(std::move(got.error()));
+    if (*got != want) {
+      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is {} after setting it to {}",
+                                                                path_.string(), name, *got, want)});
+    }
+  }
+  return {};
+}
+
+std::expected<std::string, DbError> Database::pragma(std::string_view name) {
+  for (char c : name) {
+    if (!(std::islower(static_cast<unsigned char>(c)) != 0 || c == '_')) {
+      return std::unexpected(
+          DbError{SQLITE_MISUSE, fmt::format("{}: \"{}\" is not a pragma name", path_.string(), name)});
+    }
+  }
+  auto st = prepare(fmt::format("PRAGMA {}", name));
+  if (!st) return std::unexpected(std::move(st.error()));
+  auto stepped = st->step();
+  if (!stepped) return std::unexpected(std::move(stepped.error()));
+  if (*stepped != Statement::Step::row) return std::string();
+  return st->column_text(0);
+}
+
+std::expected<void, DbError> Database::exec(std::string_view sql) {
+  const std::string text(sql);
+  char* errmsg = nullptr;
+  const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &errmsg);
+  if (rc != SQLITE_OK) {
+    const int code = sqlite3_extended_errcode(db_);
+    DbError e{code != SQLITE_OK ? code : rc,
+              fmt::format("{}: {} ({})", path_.string(), errmsg != nullptr ? errmsg : sqlite3_errstr(rc),
+                          statement_context(sql))};
+    sqlite3_free(errmsg);
+    return std::unexpected(std::move(e));
+  }
+  return {};
+}
+
+std::expected<Statement, DbError> Database::prepare(std::string_view sql) {
+  if (sql.size() > static_cast<std::size_t>(INT_MAX)) {
+    return std::unexpected(DbError{SQLITE_TOOBIG, fmt::format("{}: statement too long", path_.string())});
+  }
+  sqlite3_stmt* raw = nullptr;
+  const char* tail = nullptr;
+  int rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()), 0, &raw, &tail);
+  if (rc != SQLITE_OK) return std::unexpected(error(rc, statement_context(sql)));
+  Statement st(db_, raw);
+  if (raw == nullptr) {
+    return std::unexpected(DbError{
+        SQLITE_MISUSE, fmt::format("{}: empty statement ({})", path_.string(), statement_context(sql))});
+  }
+  // One statement per prepare: text after it (other than comments and blanks) is refused.
+  const auto used = static_cast<std::size_t>(tail - sql.data());
+  const auto rest = sql.substr(used);
+  if (!rest.empty()) {
+    sqlite3_stmt* extra = nullptr;
+    rc = sqlite3_prepare_v3(db_, rest.data(), static_cast<int>(rest.size()), 0, &extra, nullptr);
+    const bool more = rc != SQLITE_OK || extra != nullptr;
+    sqlite3_finalize(extra);
+    if (more) {
+      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: prepare takes one statement ({})",
+                                                                path_.string(), statement_context(sql))});
+    }
+  }
+  return st;
+}
+
+std::expected<void, DbError> Database::begin_immediate() {
+  if (in_transaction()) {
+    return std::unexpected(
+        DbError{SQLITE_MISUSE, fmt::format("{}: a transaction is already open (transactions do "
+                                           "not nest)",
+                                           path_.string())});
+  }
+  return exec("BEGIN IMMEDIATE");
+}
+
+std::expected<void, DbError> Database::commit() {
+  return exec("COMMIT");
+}
+
+void Database::rollback() noexcept {
+  // SQLite rolls back by itself on some errors (SQLITE_FULL, IOERR, NOMEM, ...): then there is
+  // nothing left to roll back.
+  if (in_transaction()) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+bool Database::in_transaction() const {
+  return db_ != nullptr && sqlite3_get_autocommit(db_) == 0;
+}
+std::int64_t Database::last_insert_rowid() const {
+  return sqlite3_last_insert_rowid(db_);
+}
+int Database::changes() const {
+  return sqlite3_changes(db_);
+}
+
+std::expected<int, DbError> Database::read_schema_version() {
+  auto exists = prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'");
+  if (!exists) return std::unexpected(std::move(exists.error()));
+  auto row = exists->step();
+  if (!row) return std::unexpected(std::move(row.error()));
+  if (*row == Statement::Step::done) return 0;
+  auto st = prepare("SELECT coalesce(max(version), 0) FROM schema_version");
+  if (!st) return std::unexpected(std::move(st.error()));
+  row = st->step();
+  if (!row) return std::unexpected(std::move(row.error()));
+  const auto v = st->column_int64(0);
+  if (v < 0 || v > INT_MAX) {
+    return std::unexpected(
+        DbError{SQLITE_CORRUPT, fmt::format("{}: schema_version holds version {}", path_.string(), v)});
+  }
+  return static_cast<int>(v);
+}
+
+std::expected<void, DbError> Database::migrate(const std::vector<Migration>& migrations) {
+  const auto where = path_.string();
+  for (std::size_t i = 0; i < migrations.size(); ++i) {
+    const int want = static_cast<int>(i) + 1;
+    const int got = migrations[i].version;
+    if (got == want) continue;
+    std::string why = i > 0 && got == migrations[i - 1].version
+                          ? fmt::format("version {} appears twice", got)
+                          : fmt::format("entry {} has version {}, expected {}", i + 1, got, want);
+    return std::unexpected(DbError{
+        SQLITE_MISUSE, fmt::format("{}: migration list is not 1, 2, 3, ... in order: {}", where, why)});
+  }
+  const int known = static_cast<int>(migrations.size());
+
+  // Check what the file holds against the list, under the write lock.
+  auto checked = transaction([&](Tx& tx) -> std::expected<int, DbError> {
+    if (auto ok = tx.exec("CREATE TABLE IF NOT EXISTS schema_version ("
+                          " version INTEGER PRIMARY KEY,"
+                          " name TEXT NOT NULL,"
+                          " applied_at TEXT NOT NULL)");
+        !ok) {
+      return std::unexpected(std::move(ok.error()));
+    }
+    auto st = tx.prepare("SELECT version, name FROM schema_version ORDER BY version");
+    if (!st) return std::unexpected(std::move(st.error()));
+    int on_disk = 0;
+    std::vector<std::string> names;
+    for (;;) {
+      auto row = st->step();
+      if (!row) return std::unexpected(std::move(row.error()));
+      if (*row == Statement::Step::done) break;
+      const auto v = st->column_int64(0);
+      if (v != on_disk + 1) {
+        return std::unexpected(
+            DbError{SQLITE_ERROR, fmt::format("{}: schema_version records version {} after {} "
+                                              "(a gap): refusing to run",
+                                              where, v, on_disk)});
+      }
+      on_disk = static_cast<int>(v);
+      names.push_back(st->column_text(1));
+    }
+    if (on_disk > known) {
+      return std::unexpected(
+          DbError{SQLITE_ERROR, fmt::format("{}: database schema version {} is newer than this "
+                                            "agent ({}): refusing to run",
+                                            where, on_disk, known)});
+    }
+    for (int v = 1; v <= on_disk; ++v) {
+      const auto& code_name = migrations[static_cast<std::size_t>(v - 1)].name;
+      const auto& disk_name = names[static_cast<std::size_t>(v - 1)];
+      if (code_name != disk_name) {
+        return std::unexpected(
+            DbError{SQLITE_ERROR, fmt::format("{}: migration {} is \"{}\" in the database but "
+                                              "\"{}\" in this agent: refusing to run",
+                                              where, v, disk_name, code_name)});
+      }
+    }
+    return on_disk;
+  });
+  if (!checked) return std::unexpected(std::move(checked.error()));
+  schema_version_ = *checked;
+
+  for (const auto& m : migrations) {
+    if (m.version <= schema_version_) continue;
+    auto applied = transaction([&](Tx& tx) -> std::expected<bool, DbError> {
+      // Another process may have applied it since the check.
+      auto current = read_schema_version();
+      if (!current) return std::unexpected(std::move(current.error()));
+      if (*current >= m.version) return false;
+      sqlite3_set_authorizer(db_, deny_transaction_statements, nullptr);
+      auto ran = tx.exec(m.sql);
+      sqlite3_set_authorizer(db_, nullptr, nullptr);
+      if (!ran) {
+        std::string_view why = ran.error().message;
+        if (why.starts_with(where + ": ")) why.remove_prefix(where.size() + 2);
+        return std::unexpected(
+            DbError{ran.error().sqlite_code,
+                    fmt::format("{}: migration {} ({}) failed: {}", where, m.version, m.name, why)});
+      }
+      auto ins = tx.prepare(
+          "INSERT INTO schema_version (version, name, applied_at) "
+          "VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%SZ', 'now'))");
+      if (!ins) return std::unexpected(std::move(ins.error()));
+      if (auto ok = ins->bind_all(m.version, m.name); !ok) return std::unexpected(std::move(ok.error()));
+      if (auto ok = ins->run(); !ok) return std::unexpected(std::move(ok.error()));
+      return true;
+    });
+    if (!applied) return std::unexpected(std::move(applied.error()));
+    schema_version_ = m.version;
+  }
+  return {};
+}
+
+std::expected<void, DbError> Database::integrity_check() {
+  auto st = prepare("PRAGMA integrity_check");
+  if (!st) return std::unexpected(std::move(st.error()));
+  std::vector<std::string> lines;
+  for (;;) {
+    auto row = st->step();
+    if (!row) return std::unexpected(std::move(row.error()));
+    if (*row == Statement::Step::done) break;
+    lines.push_back(st->column_text(0));
+  }
+  if (lines.size() == 1 && lines[0] == "ok") return {};
+  return std::unexpected(DbError{
+      SQLITE_CORRUPT, fmt::format("{}: integrity_check: {}", path_.string(), fmt::join(lines, "; "))});
+}
+
+}  // namespace gpunode::store

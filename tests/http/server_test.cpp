@@ -1,0 +1,1145 @@
+// gpunode::http over real sockets on loopback: HTTPS on 127.0.0.1 (port 0) and the admin socket
+// in a temp dir. Certificates are made here with OpenSSL's API; the clients are plain blocking
+// OpenSSL/POSIX clients, so every TLS knob (versions, suites, renegotiation, client certs) is the
+// test's to set.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpunode/http/server.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace net = boost::asio;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using gpunode::http::Limits;
+using gpunode::http::Peer;
+using gpunode::http::Reply;
+using gpunode::http::Request;
+using gpunode::http::Response;
+using gpunode::http::Server;
+using gpunode::http::TlsFiles;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Temp dirs and certificates
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "gpunode-http-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(std::string_view name) const { return (path / name).string(); }
+};
+
+struct Key {
+  EVP_PKEY* p = nullptr;
+  explicit Key(EVP_PKEY* k) : p(k) { REQUIRE(p != nullptr); }
+  ~Key() { EVP_PKEY_free(p); }
+  Key(const Key&) = delete;
+  Key& operator=(const Key&) = delete;
+};
+
+struct Cert {
+  X509* p = nullptr;
+  ~Cert() { X509_free(p); }
+};
+
+void add_ext(X509* x, X509* issuer, int nid, const char* value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, x, nullptr, nullptr, 0);
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+  REQUIRE(ext != nullptr);
+  X509_add_ext(x, ext, -1);
+  X509_EXTENSION_free(ext);
+}
+
+// A certificate for `key` named `cn`, signed by issuer (or self-signed).
+void make_cert(Cert& out, const char* cn, EVP_PKEY* key, X509* issuer, EVP_PKEY* issuer_key, bool ca) {
+  static long serial = 1;
+  X509* x = X509_new();
+  X509_set_version(x, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x), serial++);
+  X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(x), 86400);
+  X509_set_pubkey(x, key);
+  X509_NAME* name = X509_get_subject_name(x);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(cn), -1, -1, 0);
+  X509_set_issuer_name(x, issuer != nullptr ? X509_get_subject_name(issuer) : name);
+  X509* signer = issuer != nullptr ? issuer : x;
+  add_ext(x, signer, NID_subject_key_identifier, "hash");
+  if (ca) {
+    add_ext(x, signer, NID_basic_constraints, "critical,CA:TRUE");
+    add_ext(x, signer, NID_key_usage, "critical,keyCertSign,cRLSign");
+  } else {
+    add_ext(x, signer, NID_basic_constraints, "CA:FALSE");
+    add_ext(x, signer, NID_key_usage, "critical,digitalSignature,keyEncipherment");
+    add_ext(x, signer, NID_ext_key_usage, "serverAuth,clientAuth");
+    add_ext(x, signer, NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
+  }
+  if (issuer != nullptr) add_ext(x, signer, NID_authority_key_identifier, "keyid:always");
+  REQUIRE(X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256()) > 0);
+  out.p = x;
+}
+
+void write_pem(const std::string& path, X509* cert, EVP_PKEY* key) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  if (cert != nullptr) PEM_write_X509(f, cert);
+  if (key != nullptr) PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
+  std::fclose(f);
+}
+
+// One set of files for the whole run: a CA, the server's RSA certificate (so that an RSA key
+// exchange suite could be chosen if the server allowed it), a second server certificate (EC, for
+// the reload test), a client certificate from the CA and a self-signed one.
+struct Certs {
+  TempDir dir;
+  std::string ca, server_cert, server_key, server2_cert, server2_key, client_cert, client_key, rogue_cert, rogue_key;
+  Certs() {
+    Key ca_key{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
+    Key server_key_{EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", std::size_t{2048})};
+    Key server2_key_{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
+    Key client_key_{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
+    Key rogue_key_{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
+    Cert ca_c, server_c, server2_c, client_c, rogue_c;
+    make_cert(ca_c, "gpunode test CA", ca_key.p, nullptr, nullptr, true);
+    make_cert(server_c, "gpunode-one", server_key_.p, ca_c.p, ca_key.p, false);
+    make_cert(server2_c, "gpunode-two", server2_key_.p, ca_c.p, ca_key.p, false);
+    make_cert(client_c, "central", client_key_.p, ca_c.p, ca_key.p, false);
+    make_cert(rogue_c, "central", rogue_key_.p, nullptr, nullptr, false);
+    ca = dir.file("ca.pem");
+    write_pem(ca, ca_c.p, nullptr);
+    server_cert = dir.file("server.pem");
+    write_pem(server_cert, server_c.p, nullptr);
+    server_key = dir.file("server.key");
+    write_pem(server_key, nullptr, server_key_.p);
+    server2_cert = dir.file("server2.pem");
+    write_pem(server2_cert, server2_c.p, nullptr);
+    server2_key = dir.file("server2.key");
+    write_pem(server2_key, nullptr, server2_key_.p);
+    client_cert = dir.file("client.pem");
+    write_pem(client_cert, client_c.p, nullptr);
+    client_key = dir.file("client.key");
+    write_pem(client_key, nullptr, client_key_.p);
+    rogue_cert = dir.file("rogue.pem");
+    write_pem(rogue_cert, rogue_c.p, nullptr);
+    rogue_key = dir.file("rogue.key");
+    write_pem(rogue_key, nullptr, rogue_key_.p);
+  }
+};
+
+const Certs& certs() {
+  static const Certs c;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocking clients
+
+std::string ssl_errors() {
+  std::string out;
+  while (unsigned long e = ERR_get_error()) {
+    std::array<char, 256> buf{};
+    ERR_error_string_n(e, buf.data(), buf.size());
+    if (!out.empty()) out += "; ";
+    out += buf.data();
+  }
+  return out;
+}
+
+void set_timeouts(int fd) {
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+int connect_tcp(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  set_timeouts(fd);
+  return fd;
+}
+
+int connect_unix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  set_timeouts(fd);
+  return fd;
+}
+
+struct HttpResponse {
+  unsigned status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string{} : it->second;
+  }
+  json::object problem() const { return json::parse(body).as_object(); }
+};
+
+struct TlsOptions {
+  int min_version = TLS1_2_VERSION;
+  int max_version = 0;
+  std::string ciphers{};  // TLS 1.2 cipher list
+  std::string cert{};
+  std::string key{};
+  bool seclevel0 = false;
+};
+
+class Client {
+ public:
+  Client() = default;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client() { close(); }
+
+  static std::unique_ptr<Client> plain_unix(const std::string& path) {
+    auto c = std::make_unique<Client>();
+    c->fd_ = connect_unix(path);
+    c->ok = c->fd_ >= 0;
+    return c;
+  }
+
+  static std::unique_ptr<Client> tls(std::uint16_t port, const TlsOptions& o = {}) {
+    auto c = std::make_unique<Client>();
+    ERR_clear_error();
+    c->ctx_ = SSL_CTX_new(TLS_client_method());
+    REQUIRE(c->ctx_ != nullptr);
+    if (o.seclevel0) {
+      SSL_CTX_set_security_level(c->ctx_, 0);
+      SSL_CTX_set_cipher_list(c->ctx_, "DEFAULT:@SECLEVEL=0");
+    }
+    SSL_CTX_set_min_proto_version(c->ctx_, o.min_version);
+    SSL_CTX_set_max_proto_version(c->ctx_, o.max_version);
+    if (!o.ciphers.empty()) REQUIRE(SSL_CTX_set_cipher_list(c->ctx_, o.ciphers.c_str()) == 1);
+    REQUIRE(SSL_CTX_load_verify_locations(c->ctx_, certs().ca.c_str(), nullptr) == 1);
+    SSL_CTX_set_verify(c->ctx_, SSL_VERIFY_PEER, nullptr);
+    if (!o.cert.empty()) {
+      REQUIRE(SSL_CTX_use_certificate_chain_file(c->ctx_, o.cert.c_str()) == 1);
+      REQUIRE(SSL_CTX_use_PrivateKey_file(c->ctx_, o.key.c_str(), SSL_FILETYPE_PEM) == 1);
+    }
+    c->fd_ = connect_tcp(port);
+    REQUIRE(c->fd_ >= 0);
+    c->ssl_ = SSL_new(c->ctx_);
+    SSL_set_fd(c->ssl_, c->fd_);
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl_), "127.0.0.1");
+    if (SSL_connect(c->ssl_) == 1) {
+      c->ok = true;
+    } else {
+      c->error = ssl_errors();
+    }
+    return c;
+  }
+
+  bool ok = false;
+  std::string error;
+
+  SSL* ssl() const { return ssl_; }
+
+  bool send(std::string_view data) {
+    while (!data.empty()) {
+      long n = 0;
+      if (ssl_ != nullptr) {
+        n = SSL_write(ssl_, data.data(), static_cast<int>(std::min<std::size_t>(data.size(), 1 << 20)));
+      } else {
+        n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      }
+      if (n <= 0) {
+        error = ssl_errors();
+        return false;
+      }
+      data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+
+  // Reads more; false on end of stream, error or the 5 s receive timeout.
+  bool fill() {
+    std::array<char, 16384> tmp{};
+    long n = 0;
+    if (ssl_ != nullptr) {
+      n = SSL_read(ssl_, tmp.data(), static_cast<int>(tmp.size()));
+    } else {
+      n = ::recv(fd_, tmp.data(), tmp.size(), 0);
+    }
+    if (n <= 0) {
+      error = ssl_errors();
+      return false;
+    }
+    buf_.append(tmp.data(), static_cast<std::size_t>(n));
+    return true;
+  }
+
+  std::optional<HttpResponse> response() {
+    std::size_t end = 0;
+    while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
+      if (!fill()) return std::nullopt;
+    }
+    HttpResponse r;
+    std::string head = buf_.substr(0, end);
+    std::size_t pos = head.find("\r\n");
+    std::string status_line = head.substr(0, pos);
+    r.status = static_cast<unsigned>(std::stoul(status_line.substr(9, 3)));
+    while (pos != std::string::npos && pos < head.size()) {
+      std::size_t next = head.find("\r\n", pos + 2);
+      std::string line = head.substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
+      auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        std::string name = line.substr(0, colon);
+        for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        std::string value = line.substr(colon + 1);
+        while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+        r.headers[name] = value;
+      }
+      pos = next;
+    }
+    std::size_t len = r.headers.contains("content-length") ? std::stoul(r.headers["content-length"]) : 0;
+    while (buf_.size() < end + 4 + len) {
+      if (!fill()) return std::nullopt;
+    }
+    r.body = buf_.substr(end + 4, len);
+    buf_.erase(0, end + 4 + len);
+    return r;
+  }
+
+  std::optional<HttpResponse> roundtrip(std::string_view request) {
+    if (!send(request)) return std::nullopt;
+    return response();
+  }
+
+  // True when the server closes (or resets) the connection without sending anything more.
+  bool closed_without_data() {
+    if (!buf_.empty()) return false;
+    if (fill()) return false;
+    return true;
+  }
+
+  void close() {
+    if (ssl_ != nullptr) {
+      SSL_shutdown(ssl_);
+      SSL_free(ssl_);
+      ssl_ = nullptr;
+    }
+    if (ctx_ != nullptr) {
+      SSL_CTX_free(ctx_);
+      ctx_ = nullptr;
+    }
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    ERR_clear_error();
+  }
+
+ private:
+  int fd_ = -1;
+  SSL_CTX* ctx_ = nullptr;
+  SSL* ssl_ = nullptr;
+  std::string buf_;
+};
+
+std::string request(std::string_view method, std::string_view target, std::string_view body = {},
+                    const std::vector<std::string>& extra = {}) {
+  std::string r = std::string(method) + " " + std::string(target) + " HTTP/1.1\r\nHost: test\r\n";
+  for (const auto& h : extra) r += h + "\r\n";
+  if (!body.empty() || method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  r += "\r\n";
+  r += body;
+  return r;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// A server on two I/O threads, with a handler that answers by path:
+//   /echo           200 JSON of what it got
+//   /slow?ms=N      200 after N ms (replies from another thread)
+//   /never          never replies
+//   /throw          throws
+//   /close          200 with Connection: close
+//   /nocontent      204 (with a body the server must drop)
+//   anything else   404 problem
+
+Limits test_limits() {
+  Limits l;
+  l.read_timeout = 5s;
+  l.write_timeout = 5s;
+  l.idle_timeout = 10s;
+  l.handler_timeout = 10s;
+  return l;
+}
+
+struct Fixture {
+  net::io_context io;
+  net::io_context work;  // the handler's "elsewhere"
+  net::executor_work_guard<net::io_context::executor_type> io_guard{io.get_executor()};
+  net::executor_work_guard<net::io_context::executor_type> work_guard{work.get_executor()};
+  std::mutex log_mu;
+  std::vector<std::string> logs;
+  std::atomic<int> slow_started{0};
+  std::optional<Server> server;
+  std::vector<std::thread> threads;
+  TempDir dir;
+
+  explicit Fixture(Limits limits = test_limits()) {
+    server.emplace(
+        io, limits, [this](Request r, Reply reply) { handle(std::move(r), std::move(reply)); },
+        [this](std::string_view m) {
+          std::lock_guard lock(log_mu);
+          logs.emplace_back(m);
+        });
+    threads.emplace_back([this] { io.run(); });
+    threads.emplace_back([this] { io.run(); });
+    threads.emplace_back([this] { work.run(); });
+  }
+
+  ~Fixture() {
+    auto p = std::make_shared<std::promise<void>>();
+    auto f = p->get_future();
+    server->shutdown(200ms, [p] { p->set_value(); });
+    CHECK(f.wait_for(5s) == std::future_status::ready);
+    work_guard.reset();
+    io_guard.reset();
+    work.stop();
+    io.stop();
+    for (auto& t : threads) t.join();
+    server.reset();
+  }
+
+  std::uint16_t listen(const TlsFiles& files = {certs().server_cert, certs().server_key, {}}) {
+    auto ctx = gpunode::http::make_tls_context(files);
+    REQUIRE_MESSAGE(ctx.has_value(), (ctx ? "" : ctx.error()));
+    auto r = server->listen_tls("127.0.0.1:0", *ctx);
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error()));
+    REQUIRE(server->tls_port() != 0);
+    return server->tls_port();
+  }
+
+  std::string listen_unix(gpunode::http::PeerFilter filter = {}) {
+    auto path = dir.file("admin.sock");
+    auto r = server->listen_unix(path, 0660, std::move(filter));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error()));
+    return path;
+  }
+
+  bool logged(std::string_view needle) {
+    std::lock_guard lock(log_mu);
+    for (const auto& l : logs) {
+      if (l.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  void handle(Request r, Reply reply) {
+    if (r.path == "/echo") {
+      json::object o;
+      o["method"] = r.method;
+      o["target"] = r.target;
+      o["path"] = r.path;
+      o["query"] = r.query;
+      o["bodySize"] = r.body.size();
+      o["body"] = r.body.size() <= 1024 ? r.body : std::string{};
+      o["requestId"] = r.request_id;
+      o["peerKind"] = r.peer.kind == Peer::Kind::tcp ? "tcp" : "unix";
+      o["peerAddress"] = r.peer.address;
+      o["uid"] = r.peer.uid ? json::value(*r.peer.uid) : json::value(nullptr);
+      o["pid"] = r.peer.pid ? json::value(*r.peer.pid) : json::value(nullptr);
+      o["xFoo"] = std::string(r.header("x-foo").value_or("-"));
+      reply(Response{200, {{"X-Echo", "yes"}}, json::serialize(o)});
+    } else if (r.path == "/slow") {
+      ++slow_started;
+      auto ms = std::stoi(r.query.substr(r.query.find('=') + 1));
+      auto t = std::make_shared<net::steady_timer>(work, std::chrono::milliseconds(ms));
+      t->async_wait([t, reply](boost::system::error_code) {
+        reply(Response{200, {{"Content-Type", "text/plain"}}, "slow"});
+      });
+    } else if (r.path == "/never") {
+      // drops the reply
+    } else if (r.path == "/throw") {
+      throw std::runtime_error("boom");
+    } else if (r.path == "/close") {
+      reply(Response{200, {{"Connection", "close"}}, "{}"});
+    } else if (r.path == "/nocontent") {
+      reply(Response{204, {}, "dropped"});
+    } else {
+      reply(gpunode::http::problem(404, "not-found", "Not found", "no such route"));
+    }
+  }
+};
+
+void check_problem(const HttpResponse& r, unsigned status, std::string_view code) {
+  CHECK(r.status == status);
+  CHECK(r.header("content-type") == "application/problem+json");
+  CHECK(!r.header("x-request-id").empty());
+  auto p = r.problem();
+  for (const char* key : {"type", "title", "status", "detail", "code", "errors"}) {
+    CHECK_MESSAGE(p.contains(key), key);
+  }
+  CHECK(p["type"].as_string() == std::string("urn:gpunode:problem:") + std::string(code));
+  CHECK(p["code"].as_string() == code);
+  CHECK(p["status"].to_number<unsigned>() == status);
+  CHECK(p["errors"].as_array().empty());
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 3s) {
+  auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("problem(): the contract's keys") {
+  auto r = gpunode::http::problem(400, "invalid-request", "Invalid request", "bad things",
+                                  {{"endsAt", "must be after startsAt"}});
+  CHECK(r.status == 400);
+  auto o = json::parse(r.body).as_object();
+  CHECK(o["type"].as_string() == "urn:gpunode:problem:invalid-request");
+  CHECK(o["title"].as_string() == "Invalid request");
+  CHECK(o["status"].as_int64() == 400);
+  CHECK(o["detail"].as_string() == "bad things");
+  CHECK(o["code"].as_string() == "invalid-request");
+  CHECK(o["errors"].as_array().size() == 1);
+  CHECK(o["errors"].as_array()[0].as_object()["field"].as_string() == "endsAt");
+  CHECK(r.headers.at(0).second == "application/problem+json");
+  CHECK(gpunode::http::sane_request_id("abc-123"));
+  CHECK_FALSE(gpunode::http::sane_request_id(""));
+  CHECK_FALSE(gpunode::http::sane_request_id(std::string(129, 'a')));
+  CHECK_FALSE(gpunode::http::sane_request_id("a\nb"));
+  auto id = gpunode::http::generate_request_id();
+  CHECK(id.size() == 36);
+  CHECK(id != gpunode::http::generate_request_id());
+}
+
+TEST_CASE("make_tls_context: errors name the file and the reason") {
+  const auto& c = certs();
+  TempDir d;
+  auto missing = d.file("missing.pem");
+  auto r = gpunode::http::make_tls_context({missing, c.server_key, {}});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find(missing) != std::string::npos);
+  CHECK(r.error().find("No such file") != std::string::npos);
+
+  auto garbage = d.file("garbage.pem");
+  std::ofstream(garbage) << "not a certificate\n";
+  r = gpunode::http::make_tls_context({garbage, c.server_key, {}});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find(garbage) != std::string::npos);
+
+  r = gpunode::http::make_tls_context({c.server_cert, c.server2_key, {}});  // key of another cert
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find(c.server2_key) != std::string::npos);
+
+  r = gpunode::http::make_tls_context({c.server_cert, c.server_key, garbage});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find(garbage) != std::string::npos);
+
+  r = gpunode::http::make_tls_context({c.server_cert, c.server_key, c.ca});
+  CHECK(r.has_value());
+}
+
+TEST_CASE("listen errors name the address") {
+  Fixture f;
+  auto ctx = gpunode::http::make_tls_context({certs().server_cert, certs().server_key, {}});
+  REQUIRE(ctx.has_value());
+  auto r = f.server->listen_tls("127.0.0.1", *ctx);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find("127.0.0.1") != std::string::npos);
+  r = f.server->listen_tls("::1:80", *ctx);
+  CHECK_FALSE(r.has_value());
+  r = f.server->listen_tls("127.0.0.1:99999", *ctx);
+  CHECK_FALSE(r.has_value());
+  auto port = f.listen();
+  r = f.server->listen_tls("127.0.0.1:" + std::to_string(port), *ctx);  // taken
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find(std::to_string(port)) != std::string::npos);
+}
+
+TEST_CASE("TLS: GET and POST round trip; response headers") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  CHECK(std::string(SSL_get_version(c->ssl())) == "TLSv1.3");
+
+  auto r = c->roundtrip(request("GET", "/echo?a=1&b=2", {}, {"X-Foo: bar"}));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->header("content-type") == "application/json");
+  CHECK(std::stoul(r->header("content-length")) == r->body.size());
+  CHECK(r->header("x-echo") == "yes");
+  CHECK_FALSE(r->headers.contains("server"));
+  auto o = json::parse(r->body).as_object();
+  CHECK(o["method"].as_string() == "GET");
+  CHECK(o["target"].as_string() == "/echo?a=1&b=2");
+  CHECK(o["path"].as_string() == "/echo");
+  CHECK(o["query"].as_string() == "a=1&b=2");
+  CHECK(o["xFoo"].as_string() == "bar");
+  CHECK(o["peerKind"].as_string() == "tcp");
+  CHECK(std::string(o["peerAddress"].as_string()).starts_with("127.0.0.1:"));
+  CHECK(o["uid"].is_null());
+
+  r = c->roundtrip(request("POST", "/echo", R"({"hello":"world"})", {"Content-Type: application/json"}));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  o = json::parse(r->body).as_object();
+  CHECK(o["method"].as_string() == "POST");
+  CHECK(o["body"].as_string() == R"({"hello":"world"})");
+
+  r = c->roundtrip(request("GET", "/nowhere"));
+  REQUIRE(r);
+  check_problem(*r, 404, "not-found");
+
+  r = c->roundtrip(request("GET", "/nocontent"));
+  REQUIRE(r);
+  CHECK(r->status == 204);
+  CHECK(r->body.empty());
+  CHECK(!r->header("x-request-id").empty());
+
+  // TLS 1.2 negotiates an ECDHE AEAD suite.
+  auto c12 = Client::tls(port, {.max_version = TLS1_2_VERSION});
+  REQUIRE_MESSAGE(c12->ok, c12->error);
+  CHECK(std::string(SSL_get_cipher_name(c12->ssl())).starts_with("ECDHE-RSA-"));
+  r = c12->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("keep-alive: 100 requests on one connection; Connection: close honoured") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  for (int i = 0; i < 100; ++i) {
+    auto r = c->roundtrip(request("POST", "/echo?i=" + std::to_string(i), std::to_string(i)));
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(json::parse(r->body).as_object()["body"].as_string() == std::to_string(i));
+    CHECK(r->header("connection") != "close");
+  }
+  CHECK(f.server->open_connections() == 1);
+
+  auto r = c->roundtrip(request("GET", "/echo", {}, {"Connection: close"}));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->header("connection") == "close");
+  CHECK(c->closed_without_data());
+  c->close();
+  CHECK(eventually([&] { return f.server->open_connections() == 0; }));
+
+  // The handler can close too.
+  auto c2 = Client::tls(port);
+  r = c2->roundtrip(request("GET", "/close"));
+  REQUIRE(r);
+  CHECK(r->header("connection") == "close");
+  CHECK(c2->closed_without_data());
+}
+
+TEST_CASE("X-Request-Id: echoed when sane, generated otherwise") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto r = c->roundtrip(request("GET", "/echo", {}, {"X-Request-Id: req-42 abc"}));
+  REQUIRE(r);
+  CHECK(r->header("x-request-id") == "req-42 abc");
+  CHECK(json::parse(r->body).as_object()["requestId"].as_string() == "req-42 abc");
+
+  r = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  auto first = r->header("x-request-id");
+  CHECK(first.size() == 36);
+  CHECK(json::parse(r->body).as_object()["requestId"].as_string() == first);
+  r = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->header("x-request-id").size() == 36);
+  CHECK(r->header("x-request-id") != first);
+
+  r = c->roundtrip(request("GET", "/echo", {}, {"X-Request-Id: " + std::string(200, 'x')}));
+  REQUIRE(r);
+  CHECK(r->header("x-request-id").size() == 36);
+
+  r = c->roundtrip(request("GET", "/nowhere", {}, {"X-Request-Id: abc"}));  // on problems too
+  REQUIRE(r);
+  CHECK(r->header("x-request-id") == "abc");
+}
+
+TEST_CASE("limits: a 64 KiB body is accepted, one byte more is 413") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto r = c->roundtrip(request("POST", "/echo", std::string(64 * 1024, 'a')));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(json::parse(r->body).as_object()["bodySize"].as_int64() == 64 * 1024);
+
+  r = c->roundtrip(request("POST", "/echo", std::string(64 * 1024 + 1, 'a'), {"X-Request-Id: big-one"}));
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+  CHECK(r->header("x-request-id") == "big-one");
+  CHECK(r->header("connection") == "close");
+
+  // Chunked, no Content-Length: the limit holds too (over the admin socket: the server half-closes).
+  auto path = f.listen_unix();
+  auto u = Client::plain_unix(path);
+  std::string chunked = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 17; ++i) chunked += "1000\r\n" + std::string(4096, 'b') + "\r\n";
+  chunked += "0\r\n\r\n";
+  r = u->roundtrip(chunked);
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+  CHECK(u->closed_without_data());
+}
+
+TEST_CASE("limits: 9 KiB of headers is 431; a garbage request is 400; both then close") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto r = c->roundtrip(request("GET", "/echo", {}, {"X-Big: " + std::string(9 * 1024, 'h')}));
+  REQUIRE(r);
+  check_problem(*r, 431, "headers-too-large");
+  CHECK(r->header("connection") == "close");
+
+  auto c2 = Client::tls(port);
+  r = c2->roundtrip("hello world\r\n\r\n");
+  REQUIRE(r);
+  check_problem(*r, 400, "invalid-request");
+  CHECK(r->header("connection") == "close");
+
+  auto path = f.listen_unix();
+  auto u = Client::plain_unix(path);
+  r = u->roundtrip("GET / HTTP/1.1\r\nHost x\r\n\r\n");  // a header line without a colon
+  REQUIRE(r);
+  check_problem(*r, 400, "invalid-request");
+  CHECK(u->closed_without_data());
+
+  // The server is still fine.
+  auto c3 = Client::tls(port);
+  r = c3->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("Expect: 100-continue gets 100 Continue, then the body is read") {
+  Fixture f;
+  auto path = f.listen_unix();
+  auto u = Client::plain_unix(path);
+  REQUIRE(u->send("POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"));
+  auto r = u->response();
+  REQUIRE(r);
+  CHECK(r->status == 100);
+  r = u->roundtrip("hello");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(json::parse(r->body).as_object()["body"].as_string() == "hello");
+
+  // Too large announced: 413 at once, no 100.
+  r = u->roundtrip("POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n");
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+}
+
+TEST_CASE("a slow client is cut at read_timeout while others are served") {
+  Limits l = test_limits();
+  l.read_timeout = 1s;
+  Fixture f{l};
+  auto port = f.listen();
+  auto slow = Client::tls(port);
+  REQUIRE_MESSAGE(slow->ok, slow->error);
+  auto t0 = Clock::now();
+  REQUIRE(slow->send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Half: "));
+
+  auto other = Client::tls(port);
+  REQUIRE_MESSAGE(other->ok, other->error);
+  for (int i = 0; i < 5; ++i) {
+    auto r = other->roundtrip(request("GET", "/echo"));
+    REQUIRE(r);
+    CHECK(r->status == 200);
+  }
+  CHECK(Clock::now() - t0 < 900ms);
+
+  CHECK(slow->closed_without_data());
+  auto elapsed = Clock::now() - t0;
+  CHECK(elapsed >= 900ms);
+  CHECK(elapsed < 3s);
+  auto r = other->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("an idle keep-alive connection is closed at idle_timeout; a silent TLS client at read_timeout") {
+  Limits l = test_limits();
+  l.idle_timeout = 1s;
+  l.read_timeout = 1s;
+  Fixture f{l};
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto r = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  auto t0 = Clock::now();
+  CHECK(c->closed_without_data());
+  CHECK(Clock::now() - t0 >= 800ms);
+  CHECK(Clock::now() - t0 < 3s);
+
+  // A TCP client that never starts the handshake.
+  int fd = connect_tcp(port);
+  REQUIRE(fd >= 0);
+  t0 = Clock::now();
+  char b = 0;
+  CHECK(::recv(fd, &b, 1, 0) <= 0);
+  CHECK(Clock::now() - t0 < 3s);
+  ::close(fd);
+  CHECK(eventually([&] { return f.server->open_connections() == 0; }));
+}
+
+TEST_CASE("TLS policy: old versions, non-ECDHE and non-AEAD suites refused; plain HTTP gets nothing") {
+  Fixture f;
+  auto port = f.listen();
+
+  auto v11 = Client::tls(port, {.min_version = TLS1_VERSION, .max_version = TLS1_1_VERSION, .seclevel0 = true});
+  CHECK_FALSE(v11->ok);
+  CHECK_MESSAGE(v11->error.find("protocol version") != std::string::npos, v11->error);
+
+  auto rsa_kx = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "AES256-SHA256:AES128-GCM-SHA256"});
+  CHECK_FALSE(rsa_kx->ok);
+  CHECK_MESSAGE(rsa_kx->error.find("handshake failure") != std::string::npos, rsa_kx->error);
+
+  auto cbc = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA384"});
+  CHECK_FALSE(cbc->ok);
+  CHECK_MESSAGE(cbc->error.find("handshake failure") != std::string::npos, cbc->error);
+
+  auto dhe = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "DHE-RSA-AES128-GCM-SHA256"});
+  CHECK_FALSE(dhe->ok);
+
+  auto chacha = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "ECDHE-RSA-CHACHA20-POLY1305"});
+  CHECK_MESSAGE(chacha->ok, chacha->error);
+
+  int fd = connect_tcp(port);
+  REQUIRE(fd >= 0);
+  std::string plain = request("GET", "/echo");
+  CHECK(::send(fd, plain.data(), plain.size(), MSG_NOSIGNAL) > 0);
+  std::array<char, 512> buf{};
+  auto n = ::recv(fd, buf.data(), buf.size(), 0);
+  CHECK(std::string_view(buf.data(), n > 0 ? static_cast<std::size_t>(n) : 0).find("HTTP/") == std::string_view::npos);
+  ::close(fd);
+}
+
+TEST_CASE("TLS 1.2 renegotiation is refused") {
+  Fixture f;
+  auto port = f.listen();
+  auto c = Client::tls(port, {.max_version = TLS1_2_VERSION});
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto r = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  REQUIRE(SSL_renegotiate(c->ssl()) == 1);
+  CHECK(SSL_do_handshake(c->ssl()) != 1);
+  auto err = ssl_errors();
+  CHECK_MESSAGE(err.find("renegotiation") != std::string::npos, err);
+}
+
+TEST_CASE("mTLS: no certificate or a foreign one fails the handshake; the CA's works") {
+  const auto& c = certs();
+  Fixture f;
+  auto port = f.listen({c.server_cert, c.server_key, c.ca});
+
+  auto good = Client::tls(port, {.cert = c.client_cert, .key = c.client_key});
+  REQUIRE_MESSAGE(good->ok, good->error);
+  auto r = good->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+
+  auto good12 = Client::tls(port, {.max_version = TLS1_2_VERSION, .cert = c.client_cert, .key = c.client_key});
+  REQUIRE_MESSAGE(good12->ok, good12->error);
+  r = good12->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+
+  // TLS 1.2: the client's handshake itself fails.
+  auto none12 = Client::tls(port, {.max_version = TLS1_2_VERSION});
+  CHECK_FALSE(none12->ok);
+  auto rogue12 = Client::tls(port, {.max_version = TLS1_2_VERSION, .cert = c.rogue_cert, .key = c.rogue_key});
+  CHECK_FALSE(rogue12->ok);
+
+  // TLS 1.3: the client finishes first; the server's alert arrives instead of any HTTP answer.
+  auto none13 = Client::tls(port);
+  if (none13->ok) {
+    none13->send(request("GET", "/echo"));
+    CHECK_FALSE(none13->response());
+  }
+  auto rogue13 = Client::tls(port, {.cert = c.rogue_cert, .key = c.rogue_key});
+  if (rogue13->ok) {
+    rogue13->send(request("GET", "/echo"));
+    CHECK_FALSE(rogue13->response());
+  }
+  CHECK(f.logged("TLS handshake"));
+}
+
+TEST_CASE("set_tls_context: new connections get the new certificate, open ones keep working") {
+  const auto& c = certs();
+  Fixture f;
+  auto port = f.listen();
+  auto old_conn = Client::tls(port);
+  REQUIRE_MESSAGE(old_conn->ok, old_conn->error);
+  auto cn_of = [](Client& cl) {
+    X509* x = SSL_get1_peer_certificate(cl.ssl());
+    std::array<char, 256> buf{};
+    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, buf.data(), static_cast<int>(buf.size()));
+    X509_free(x);
+    return std::string(buf.data());
+  };
+  CHECK(cn_of(*old_conn) == "gpunode-one");
+  auto ctx2 = gpunode::http::make_tls_context({c.server2_cert, c.server2_key, {}});
+  REQUIRE(ctx2.has_value());
+  f.server->set_tls_context(*ctx2);
+  auto new_conn = Client::tls(port);
+  REQUIRE_MESSAGE(new_conn->ok, new_conn->error);
+  CHECK(cn_of(*new_conn) == "gpunode-two");
+  auto r = old_conn->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("admin socket: round trip with the peer's credentials; mode; stale and foreign files") {
+  Fixture f;
+  auto path = f.dir.file("admin.sock");
+  // A stale socket left behind by a dead process is replaced.
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+    REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
+    ::close(fd);
+  }
+  std::atomic<int> filtered{0};
+  auto old_mask = ::umask(077);
+  auto lr = f.server->listen_unix(path, 0660, [&](const Peer& p) {
+    ++filtered;
+    return p.uid == ::getuid();
+  });
+  ::umask(old_mask);
+  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error()));
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0660);
+
+  auto u = Client::plain_unix(path);
+  REQUIRE(u->ok);
+  for (int i = 0; i < 3; ++i) {
+    auto r = u->roundtrip(request("POST", "/echo", "x", {"X-Request-Id: local-1"}));
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(r->header("x-request-id") == "local-1");
+    auto o = json::parse(r->body).as_object();
+    CHECK(o["peerKind"].as_string() == "unix");
+    CHECK(o["peerAddress"].as_string() == path);
+    CHECK(o["uid"].to_number<uid_t>() == ::getuid());
+    CHECK(o["pid"].to_number<pid_t>() == ::getpid());
+  }
+  CHECK(filtered == 1);
+
+  // A live socket is not stolen; a file that is not a socket is not removed.
+  Server other{f.io, test_limits(), [](Request, Reply reply) { reply(Response{}); }, {}};
+  auto r2 = other.listen_unix(path, 0660, {});
+  REQUIRE_FALSE(r2.has_value());
+  CHECK(r2.error().find(path) != std::string::npos);
+  auto regular = f.dir.file("regular");
+  std::ofstream(regular) << "keep me\n";
+  r2 = other.listen_unix(regular, 0660, {});
+  REQUIRE_FALSE(r2.has_value());
+  CHECK(r2.error().find(regular) != std::string::npos);
+  CHECK(r2.error().find("not a socket") != std::string::npos);
+  CHECK(fs::exists(regular));
+  auto nodir = f.dir.file("no/such/dir.sock");
+  r2 = other.listen_unix(nodir, 0660, {});
+  REQUIRE_FALSE(r2.has_value());
+  CHECK(r2.error().find(nodir) != std::string::npos);
+}
+
+TEST_CASE("admin socket: a peer the filter refuses is closed without an answer, and logged") {
+  Fixture f;
+  auto path = f.listen_unix([](const Peer&) { return false; });
+  auto u = Client::plain_unix(path);
+  REQUIRE(u->ok);
+  u->send(request("GET", "/echo"));
+  CHECK(u->closed_without_data());
+  CHECK(eventually([&] { return f.logged("refused peer uid=" + std::to_string(::getuid())); }));
+  CHECK(f.server->open_connections() == 0);
+}
+
+TEST_CASE("handler timeout is 503; a handler that throws is 500; the connection goes on") {
+  Limits l = test_limits();
+  l.handler_timeout = 1s;
+  Fixture f{l};
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  auto t0 = Clock::now();
+  auto r = c->roundtrip(request("GET", "/never", {}, {"X-Request-Id: slowpoke"}));
+  REQUIRE(r);
+  check_problem(*r, 503, "timeout");
+  CHECK(r->header("x-request-id") == "slowpoke");
+  CHECK(Clock::now() - t0 >= 900ms);
+  CHECK(Clock::now() - t0 < 3s);
+  r = c->roundtrip(request("GET", "/throw"));
+  REQUIRE(r);
+  check_problem(*r, 500, "internal");
+  r = c->roundtrip(request("GET", "/slow?ms=10"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->header("content-type") == "text/plain");
+  CHECK(r->body == "slow");
+}
+
+TEST_CASE("stop_accepting: new connections refused, open ones served, admin socket removed") {
+  Fixture f;
+  auto port = f.listen();
+  auto path = f.listen_unix();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  f.server->stop_accepting();
+  CHECK(connect_tcp(port) < 0);
+  CHECK_FALSE(fs::exists(path));
+  auto r = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("graceful shutdown: the request in flight completes, idle connections close, done runs") {
+  Fixture f;
+  auto port = f.listen();
+  auto idle = Client::tls(port);
+  REQUIRE_MESSAGE(idle->ok, idle->error);
+  REQUIRE(idle->roundtrip(request("GET", "/echo")));
+  auto busy = Client::tls(port);
+  REQUIRE_MESSAGE(busy->ok, busy->error);
+  REQUIRE(busy->send(request("GET", "/slow?ms=300")));
+  REQUIRE(eventually([&] { return f.slow_started == 1; }));
+
+  auto t0 = Clock::now();
+  auto p = std::make_shared<std::promise<void>>();
+  auto done = p->get_future();
+  f.server->shutdown(2000ms, [p] { p->set_value(); });
+  CHECK(connect_tcp(port) < 0);
+
+  CHECK(idle->closed_without_data());
+  idle->close();
+  auto r = busy->response();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->body == "slow");
+  CHECK(r->header("connection") == "close");
+  CHECK(Clock::now() - t0 >= 200ms);
+  busy->close();
+  CHECK(done.wait_for(3s) == std::future_status::ready);
+  CHECK(Clock::now() - t0 < 2s);
+  CHECK(f.server->open_connections() == 0);
+}
+
+TEST_CASE("graceful shutdown: after the drain every connection is closed") {
+  Fixture f;
+  auto port = f.listen();
+  auto stuck = Client::tls(port);
+  REQUIRE_MESSAGE(stuck->ok, stuck->error);
+  REQUIRE(stuck->send(request("GET", "/never")));
+  auto silent = Client::tls(port);  // a client that ignores close_notify
+  REQUIRE_MESSAGE(silent->ok, silent->error);
+  REQUIRE(eventually([&] { return f.server->open_connections() == 2; }));
+  auto t0 = Clock::now();
+  auto p = std::make_shared<std::promise<void>>();
+  auto done = p->get_future();
+  f.server->shutdown(300ms, [p] { p->set_value(); });
+  REQUIRE(done.wait_for(3s) == std::future_status::ready);
+  auto elapsed = Clock::now() - t0;
+  CHECK(elapsed >= 250ms);
+  CHECK(elapsed < 2s);
+  CHECK(f.server->open_connections() == 0);
+  CHECK_FALSE(stuck->response());
+}
+
+TEST_CASE("concurrency: 20 clients x 20 requests") {
+  Fixture f;
+  auto port = f.listen();
+  auto path = f.listen_unix();
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 20; ++i) {
+    clients.emplace_back([&, i] {
+      auto c = i % 4 == 3 ? Client::plain_unix(path) : Client::tls(port);
+      if (!c->ok) return;
+      for (int j = 0; j < 20; ++j) {
+        auto body = std::to_string(i) + "/" + std::to_string(j);
+        auto target = j % 5 == 0 ? std::string("/slow?ms=5") : std::string("/echo");
+        auto r = c->roundtrip(request("POST", target, body));
+        if (!r || r->status != 200) return;
+        if (target == "/echo" && json::parse(r->body).as_object()["body"].as_string() != body) return;
+        ++answered;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  CHECK(answered == 400);
+  CHECK(eventually([&] { return f.server->open_connections() == 0; }));
+}

@@ -1,0 +1,537 @@
+"""Integration lab: runs the real `gpunode-agent run` on a fixture host and talks to it the way the
+central API (HTTPS + JWT) and an operator (admin Unix socket) do.
+
+One Lab is one temp dir holding:
+  host/           a fixture host tree built by tests/fixtures/mkhost.py
+  tls.crt/key     a self-signed P-256 server cert for 127.0.0.1 (openssl CLI)
+  ca.crt/key      a client CA, and client.crt/key signed by it (for mTLS labs)
+  ed.pem/.pub     the Ed25519 token issuer (EdDSA)
+  p256.pem/.pub   a P-256 token issuer (ES256)
+  rogue.pem/.pub  an Ed25519 key that is never in auth.keys
+  agent.yaml      written by write_config(); state/ the agent's state dir; agent.log its output
+
+Every process the lab starts is stopped by its own PID (stop/kill); close() removes the dir.
+Python 3 stdlib + the openssl CLI only.
+"""
+import base64
+import calendar
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
+DEMO_HOST = os.path.join(FIXTURES, "hosts", "demo_node.py")
+
+NODE = "node-integ-1"
+OWNER = "org-owner"
+ISSUER = "https://central.integ.example"
+AUDIENCE = "gpunode"
+
+# demo_node.py's units
+VFIO_UNITS = ["u-0000-23-00-0", "u-0000-24-00-0", "u-0000-43-00-0"]
+DR_UNITS = ["u-0000-81-00-0", "u-0000-a1-00-0"]
+RESERVABLE = VFIO_UNITS + DR_UNITS
+NOT_RESERVABLE = ["u-0000-c1-00-0", "u-0000-e1-00-0"]
+ALL_UNITS = sorted(RESERVABLE + NOT_RESERVABLE)
+
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code", "errors"}
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+def b64u(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, **kw).stdout
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def rfc3339(t):
+    """Seconds since the epoch -> RFC 3339 UTC (whole seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t)))
+
+
+def parse_time(s):
+    """RFC 3339 UTC with optional fraction -> float seconds since the epoch."""
+    if s is None:
+        return None
+    assert s.endswith("Z"), s
+    main, frac = s[:-1], 0.0
+    if "." in main:
+        main, f = main.split(".", 1)
+        frac = float("0." + f)
+    return calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S")) + frac
+
+
+def der_to_raw_ecdsa(der, size=32):
+    """openssl's DER ECDSA-Sig-Value (SEQUENCE {INTEGER r, INTEGER s}) -> raw R||S for JWS."""
+    def read_len(b, i):
+        n = b[i]
+        i += 1
+        if n & 0x80:
+            k = n & 0x7F
+            n = int.from_bytes(b[i:i + k], "big")
+            i += k
+        return n, i
+    assert der[0] == 0x30, "not a DER sequence"
+    _, i = read_len(der, 1)
+    out = b""
+    for _ in range(2):
+        assert der[i] == 0x02, "not a DER integer"
+        n, i = read_len(der, i + 1)
+        v = int.from_bytes(der[i:i + n], "big")
+        i += n
+        out += v.to_bytes(size, "big")
+    return out
+
+
+def audit_hash(record):
+    r = {k: v for k, v in record.items() if k != "hash"}
+    return hashlib.sha256(json.dumps(r, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def verify_chain(records):
+    """Recompute CONTRACT §4's chain over records starting at aud_1; list of problems (empty: ok)."""
+    problems = []
+    prev = "0" * 64
+    for i, r in enumerate(records, 1):
+        if r.get("id") != f"aud_{i}":
+            problems.append(f"record #{i} has id {r.get('id')!r}, want aud_{i}")
+        if r.get("prevHash") != prev:
+            problems.append(f"{r.get('id')}: prevHash {r.get('prevHash')!r}, want {prev!r}")
+        h = audit_hash(r)
+        if r.get("hash") != h:
+            problems.append(f"{r.get('id')}: hash {r.get('hash')!r}, recomputed {h!r}")
+        prev = r.get("hash")
+    return problems
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+class Resp:
+    """One HTTP answer: status, headers (lower-case keys), raw body, parsed JSON (or None)."""
+
+    def __init__(self, status, headers, body):
+        self.status, self.headers, self.body = status, headers, body
+        try:
+            self.json = json.loads(body) if body else None
+        except ValueError:
+            self.json = None
+
+    def h(self, name):
+        return self.headers.get(name.lower())
+
+    def code(self):
+        return self.json.get("code") if isinstance(self.json, dict) else None
+
+    def __repr__(self):
+        body = self.body[:400].decode(errors="replace")
+        return f"{self.status} {body}"
+
+
+# ---------------------------------------------------------------------------------------------
+# checks: one line each, "N passed, M failed" at the end
+
+class Checks:
+    def __init__(self, name):
+        self.name, self.passed, self.failed = name, 0, 0
+        self.lock = threading.Lock()
+
+    def check(self, label, cond, got=""):
+        with self.lock:
+            if cond:
+                self.passed += 1
+                print(f"ok   {label}", flush=True)
+            else:
+                self.failed += 1
+                print(f"FAIL {label}: got {got}", flush=True)
+        return bool(cond)
+
+    def eq(self, label, got, want):
+        return self.check(label, got == want, f"{got!r}; want {want!r}")
+
+    def status(self, label, resp, want, code=None):
+        """The status (and problem code) of one answer."""
+        ok = resp.status == want and (code is None or resp.code() == code)
+        w = f"{want}" + (f" {code}" if code else "")
+        return self.check(label, ok, f"{resp!r}; want {w}")
+
+    def problem(self, label, resp, want, code=None):
+        """A problem+json answer with every key of CONTRACT §7."""
+        ok = (resp.status == want and (code is None or resp.code() == code)
+              and (resp.h("content-type") or "").startswith("application/problem+json")
+              and isinstance(resp.json, dict) and PROBLEM_KEYS <= set(resp.json)
+              and resp.json.get("status") == want and isinstance(resp.json.get("errors"), list)
+              and resp.json.get("type") == f"urn:gpunode:problem:{resp.json.get('code')}")
+        w = f"{want}" + (f" {code}" if code else "") + " problem+json with " + ",".join(sorted(PROBLEM_KEYS))
+        return self.check(label, ok, f"{resp!r} content-type={resp.h('content-type')!r}; want {w}")
+
+    def finish(self):
+        print(f"{self.passed} passed, {self.failed} failed", flush=True)
+        return 1 if self.failed else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the lab
+
+class Lab:
+    def __init__(self, agent, host=DEMO_HOST, mtls=False):
+        self.agent = os.path.abspath(agent)
+        self.proc, self.logf = None, None
+        self.mtls = mtls
+        self.dir = tempfile.mkdtemp(prefix="gpunode-integ-")
+        self._n = 0
+        self._nlock = threading.Lock()
+        self._tokens = {}
+        try:
+            self._setup(host)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    # -- setup ------------------------------------------------------------------------------
+    def _setup(self, host):
+        d = self.dir
+        self.root = os.path.join(d, "host")
+        sh([sys.executable, os.path.join(FIXTURES, "mkhost.py"), host, self.root])
+        self.sock = os.path.join(d, "admin.sock")
+        self.state = os.path.join(d, "state")
+        self.port = free_port()
+        # server cert
+        sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.crt", "-days", "2", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        # token keys
+        for name, alg in (("ed", ["-algorithm", "ed25519"]), ("rogue", ["-algorithm", "ed25519"]),
+                          ("p256", ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"])):
+            sh(["openssl", "genpkey", *alg, "-out", f"{d}/{name}.pem"])
+            sh(["openssl", "pkey", "-in", f"{d}/{name}.pem", "-pubout", "-out", f"{d}/{name}.pub"])
+        with open(f"{d}/ed.pub", "rb") as f:
+            self.ed_pub_pem = f.read()
+        # client CA and a client cert signed by it (used when mtls)
+        sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt", "-days", "2", "-subj", "/CN=integ client CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+        sh(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{d}/client.key", "-out", f"{d}/client.csr", "-subj", "/CN=central"])
+        with open(f"{d}/client.ext", "w") as f:
+            f.write("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+        sh(["openssl", "x509", "-req", "-in", f"{d}/client.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
+            "-CAcreateserial", "-out", f"{d}/client.crt", "-days", "2", "-extfile", f"{d}/client.ext"])
+        self.ctx = self.client_context()
+        self.cfg = os.path.join(d, "agent.yaml")
+        self.write_config()
+
+    def client_context(self, cert=None):
+        ctx = ssl.create_default_context(cafile=f"{self.dir}/tls.crt")
+        if cert is None and self.mtls:
+            cert = True
+        if cert:
+            ctx.load_cert_chain(f"{self.dir}/client.crt", f"{self.dir}/client.key")
+        return ctx
+
+    def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None):
+        d = self.dir
+        if client_ca is None:
+            client_ca = self.mtls
+        ca = f"\n    client_ca: {d}/ca.crt" if client_ca else ""
+        keylist = ", ".join(f"{d}/{k}.pub" for k in keys)
+        return f"""node:
+  id: {NODE}
+  owner_org: {OWNER}
+  unsellable_units: []{extra_node}
+discovery:
+  host_root: {self.root}
+  rescan_interval: 30s
+api:
+  listen: "127.0.0.1:{self.port}"
+  tls:
+    cert: {d}/tls.crt
+    key: {d}/tls.key{ca}
+auth:
+  issuer: {ISSUER}
+  audience: {AUDIENCE}
+  keys: [{keylist}]
+admin:
+  socket: {self.sock}
+  allowed_uids: [{os.getuid() if admin_uids is None else ", ".join(map(str, admin_uids))}]
+libvirt:
+  uri: test:///default
+  shutdown_grace: 0s
+state:
+  dir: {self.state}
+log:
+  level: {log_level}
+"""
+
+    def write_config(self, text=None, **kw):
+        tmp = self.cfg + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text if text is not None else self.config_text(**kw))
+        os.replace(tmp, self.cfg)
+
+    def _tmpname(self, stem):
+        with self._nlock:
+            self._n += 1
+            return os.path.join(self.dir, f"{stem}.{self._n}")
+
+    # -- process ----------------------------------------------------------------------------
+    def start(self, wait=20):
+        """Start the agent; returns once /healthz answers 200. Raises with the log tail otherwise."""
+        assert self.proc is None or self.proc.poll() is not None, "agent already running"
+        self.logf = open(os.path.join(self.dir, "agent.log"), "ab")
+        self.proc = subprocess.Popen([self.agent, "run", "--config", self.cfg], stdout=self.logf,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited {self.proc.returncode}: {self.tail()}")
+            try:
+                if self.get("/healthz", token=None, timeout=2).status == 200:
+                    return
+            except (OSError, http.client.HTTPException, ssl.SSLError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"no 200 from /healthz within {wait}s: {self.tail()}")
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.running():
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout=10):
+        """SIGTERM by PID; returns (exit code, seconds taken); kill -9 if it overstays."""
+        rc, took = None, 0.0
+        if self.running():
+            t0 = time.time()
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                rc = "timeout"
+            took = time.time() - t0
+        self._closelog()
+        return rc, took
+
+    def kill(self):
+        """SIGKILL by PID (a crash)."""
+        if self.running():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._closelog()
+
+    def _closelog(self):
+        self.proc = None if self.proc is None or self.proc.poll() is not None else self.proc
+        if self.logf:
+            self.logf.close()
+            self.logf = None
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "agent.log"), "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, n=1500):
+        if self.logf:
+            self.logf.flush()
+        return self.log()[-n:].strip()
+
+    def close(self):
+        try:
+            if self.running():
+                self.kill()
+        finally:
+            if os.environ.get("GPUNODE_INTEG_KEEP"):
+                print(f"# lab kept at {self.dir}", flush=True)
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- tokens -----------------------------------------------------------------------------
+    def _claims(self, org=None, roles=None, sub=None, exp=600, nbf=None, iss=ISSUER, aud=AUDIENCE):
+        now = int(time.time())
+        c = {"iss": iss, "aud": aud, "sub": sub or f"user@{org or 'platform'}", "iat": now, "exp": now + exp}
+        if org:
+            c["org"] = org
+        if roles:
+            c["roles"] = list(roles)
+        if nbf is not None:
+            c["nbf"] = now + nbf
+        return c
+
+    def _sign(self, alg, key, signing):
+        msg = self._tmpname("jwt.msg")
+        with open(msg, "w") as f:
+            f.write(signing)
+        try:
+            if alg == "EdDSA":
+                return sh(["openssl", "pkeyutl", "-sign", "-inkey", f"{self.dir}/{key}.pem", "-rawin", "-in", msg])
+            der = sh(["openssl", "dgst", "-sha256", "-sign", f"{self.dir}/{key}.pem", msg])
+            return der_to_raw_ecdsa(der)
+        finally:
+            os.unlink(msg)
+
+    def jwt(self, claims, alg="EdDSA", key=None, header=None):
+        """A JWS signed as `alg` (EdDSA or ES256) with `key`; `header` overrides what it claims."""
+        key = key or ("ed" if alg == "EdDSA" else "p256")
+        hdr = header or {"alg": alg, "typ": "JWT"}
+        signing = b64u(json.dumps(hdr).encode()) + "." + b64u(json.dumps(claims).encode())
+        return signing + "." + b64u(self._sign(alg, key, signing))
+
+    def token(self, org=None, roles=(), alg="EdDSA", **kw):
+        """A valid token (cached per caller for a minute)."""
+        ck = (org, tuple(roles), alg, tuple(sorted(kw.items())))
+        hit = self._tokens.get(ck)
+        if hit and hit[0] > time.time() - 60:
+            return hit[1]
+        t = self.jwt(self._claims(org=org, roles=roles, **kw), alg=alg)
+        self._tokens[ck] = (time.time(), t)
+        return t
+
+    def admin(self, alg="EdDSA"):
+        return self.token(org="org-platform", roles=["platform-admin"], alg=alg)
+
+    def bad_tokens(self):
+        """{kind: token} for every kind of token CONTRACT §4 says is 401."""
+        good = self._claims(org=OWNER, roles=["platform-admin"])
+        head = b64u(json.dumps({"alg": "EdDSA", "typ": "JWT"}).encode())
+        body = b64u(json.dumps(good).encode())
+        out = {}
+        out["alg-none"] = b64u(json.dumps({"alg": "none", "typ": "JWT"}).encode()) + "." + body + "."
+        hs_head = b64u(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+        hs_sig = hmac.new(self.ed_pub_pem, (hs_head + "." + body).encode(), hashlib.sha256).digest()
+        out["hs256-public-key"] = hs_head + "." + body + "." + b64u(hs_sig)
+        valid = self.jwt(good)
+        sig = bytearray(base64.urlsafe_b64decode(valid.split(".")[2] + "=="))
+        sig[5] ^= 0x01
+        out["bad-signature"] = head + "." + body + "." + b64u(bytes(sig))
+        out["expired"] = self.jwt(self._claims(org=OWNER, roles=["platform-admin"], exp=-300))
+        out["nbf-future"] = self.jwt(self._claims(org=OWNER, roles=["platform-admin"], nbf=600, exp=1200))
+        out["wrong-iss"] = self.jwt(self._claims(org=OWNER, roles=["platform-admin"], iss="https://evil.example"))
+        out["wrong-aud"] = self.jwt(self._claims(org=OWNER, roles=["platform-admin"], aud="someone-else"))
+        out["unknown-key"] = self.jwt(good, key="rogue")
+        out["es256-key-not-listed"] = self.jwt(good, alg="ES256")  # P-256 key is not in keys by default
+        out["two-parts"] = head + "." + body
+        out["bad-base64"] = head + ".@@@!!!." + b64u(bytes(sig))
+        out["garbage"] = "not-a-jwt"
+        return out
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def conn(self, unix=False, timeout=15, ctx=None):
+        if unix:
+            return UnixHTTPConnection(self.sock, timeout)
+        return http.client.HTTPSConnection("127.0.0.1", self.port, context=ctx or self.ctx, timeout=timeout)
+
+    def call(self, method, path, token=None, body=None, raw=None, headers=None, unix=False, timeout=15, ctx=None):
+        h = dict(headers or {})
+        if token:
+            h["Authorization"] = "Bearer " + token
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+        if data is not None:
+            h.setdefault("Content-Type", "application/json")
+        c = self.conn(unix, timeout, ctx)
+        try:
+            c.request(method, path, body=data, headers=h)
+            r = c.getresponse()
+            return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+        finally:
+            c.close()
+
+    def get(self, path, token=None, **kw):
+        return self.call("GET", path, token=token, **kw)
+
+    # -- API shorthands (admin socket unless a token is given) ------------------------------
+    def npath(self, rest="", node=NODE):
+        return f"/v1/nodes/{node}{rest}"
+
+    def create(self, token=None, **body):
+        return self.call("POST", self.npath("/reservations"), token=token, body=body, unix=token is None)
+
+    def audit_all(self, token=None, limit=500):
+        """Every audit record, following nextPageToken."""
+        out, tok = [], None
+        while True:
+            q = f"?limit={limit}" + (f"&pageToken={tok}" if tok else "")
+            r = self.call("GET", self.npath("/audit" + q), token=token, unix=token is None)
+            if r.status != 200:
+                raise RuntimeError(f"audit read failed: {r!r}")
+            out += r.json["records"]
+            tok = r.json.get("nextPageToken")
+            if not tok:
+                return out
+
+    def reservations_all(self, token=None, state=None):
+        out, tok = [], None
+        while True:
+            q = "?limit=500" + (f"&state={state}" if state else "") + (f"&pageToken={tok}" if tok else "")
+            r = self.call("GET", self.npath("/reservations" + q), token=token, unix=token is None)
+            if r.status != 200:
+                raise RuntimeError(f"reservation list failed: {r!r}")
+            out += r.json["reservations"]
+            tok = r.json.get("nextPageToken")
+            if not tok:
+                return out
+
+
+def run_main(name, body):
+    """Entry point for a test file: body(checks, agent) inside try/finally; exit 1 on any failure."""
+    if len(sys.argv) < 2:
+        print(f"usage: {sys.argv[0]} PATH/TO/gpunode-agent", file=sys.stderr)
+        return 2
+    checks = Checks(name)
+    try:
+        body(checks, sys.argv[1])
+    except Exception as e:  # a crash of the test itself is one failed check
+        import traceback
+        traceback.print_exc()
+        checks.check(f"{name} ran to the end", False, f"{type(e).__name__}: {e}")
+    return checks.finish()

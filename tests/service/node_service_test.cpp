@@ -1,0 +1,372 @@
+// The node's API in process: every route by every relation, the reservation rules as the API
+// applies them, persistence across a reopen, terms by the clock, audit, idempotency, ETags.
+#include <doctest/doctest.h>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "gpunode/service/node_service.hpp"
+#include "gpunode/store/audit_chain.hpp"
+#include "jwt_signer.hpp"
+#include "sysfs_tree.hpp"
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+using namespace gpunode::service;
+using gpunode::testing::Tree;
+using gpunode::auth::testing::KeyKind;
+using gpunode::auth::testing::TestKey;
+using std::chrono::system_clock;
+
+namespace {
+
+constexpr const char* kNode = "node-test";
+constexpr const char* kOwner = "org-owner";
+constexpr const char* kIssuer = "https://central.test";
+
+std::string iso(system_clock::time_point t) {
+  return gpunode::reservations::format_time(std::chrono::time_point_cast<std::chrono::seconds>(t));
+}
+
+// A node with three single-GPU units (u-0000-41-00-0, u-0000-42-00-0, u-0000-43-00-0; the last one
+// has a NIC in its group, so it is not reservable), a clock we move, and a key that signs tokens.
+class Lab {
+ public:
+  Lab() : key_(KeyKind::ed25519) {
+    tree_.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 1);
+    tree_.add("0000:42:00.0", "10de", "2330", "030200", "vfio-pci", 2);
+    tree_.add("0000:43:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+    tree_.add("0000:43:00.1", "15b3", "1021", "020700", "mlx5_core", 3);
+    state_ = tree_.root() / "state";
+    fs::create_directories(state_);
+    now_ = std::chrono::time_point_cast<std::chrono::seconds>(system_clock::now());
+    open();
+  }
+
+  void open() {
+    service_.reset();
+    gpunode::auth::VerifierConfig vc{kIssuer, "gpunode", kNode, std::chrono::seconds(60)};
+    auto verifier = gpunode::auth::TokenVerifier::from_pems({key_.public_pem()}, vc);
+    REQUIRE(verifier);
+    ServiceOptions o;
+    o.node_id = kNode;
+    o.owner_org = kOwner;
+    o.host_root = tree_.root();
+    o.state_dir = state_;
+    o.version = "test";
+    auto s = NodeService::open(o, std::make_shared<gpunode::auth::TokenVerifier>(*verifier), nullptr,
+                               [this] { return now_; }, nullptr);
+    REQUIRE_MESSAGE(s, (s ? "" : s.error()));
+    service_ = std::move(*s);
+  }
+
+  std::string token(std::optional<std::string> org, std::vector<std::string> roles = {}, long exp_in = 600) {
+    json::object claims{{"iss", kIssuer}, {"aud", "gpunode"}, {"sub", "user@" + org.value_or("platform")},
+                        {"exp", std::chrono::duration_cast<std::chrono::seconds>(now_.time_since_epoch()).count() + exp_in}};
+    if (org) claims["org"] = *org;
+    json::array rs;
+    for (auto& r : roles) rs.emplace_back(r);
+    if (!roles.empty()) claims["roles"] = rs;
+    return gpunode::auth::testing::mint(key_, R"({"alg":"EdDSA","typ":"JWT"})", json::serialize(claims));
+  }
+
+  ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
+                   const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
+    ApiRequest q;
+    q.method = method;
+    auto qm = target.find('?');
+    q.path = target.substr(0, qm);
+    q.query = qm == std::string::npos ? "" : target.substr(qm + 1);
+    q.body = body;
+    q.request_id = "req-test";
+    if (tok == "admin-socket") {
+      q.via = ApiRequest::Via::admin_socket;
+      q.peer_uid = 0;
+    } else if (!tok.empty()) {
+      q.headers.emplace_back("authorization", "Bearer " + tok);
+    }
+    if (!body.empty()) q.headers.emplace_back("content-type", "application/json");
+    for (auto& h : headers) q.headers.push_back(h);
+    return service_->handle(q);
+  }
+
+  static json::value body(const ApiResponse& r) {
+    boost::system::error_code ec;
+    auto v = json::parse(r.body, ec);
+    return ec ? json::value(nullptr) : v;
+  }
+
+  json::object create(const std::string& admin, std::vector<std::string> units, std::vector<std::string> audience,
+                      std::vector<std::string> managers, std::string starts = "", std::string ends = "") {
+    json::object b{{"unitIds", json::value_from(units)}, {"audienceOrgIds", json::value_from(audience)},
+                   {"managingOrgIds", json::value_from(managers)},
+                   {"endsAt", ends.empty() ? iso(now_ + std::chrono::hours(24)) : ends}};
+    if (!starts.empty()) b["startsAt"] = starts;
+    auto r = call("POST", path("/reservations"), admin, json::serialize(b));
+    REQUIRE_MESSAGE(r.status == 201, r.body);
+    return body(r).as_object();
+  }
+
+  static std::string path(const std::string& rest) { return std::string("/v1/nodes/") + kNode + rest; }
+
+  Tree tree_;
+  fs::path state_;
+  TestKey key_;
+  system_clock::time_point now_;
+  std::unique_ptr<NodeService> service_;
+};
+
+std::string code_of(const ApiResponse& r) {
+  auto v = Lab::body(r);
+  return v.is_object() && v.as_object().contains("code") ? std::string(v.at("code").as_string()) : "";
+}
+
+}  // namespace
+
+TEST_CASE("every route by every relation") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto oper = lab.token("org-platform", {"platform-operator"});
+  const auto owner = lab.token(kOwner);
+  const auto mgr = lab.token("org-mgr");
+  const auto aud = lab.token("org-aud");
+  const auto other = lab.token("org-other");
+  const auto expired = lab.token("org-platform", {"platform-admin"}, -3600);
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-aud"}, {"org-mgr"});
+  const std::string rid(r.at("id").as_string());
+
+  struct Route {
+    std::string method, path, body;
+  };
+  const std::vector<Route> routes{
+      {"GET", Lab::path("/units"), ""},
+      {"GET", Lab::path("/reservations"), ""},
+      {"GET", Lab::path("/reservations/" + rid), ""},
+      {"GET", Lab::path("/audit"), ""},
+      {"GET", "/v1/orgs/org-aud/reserved-capacity", ""},
+      {"PATCH", Lab::path("/reservations/" + rid), R"({"note":"x"})"},
+      {"POST", Lab::path("/reservations"), R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})"},
+  };
+  // expected status per caller, in the order of `routes`
+  const std::map<std::string, std::pair<std::string, std::vector<unsigned>>> table{
+      {"admin", {admin, {200, 200, 200, 200, 200, 200, 201}}},
+      {"operator", {oper, {200, 200, 200, 200, 200, 403, 403}}},
+      {"owner", {owner, {200, 200, 200, 200, 404, 403, 403}}},
+      {"manager", {mgr, {200, 200, 200, 403, 404, 403, 403}}},
+      {"audience", {aud, {403, 200, 200, 403, 200, 403, 403}}},
+      {"unrelated", {other, {404, 404, 404, 404, 404, 404, 404}}},
+      {"no token", {"", {401, 401, 401, 401, 401, 401, 401}}},
+      {"expired token", {expired, {401, 401, 401, 401, 401, 401, 401}}},
+      {"admin socket", {"admin-socket", {200, 200, 200, 200, 200, 200, 409}}},  // 409: admin already took 42
+  };
+  for (const auto& [who, spec] : table) {
+    for (std::size_t i = 0; i < routes.size(); ++i) {
+      CAPTURE(who);
+      CAPTURE(routes[i].method);
+      CAPTURE(routes[i].path);
+      auto resp = lab.call(routes[i].method, routes[i].path, spec.first, routes[i].body);
+      CHECK(resp.status == spec.second[i]);
+      if (resp.status >= 400) {
+        auto b = Lab::body(resp);
+        REQUIRE(b.is_object());
+        for (const char* k : {"type", "title", "status", "detail", "code", "errors"}) CHECK(b.as_object().contains(k));
+        CHECK(resp.header("Content-Type") == "application/problem+json");
+      }
+      if (resp.status == 401) CHECK(resp.header("WWW-Authenticate").value_or("").starts_with("Bearer"));
+    }
+  }
+}
+
+TEST_CASE("a 404 for an unseen node is byte-identical to an unknown node's") {
+  Lab lab;
+  const auto other = lab.token("org-other");
+  auto a = lab.call("GET", Lab::path("/units"), other);
+  auto b = lab.call("GET", "/v1/nodes/node-elsewhere/units", other);
+  auto c = lab.call("GET", Lab::path("/reservations/rsv_nope"), lab.token("org-platform", {"platform-admin"}));
+  CHECK(a.status == 404);
+  CHECK(a.body == b.body);
+  CHECK(a.body == c.body);
+  CHECK(code_of(a) == "not-found");
+}
+
+TEST_CASE("create: validation, unknown units, reasons, overlap") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  SUBCASE("400 names every bad field") {
+    auto r = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":[],"audienceOrgIds":"x","colour":1})");
+    CHECK(r.status == 400);
+    std::set<std::string> fields;
+    const auto b = Lab::body(r);
+    for (auto& e : b.at("errors").as_array()) fields.insert(std::string(e.at("field").as_string()));
+    CHECK(fields == std::set<std::string>{"unitIds", "audienceOrgIds", "colour", "endsAt"});
+    CHECK(lab.call("POST", Lab::path("/reservations"), admin, "{not json").status == 400);
+    CHECK(lab.call("POST", Lab::path("/reservations"), admin, "[1,2]").status == 400);
+  }
+  SUBCASE("422 unknown-unit, 409 unit-not-reservable with the unit's reasons") {
+    auto r = lab.call("POST", Lab::path("/reservations"), admin,
+                      R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
+    CHECK(r.status == 422);
+    CHECK(code_of(r) == "unknown-unit");
+    r = lab.call("POST", Lab::path("/reservations"), admin,
+                 R"({"unitIds":["u-0000-43-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
+    CHECK(r.status == 409);
+    CHECK(code_of(r) == "unit-not-reservable");
+    CHECK(r.body.find("foreign-device") != std::string::npos);
+  }
+  SUBCASE("overlap names the blockers; back-to-back terms do not overlap") {
+    auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, "", "2099-01-01T00:00:00Z");
+    auto r = lab.call("POST", Lab::path("/reservations"), admin,
+                      R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"],"audienceOrgIds":["o"],"startsAt":"2098-01-01T00:00:00Z","endsAt":"2100-01-01T00:00:00Z"})");
+    CHECK(r.status == 409);
+    CHECK(code_of(r) == "reservation-overlap");
+    CHECK(r.body.find(std::string(a.at("id").as_string())) != std::string::npos);
+    auto next = lab.create(admin, {"u-0000-41-00-0"}, {"org-b"}, {}, "2099-01-01T00:00:00Z", "2100-01-01T00:00:00Z");
+    CHECK(next.at("state") == "scheduled");
+  }
+  SUBCASE("201 with Location, ETag and the reservation") {
+    auto r = lab.call("POST", Lab::path("/reservations"), admin,
+                      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"endsAt":"2099-01-01T00:00:00Z","note":"n"})");
+    REQUIRE(r.status == 201);
+    auto b = Lab::body(r).as_object();
+    CHECK(r.header("Location") == Lab::path("/reservations/") + std::string(b.at("id").as_string()));
+    CHECK(r.header("ETag") == "\"1\"");
+    CHECK(b.at("state") == "active");
+    CHECK(b.at("spotWorkloads").as_array().empty());
+    auto units = Lab::body(lab.call("GET", Lab::path("/units"), admin)).at("units").as_array();
+    CHECK(units[1].at("reservationIds").as_array().at(0) == b.at("id"));
+  }
+}
+
+TEST_CASE("amend is all or nothing, with If-Match; end once") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {});
+  const std::string id(r.at("id").as_string()), p = Lab::path("/reservations/" + id);
+  auto stale = lab.call("PATCH", p, admin, R"({"note":"a"})", {{"if-match", "\"7\""}});
+  CHECK(stale.status == 412);
+  CHECK(code_of(stale) == "version-mismatch");
+  // one bad field: nothing changes
+  auto bad = lab.call("PATCH", p, admin, R"({"note":"b","unitIds":["u-0000-41-00-0","u-0000-99-00-0"]})");
+  CHECK(bad.status == 422);
+  auto now = Lab::body(lab.call("GET", p, admin));
+  CHECK(now.at("version") == 1);
+  CHECK(now.at("note") == "");
+  auto ok = lab.call("PATCH", p, admin, R"({"note":"b","unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})", {{"if-match", "\"1\""}});
+  REQUIRE(ok.status == 200);
+  CHECK(ok.header("ETag") == "\"2\"");
+  CHECK(Lab::body(ok).at("unitIds").as_array().size() == 2);
+  CHECK(lab.call("PATCH", p, admin, R"({"startsAt":"2099-01-01T00:00:00Z"})").status == 400);  // active: startsAt fixed
+  auto ended = lab.call("POST", p + "/end", admin, R"({"reason":"test"})");
+  REQUIRE(ended.status == 200);
+  CHECK(Lab::body(ended).at("endReason") == "ended-early");
+  CHECK(code_of(lab.call("POST", p + "/end", admin, "")) == "reservation-ended");
+  CHECK(code_of(lab.call("PATCH", p, admin, R"({"note":"c"})")) == "reservation-ended");
+}
+
+TEST_CASE("idempotent replays") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const std::string body = R"({"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})";
+  auto first = lab.call("POST", Lab::path("/reservations"), admin, body, {{"idempotency-key", "k1"}});
+  REQUIRE(first.status == 201);
+  auto again = lab.call("POST", Lab::path("/reservations"), admin, body, {{"idempotency-key", "k1"}});
+  CHECK(again.status == 201);
+  CHECK(again.body == first.body);
+  auto other = lab.call("POST", Lab::path("/reservations"), admin, body + " ", {{"idempotency-key", "k1"}});
+  CHECK(other.status == 422);
+  CHECK(code_of(other) == "idempotency-key-reuse");
+  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations"), admin)).at("reservations").as_array().size() == 1);
+}
+
+TEST_CASE("terms apply by the clock, also across a restart, in time order, audited") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto t0 = lab.now_;
+  auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(1)), iso(t0 + std::chrono::hours(2)));
+  auto b = lab.create(admin, {"u-0000-42-00-0"}, {"org-b"}, {}, iso(t0 + std::chrono::minutes(30)), iso(t0 + std::chrono::hours(5)));
+  CHECK(a.at("state") == "scheduled");
+  lab.now_ = t0 + std::chrono::minutes(45);
+  auto next = lab.service_->tick();
+  CHECK(next == std::chrono::time_point_cast<std::chrono::seconds>(t0 + std::chrono::hours(1)));
+  auto admin2 = lab.token("org-platform", {"platform-admin"});  // the first one has expired by now
+  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(b.at("id").as_string()), admin2)).at("state") == "active");
+  // down for three hours: a starts and ends, both recorded, in time order, on start
+  lab.service_.reset();
+  lab.now_ = t0 + std::chrono::hours(3);
+  lab.open();
+  const auto admin3 = lab.token("org-platform", {"platform-admin"});
+  auto ra = Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(a.at("id").as_string()), admin3));
+  CHECK(ra.at("state") == "ended");
+  CHECK(ra.at("endReason") == "term-expired");
+  CHECK(ra.at("endedAt") == json::value(iso(t0 + std::chrono::hours(2))));
+  auto records = Lab::body(lab.call("GET", Lab::path("/audit"), admin3)).at("records").as_array();
+  std::vector<std::string> actions;
+  for (auto& rec : records) {
+    if (rec.at("reservationId") == a.at("id")) actions.emplace_back(rec.at("action").as_string());
+  }
+  CHECK(actions == std::vector<std::string>{"reservation.create", "reservation.activate", "reservation.expire"});
+  for (auto& rec : records) {
+    if (rec.at("action") == "reservation.expire") {
+      CHECK(rec.at("actor").at("via") == "agent");
+      CHECK(rec.at("requestId").is_null());
+    }
+  }
+  std::vector<json::object> chain;
+  for (auto& rec : records) chain.push_back(rec.as_object());
+  CHECK(gpunode::store::verify_chain(chain).has_value());
+}
+
+TEST_CASE("the audit log pages and chains") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  for (int i = 0; i < 5; ++i) {
+    auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(10 * i + 1)),
+                        iso(lab.now_ + std::chrono::hours(10 * i + 2)));
+  }
+  auto page1 = Lab::body(lab.call("GET", Lab::path("/audit?limit=2"), admin)).as_object();
+  CHECK(page1.at("records").as_array().size() == 2);
+  REQUIRE(page1.at("nextPageToken").is_string());
+  auto page2 = Lab::body(lab.call("GET", Lab::path("/audit?limit=10&pageToken=") + std::string(page1.at("nextPageToken").as_string()), admin)).as_object();
+  CHECK(page2.at("records").as_array().size() == 3);
+  CHECK(page2.at("nextPageToken").is_null());
+  CHECK(page2.at("records").as_array()[0].at("prevHash") == page1.at("records").as_array()[1].at("hash"));
+  auto after = Lab::body(lab.call("GET", Lab::path("/audit?after=aud_4"), admin)).at("records").as_array();
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].at("id") == "aud_5");
+  CHECK(lab.call("GET", Lab::path("/audit?limit=501"), admin).status == 400);
+  CHECK(lab.call("GET", Lab::path("/audit?after=x"), admin).status == 400);
+}
+
+TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto first = lab.call("GET", Lab::path("/units"), admin);
+  REQUIRE(first.header("ETag"));
+  auto again = lab.call("GET", Lab::path("/units"), admin, "", {{"if-none-match", std::string(*first.header("ETag"))}});
+  CHECK(again.status == 304);
+  CHECK(again.body.empty());
+}
+
+TEST_CASE("a restart keeps every change; a unit that disappears stays listed as absent with its reservation") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto r = lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {});
+  lab.service_.reset();
+  fs::remove_all(lab.tree_.root() / "sys/bus/pci/devices/0000:42:00.0");
+  lab.open();
+  auto units = Lab::body(lab.call("GET", Lab::path("/units"), admin)).at("units").as_array();
+  REQUIRE(units.size() == 3);
+  auto& gone = units[1].as_object();
+  CHECK(gone.at("id") == "u-0000-42-00-0");
+  CHECK(gone.at("reservable") == false);
+  CHECK(gone.at("notReservableReasons").as_array().back().at("code") == "absent");
+  CHECK(gone.at("reservationIds").as_array().at(0) == r.at("id"));
+  auto records = Lab::body(lab.call("GET", Lab::path("/audit"), admin)).at("records").as_array();
+  CHECK(records.back().at("action") == "unit.absent");
+  CHECK(records.back().at("actor").at("sub") == "gpunode-agent");
+}
