@@ -308,12 +308,14 @@ log:
             return os.path.join(self.dir, f"{stem}.{self._n}")
 
     # -- process ----------------------------------------------------------------------------
-    def start(self, wait=20):
-        """Start the agent; returns once /healthz answers 200. Raises with the log tail otherwise."""
+    def start(self, wait=20, env=None):
+        """Start the agent (with `env` added to the environment); returns once /healthz answers 200.
+        Raises with the log tail otherwise."""
         assert self.proc is None or self.proc.poll() is not None, "agent already running"
         self.logf = open(os.path.join(self.dir, "agent.log"), "ab")
         self.proc = subprocess.Popen([self.agent, "run", "--config", self.cfg], stdout=self.logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=dict(os.environ, **(env or {})))
         deadline = time.time() + wait
         while time.time() < deadline:
             if self.proc.poll() is not None:
