@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <list>
 #include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -84,6 +85,7 @@ service::ApiRequest to_api(http::Request&& q) {
   a.path = std::move(q.path);
   a.query = std::move(q.query);
   a.headers = std::move(q.headers);
+  std::erase_if(a.headers, [](const auto& h) { return h.first.starts_with("x-gpunode-"); });  // ours, internal
   a.body = std::move(q.body);
   a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket
                                                       : service::ApiRequest::Via::https;
@@ -144,8 +146,10 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   // The clock's timers run on `core`, beside the service.
   asio::steady_timer term_timer(core);
   asio::steady_timer rescan_timer(core);
+  std::function<void()> on_change = [] {};
   std::function<void()> arm_terms = [&] {
     auto next = node->tick();
+    on_change();
     auto wait = std::chrono::seconds(1);  // at the latest every second: "within a second"
     if (next) {
       auto until = *next - std::chrono::system_clock::now();
@@ -161,6 +165,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
     rescan_timer.async_wait([&](const boost::system::error_code& e) {
       if (e) return;
       node->rescan();
+      on_change();
       arm_rescan();
     });
   };
@@ -169,13 +174,56 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
     arm_rescan();
   });
 
+  // Long polls of GET .../state wait here (on `core`) until the revision moves or their wait ends.
+  struct Parked {
+    service::ApiRequest request;
+    http::Reply reply;
+    asio::steady_timer timer;
+    Parked(service::ApiRequest q, http::Reply r, asio::io_context& io) : request(std::move(q)), reply(std::move(r)), timer(io) {}
+  };
+  std::list<std::shared_ptr<Parked>> parked;
+  std::int64_t announced_revision = node->revision();
+  std::function<void(service::ApiRequest, http::Reply)> answer = [&](service::ApiRequest a, http::Reply reply) {
+    service::ApiResponse r = node->handle(a);
+    if (r.status == 0) {
+      const auto wait = std::chrono::milliseconds(std::stoll(std::string(r.header("X-Gpunode-Wait-Ms").value_or("0"))));
+      auto p = std::make_shared<Parked>(std::move(a), std::move(reply), core);
+      parked.push_back(p);
+      p->timer.expires_after(wait);
+      p->timer.async_wait([&, p](const boost::system::error_code& e) {
+        if (e) return;  // woken by a change instead
+        parked.remove(p);
+        p->request.headers.emplace_back("x-gpunode-waited", "1");
+        answer(std::move(p->request), std::move(p->reply));
+      });
+      return;
+    }
+    reply(http::Response{r.status, std::move(r.headers), std::move(r.body)});
+  };
+  // After anything that may change the revision: wake the long polls.
+  auto changed = [&] {
+    if (node->revision() == announced_revision) return;
+    announced_revision = node->revision();
+    auto woken = std::move(parked);
+    parked.clear();
+    for (auto& p : woken) {
+      p->timer.cancel();
+      answer(std::move(p->request), std::move(p->reply));
+    }
+  };
+  on_change = changed;
+
   http::Server server(net, http::Limits{}, [&](http::Request q, http::Reply reply) {
     asio::post(core, [&, q = std::move(q), reply = std::move(reply)]() mutable {
       const bool rescan = q.peer.kind == http::Peer::Kind::unix_socket && q.method == "POST" && q.path == "/v1/admin/rescan";
-      if (rescan) node->rescan();
-      service::ApiResponse a = rescan ? service::json_response(boost::json::object{{"revision", node->revision()}})
-                                      : node->handle(to_api(std::move(q)));
-      reply(http::Response{a.status, std::move(a.headers), std::move(a.body)});
+      if (rescan) {
+        node->rescan();
+        service::ApiResponse a = service::json_response(boost::json::object{{"revision", node->revision()}});
+        reply(http::Response{a.status, std::move(a.headers), std::move(a.body)});
+      } else {
+        answer(to_api(std::move(q)), std::move(reply));
+      }
+      changed();
     });
   }, [&](std::string_view m) { log.log(LogLevel::info, std::string(m)); });
 
@@ -233,6 +281,15 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
       if (stopping.exchange(true)) return;
       log.log(LogLevel::info, fmt::format("signal {}: stopping (draining connections)", sig));
       ::sd_notify(0, "STOPPING=1");
+      asio::post(core, [&] {  // long polls are answered now (304), not at the end of their wait
+        auto waiting = std::move(parked);
+        parked.clear();
+        for (auto& p : waiting) {
+          p->timer.cancel();
+          p->request.headers.emplace_back("x-gpunode-waited", "1");
+          answer(std::move(p->request), std::move(p->reply));
+        }
+      });
       watchdog.cancel();
       server.shutdown(std::chrono::seconds(10), [&] {
         signals.cancel();

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpunode/config/config.hpp"
 #include "gpunode/discovery/json.hpp"
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
@@ -544,6 +545,7 @@ struct NodeService::Impl {
     const std::size_t n = seg.size();
     if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(c) : method_not_allowed("GET");
     if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
+    if (n == 4 && seg[3] == "state") return q.method == "GET" ? state(q, c) : method_not_allowed("GET");
     if (n == 4 && seg[3] == "reservations") {
       if (q.method == "GET") return list_reservations(q, c);
       if (q.method == "POST") return create(q, c);
@@ -779,6 +781,49 @@ struct NodeService::Impl {
     ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
     ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
     return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
+  }
+
+  // GET .../state[?after=REV&wait=30s]: units, reservations, workloads and the revision. A long
+  // poll whose revision has not passed REV yet is answered with status 0 and the wait in
+  // X-Gpunode-Wait-Ms: the daemon parks it and asks again when the revision moves or the wait
+  // ends (then with X-Gpunode-Waited, which makes it a 304).
+  ApiResponse state(const ApiRequest& q, const Caller& c) {
+    if (!(c.who.admin() || c.who.operator_role())) return forbidden("the node's state is for platform admins and operators");
+    std::optional<std::int64_t> after;
+    if (auto a = q.query_param("after")) {
+      std::int64_t v = 0;
+      auto [p, ec] = std::from_chars(a->data(), a->data() + a->size(), v);
+      if (ec != std::errc{} || p != a->data() + a->size() || v < 0) {
+        return problem(400, "invalid-request", "after must be a revision (a non-negative integer)", {{"after", "must be a non-negative integer"}});
+      }
+      after = v;
+    }
+    std::chrono::milliseconds wait = std::chrono::seconds(30);
+    if (auto w = q.query_param("wait")) {
+      auto d = config::parse_duration(*w);
+      if (!d || *d > std::chrono::seconds(120)) {
+        return problem(400, "invalid-request", "wait must be a duration of at most 120s, e.g. 30s", {{"wait", d ? "must be at most 120s" : d.error()}});
+      }
+      wait = *d;
+    }
+    const std::string etag = fmt::format("\"{}\"", revision);
+    if (after && revision <= *after) {
+      if (q.header("x-gpunode-waited") || wait.count() == 0) {
+        ApiResponse not_modified;
+        not_modified.status = 304;
+        not_modified.headers.emplace_back("ETag", etag);
+        return not_modified;
+      }
+      ApiResponse park;
+      park.status = 0;
+      park.headers.emplace_back("X-Gpunode-Wait-Ms", std::to_string(wait.count()));
+      return park;
+    }
+    json::array rs;
+    for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
+    return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
+                                                  {"reservations", std::move(rs)}, {"workloads", json::array{}}}),
+                       "ETag", etag);
   }
 
   ApiResponse audit(const ApiRequest& q, const Caller& c) {

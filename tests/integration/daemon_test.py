@@ -11,6 +11,7 @@ import shutil
 import socket
 import sqlite3
 import sys
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -37,6 +38,40 @@ def events(state_dir):
         return [(seq, json.loads(e)) for seq, e in db.execute("SELECT seq, event FROM outbox ORDER BY seq")]
     finally:
         db.close()
+
+
+def state_long_poll(c, lab):
+    """GET .../state: the revision, ETag/304, and ?after=REV&wait= (CONTRACT §4, §7 Long-poll)."""
+    admin = lab.admin()
+    r = lab.get(lab.npath("/state"), admin)
+    c.status("state as the admin", r, 200)
+    body = r.json if isinstance(r.json, dict) else {}
+    c.check("state: revision, units, reservations, workloads", isinstance(body.get("revision"), int) and
+            all(isinstance(body.get(k), list) for k in ("units", "reservations", "workloads")), sorted(body))
+    rev = body.get("revision")
+    c.status("state: If-None-Match with its ETag", lab.get(lab.npath("/state"), admin, headers={"If-None-Match": r.h("etag")}), 304)
+    c.status("state as the operator", lab.get(lab.npath("/state"), lab.token(org="org-platform", roles=["platform-operator"])), 200)
+    c.status("state as the owner: 403", lab.get(lab.npath("/state"), lab.token(org=L.OWNER)), 403)
+    c.status("state: wait over 120s is 400", lab.get(lab.npath("/state?wait=121s"), admin), 400, "invalid-request")
+    c.status("state: after past the revision answers at once", lab.get(lab.npath(f"/state?after={rev - 1}"), admin), 200)
+    t0 = time.time()
+    timed_out = lab.get(lab.npath(f"/state?after={rev}&wait=1s"), admin)
+    took = time.time() - t0
+    c.check("state: nothing changes within the wait: 304 after it", timed_out.status == 304 and 0.9 <= took < 3,
+            (timed_out.status, round(took, 2)))
+
+    def later():
+        time.sleep(0.5)
+        lab.create(admin, unitIds=["u-0000-81-00-0"], audienceOrgIds=["org-x"], endsAt=L.rfc3339(time.time() + 3600))
+
+    t = threading.Thread(target=later)
+    t.start()
+    t0 = time.time()
+    woken = lab.get(lab.npath(f"/state?after={rev}&wait=20s"), admin)
+    took = time.time() - t0
+    t.join()
+    c.check("state: a change wakes the long poll at once with the new revision",
+            woken.status == 200 and woken.json.get("revision", 0) > rev and took < 3, (woken.status, round(took, 2)))
 
 
 def main(c, agent):
@@ -82,6 +117,7 @@ def main(c, agent):
             c.status("a second rescan with nothing new", again, 200)
             c.eq("...changes nothing", lab.get("/healthz").json.get("revision"), after)
             c.status("rescan over HTTPS is not a route", lab.call("POST", "/v1/admin/rescan", admin), 404)
+            state_long_poll(c, lab)
 
             ns.settimeout(0.1)
             while True:  # drain
@@ -101,9 +137,9 @@ def main(c, agent):
         c.eq("outbox: seq from 1, growing by exactly 1", seqs, list(range(1, len(seqs) + 1)))
         c.check("outbox: every event's seq is its row's", all(e.get("seq") == s for s, e in ev), ev[:2])
         types = [e.get("type") for _, e in ev]
-        c.eq("outbox: first start, the reservation, the unit going absent",
-             types, ["inventory.changed", "reservation.created", "inventory.changed"])
-        inv = ev[-1][1]["data"]["units"] if ev else []
+        c.eq("outbox: first start, the reservation, the unit going absent, the long poll's reservation",
+             types, ["inventory.changed", "reservation.created", "inventory.changed", "reservation.created"])
+        inv = ev[2][1]["data"].get("units", []) if len(ev) > 2 else []
         gone = [u for u in inv if u.get("id") == GONE]
         c.check("inventory.changed lists every unit as an admin sees it, the absent one with its reservation",
                 len(inv) == 7 and gone and gone[0]["reservationIds"] == [rid], gone)
