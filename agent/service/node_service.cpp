@@ -185,12 +185,18 @@ struct NodeService::Impl {
 
   r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
   r::Time now() const { return to_time(clock()); }
-  std::vector<r::Reservation> all_reservations() const {
-    std::vector<r::Reservation> v;
-    v.reserve(reservations.size());
-    for (const auto& [id, x] : reservations) v.push_back(x);
-    return v;
+  // The reservations as one list for the rules; rebuilt only after a commit changed them.
+  const std::vector<r::Reservation>& all_reservations() const {
+    if (list_stale) {
+      list_cache.clear();
+      list_cache.reserve(reservations.size());
+      for (const auto& [id, x] : reservations) list_cache.push_back(x);
+      list_stale = false;
+    }
+    return list_cache;
   }
+  mutable std::vector<r::Reservation> list_cache;
+  mutable bool list_stale = true;
 
   void say(LogLevel level, const std::string& text) const {
     if (log) log(level, text);
@@ -223,6 +229,7 @@ struct NodeService::Impl {
       if (!x) return std::unexpected(fmt::format("reservation {} in {}: bad {}", rows->column_text(0), db.path().string(), x.error()));
       reservations.emplace(x->id, std::move(*x));
     }
+    list_stale = true;
     auto us = db.prepare("SELECT id, doc FROM units WHERE absent = 1");
     if (!us) return std::unexpected(us.error().message);
     while (true) {
@@ -325,6 +332,7 @@ struct NodeService::Impl {
     }
     // Committed: now memory follows.
     for (auto& x : c.upserts) reservations[x.id] = x;
+    if (!c.upserts.empty()) list_stale = true;
     revision += 1;
     undelivered += static_cast<std::size_t>(ev - event_seq);
     audit_seq = seq;
