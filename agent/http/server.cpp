@@ -613,6 +613,7 @@ void ServerState::on_tcp_accept(tcp::acceptor* a, beast::error_code ec, tcp::soc
   Peer peer;
   peer.kind = Peer::Kind::tcp;
   beast::error_code rec;
+  socket.set_option(tcp::no_delay(true), rec);  // responses are whole; never wait for Nagle
   auto remote = socket.remote_endpoint(rec);
   peer.address = rec ? std::string("?") : endpoint_text(remote);
   auto& context = *ctx;

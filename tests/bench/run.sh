@@ -10,3 +10,8 @@ trap 'rm -rf "$base"' EXIT
 root="$base/host"
 python3 "$top/tests/fixtures/mkhost.py" "$top/tests/bench/large_host.py" "$root"
 "$build/tests/bench/discovery_bench" "$root" "$build/gpunode-agent" "${ITERATIONS:-50}"
+# The API bench (tests/bench/api_bench.py): the agent's HTTPS API on loopback, a create beside a
+# bare SQLite FULL-sync commit, its idle RSS, and nginx for context. Its state dir is under
+# $TMPDIR (or /tmp), on a real filesystem, so that a create pays for its fsync as in production.
+echo
+python3 "$top/tests/bench/api_bench.py" "$build"

@@ -370,3 +370,14 @@ TEST_CASE("a restart keeps every change; a unit that disappears stays listed as 
   CHECK(records.back().at("action") == "unit.absent");
   CHECK(records.back().at("actor").at("sub") == "gpunode-agent");
 }
+
+TEST_CASE("a token accepted once is refused once it expires (verified tokens are remembered, their times are not)") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"}, 120);
+  CHECK(lab.call("GET", Lab::path("/units"), admin).status == 200);
+  CHECK(lab.call("GET", Lab::path("/units"), admin).status == 200);
+  lab.now_ += std::chrono::seconds(120 + 61);  // past exp and the 60 s leeway
+  auto late = lab.call("GET", Lab::path("/units"), admin);
+  CHECK(late.status == 401);
+  CHECK(late.body.find("expired") != std::string::npos);
+}

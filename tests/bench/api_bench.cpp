@@ -1,0 +1,462 @@
+// api_bench: the client half of the API benchmark (tests/bench/api_bench.py drives it).
+//
+//   api_bench get    --port P --ca FILE --path PATH [--token-file F] [--warmup N] [--requests N]
+//                    [--conns N] [--per-conn N]
+//   api_bench post   --port P --ca FILE --path PATH --token-file F --unit ID [--warmup N] [--requests N]
+//   api_bench commit --dir DIR [--warmup N] [--transactions N]
+//
+// get     GET PATH over TLS to 127.0.0.1:P with keep-alive: latency of `requests` sequential
+//         requests on one connection after `warmup`, then throughput of `conns` connections
+//         doing `per-conn` requests each at once (one thread per connection, all connected and
+//         warmed up before the clock starts). Every answer must be 200.
+// post    POST PATH (a reservation create) `requests` times on one keep-alive connection after
+//         `warmup`: the same unit, consecutive one-hour terms starting a year from now, so none
+//         overlaps. Every answer must be 201.
+// commit  the reference for post: a bare SQLite database in DIR (journal_mode=WAL,
+//         synchronous=FULL, as the agent's), `transactions` transactions inserting one ~1 KiB
+//         row each, then as many inserting three (the agent's reservation + audit + outbox).
+//
+// Each prints one JSON object on stdout (latencies in microseconds); the driver makes the table.
+// The client pins TLS 1.3 with TLS_AES_128_GCM_SHA256 so every server is measured with the same
+// suite, and sets TCP_NODELAY on its side. Not a test: never run by ctest.
+#include <fmt/format.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace ssl = boost::asio::ssl;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "api_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double micros(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+struct Summary {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
+  std::size_t n = 0;
+};
+
+Summary summarize(std::vector<double> us) {
+  Summary s;
+  if (us.empty()) return s;
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) {
+    return us[static_cast<std::size_t>(q * static_cast<double>(us.size() - 1) + 0.5)];
+  };
+  s.p50 = at(0.50);
+  s.p90 = at(0.90);
+  s.p99 = at(0.99);
+  s.max = us.back();
+  double sum = 0;
+  for (double v : us) sum += v;
+  s.mean = sum / static_cast<double>(us.size());
+  s.n = us.size();
+  return s;
+}
+
+std::string json_of(const Summary& s) {
+  return fmt::format(
+      R"({{"n": {}, "p50_us": {:.1f}, "p90_us": {:.1f}, "p99_us": {:.1f}, "max_us": {:.1f}, "mean_us": {:.1f}}})",
+      s.n, s.p50, s.p90, s.p99, s.max, s.mean);
+}
+
+// --option value pairs after the mode.
+struct Args {
+  std::map<std::string, std::string> kv;
+  std::string str(const std::string& k) const {
+    auto it = kv.find(k);
+    if (it == kv.end()) die("missing --" + k);
+    return it->second;
+  }
+  std::string str(const std::string& k, const std::string& dflt) const {
+    auto it = kv.find(k);
+    return it == kv.end() ? dflt : it->second;
+  }
+  int num(const std::string& k, int dflt) const {
+    auto it = kv.find(k);
+    if (it == kv.end()) return dflt;
+    try {
+      return std::stoi(it->second);
+    } catch (const std::exception&) {
+      die(fmt::format("--{}: not a number: {}", k, it->second));
+    }
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) die("cannot read " + path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// ---- the HTTPS client -----------------------------------------------------------------------
+
+ssl::context make_tls(const std::string& ca) {
+  ssl::context ctx(ssl::context::tls_client);
+  ctx.set_verify_mode(ssl::verify_peer);
+  ctx.load_verify_file(ca);
+  SSL_CTX* h = ctx.native_handle();
+  if (SSL_CTX_set_min_proto_version(h, TLS1_3_VERSION) != 1 ||
+      SSL_CTX_set_ciphersuites(h, "TLS_AES_128_GCM_SHA256") != 1) {
+    die("cannot pin TLS 1.3 / TLS_AES_128_GCM_SHA256");
+  }
+  return ctx;
+}
+
+class Conn {
+ public:
+  Conn(ssl::context& ctx, unsigned short port) : stream_(io_, ctx) {
+    tcp::endpoint ep(net::ip::make_address("127.0.0.1"), port);
+    beast::get_lowest_layer(stream_).connect(ep);
+    beast::get_lowest_layer(stream_).socket().set_option(tcp::no_delay(true));
+    // The certificates are for IP:127.0.0.1 (and DNS:localhost): check the IP.
+    X509_VERIFY_PARAM* param = SSL_get0_param(stream_.native_handle());
+    if (X509_VERIFY_PARAM_set1_ip_asc(param, "127.0.0.1") != 1) die("cannot set the expected peer IP");
+    stream_.handshake(ssl::stream_base::client);
+  }
+
+  std::string cipher() const {
+    SSL* s = const_cast<beast::ssl_stream<beast::tcp_stream>&>(stream_).native_handle();
+    return fmt::format("{} {}", SSL_get_version(s), SSL_get_cipher_name(s));
+  }
+
+  // One request/response on the open connection; returns the status, fills body.
+  unsigned roundtrip(bhttp::request<bhttp::string_body>& req, std::string& body) {
+    bhttp::write(stream_, req);
+    bhttp::response<bhttp::string_body> res;
+    bhttp::read(stream_, buf_, res);
+    if (!res.keep_alive()) die("the server closed the connection (no keep-alive)");
+    body = std::move(res.body());
+    return res.result_int();
+  }
+
+ private:
+  net::io_context io_;
+  beast::ssl_stream<beast::tcp_stream> stream_;
+  beast::flat_buffer buf_;
+};
+
+bhttp::request<bhttp::string_body> make_request(bhttp::verb verb, const std::string& path,
+                                                const std::string& token) {
+  bhttp::request<bhttp::string_body> req{verb, path, 11};
+  req.set(bhttp::field::host, "127.0.0.1");
+  req.set(bhttp::field::user_agent, "gpunode-api-bench");
+  req.keep_alive(true);
+  if (!token.empty()) req.set(bhttp::field::authorization, "Bearer " + token);
+  return req;
+}
+
+void expect(unsigned got, unsigned want, const std::string& what, const std::string& body) {
+  if (got != want) die(fmt::format("{}: status {} (want {}): {}", what, got, want, body.substr(0, 400)));
+}
+
+int run_get(const Args& a) {
+  const auto port = static_cast<unsigned short>(a.num("port", 0));
+  const std::string path = a.str("path");
+  const std::string token = a.kv.contains("token-file") ? read_file(a.str("token-file")) : "";
+  const int warmup = a.num("warmup", 200), requests = a.num("requests", 2000);
+  const int conns = a.num("conns", 4), per_conn = a.num("per-conn", 2000);
+  auto ctx = make_tls(a.str("ca"));
+
+  // 1. latency, one connection
+  std::string body, cipher;
+  std::vector<double> lat;
+  std::size_t body_bytes = 0;
+  {
+    Conn c(ctx, port);
+    cipher = c.cipher();
+    auto req = make_request(bhttp::verb::get, path, token);
+    req.prepare_payload();
+    for (int i = 0; i < warmup; ++i) expect(c.roundtrip(req, body), 200, "GET " + path, body);
+    body_bytes = body.size();
+    lat.reserve(static_cast<std::size_t>(requests));
+    for (int i = 0; i < requests; ++i) {
+      auto t0 = Clock::now();
+      unsigned st = c.roundtrip(req, body);
+      lat.push_back(micros(Clock::now() - t0));
+      expect(st, 200, "GET " + path, body);
+    }
+  }
+  const Summary one = summarize(lat);
+
+  // 2. throughput, `conns` connections at once
+  std::vector<std::vector<double>> per(static_cast<std::size_t>(conns));
+  std::vector<Clock::time_point> ends(static_cast<std::size_t>(conns));
+  Clock::time_point start;
+  std::barrier sync(conns, [&]() noexcept { start = Clock::now(); });
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < conns; ++t) {
+    threads.emplace_back([&, t] {
+      auto& mine = per[static_cast<std::size_t>(t)];
+      mine.reserve(static_cast<std::size_t>(per_conn));
+      std::optional<Conn> c;
+      std::string b;
+      auto req = make_request(bhttp::verb::get, path, token);
+      req.prepare_payload();
+      try {
+        c.emplace(ctx, port);
+        for (int i = 0; i < 20; ++i) expect(c->roundtrip(req, b), 200, "GET " + path, b);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "api_bench: connection %d: %s\n", t, e.what());
+        failed = 1;
+      }
+      sync.arrive_and_wait();
+      if (failed) return;
+      try {
+        for (int i = 0; i < per_conn; ++i) {
+          auto t0 = Clock::now();
+          unsigned st = c->roundtrip(req, b);
+          mine.push_back(micros(Clock::now() - t0));
+          expect(st, 200, "GET " + path, b);
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "api_bench: connection %d: %s\n", t, e.what());
+        failed = 1;
+      }
+      ends[static_cast<std::size_t>(t)] = Clock::now();
+    });
+  }
+  for (auto& th : threads) th.join();
+  if (failed) die("a concurrent connection failed");
+  const auto end = *std::max_element(ends.begin(), ends.end());
+  std::vector<double> all;
+  for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+  const Summary loaded = summarize(all);
+  const double secs = std::chrono::duration<double>(end - start).count();
+  const double rps = static_cast<double>(all.size()) / secs;
+
+  fmt::print(
+      R"({{"mode": "get", "path": "{}", "tls": "{}", "body_bytes": {}, "one_conn": {}, "conns": {}, "per_conn": {}, "requests_total": {}, "seconds": {:.3f}, "rps": {:.0f}, "loaded": {}}})"
+      "\n",
+      path, cipher, body_bytes, json_of(one), conns, per_conn, all.size(), secs, rps, json_of(loaded));
+  return 0;
+}
+
+// RFC 3339 UTC, whole seconds.
+std::string rfc3339(std::time_t t) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char out[32];
+  std::strftime(out, sizeof out, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return out;
+}
+
+int run_post(const Args& a) {
+  const auto port = static_cast<unsigned short>(a.num("port", 0));
+  const std::string path = a.str("path");
+  const std::string token = read_file(a.str("token-file"));
+  const std::string unit = a.str("unit");
+  const int warmup = a.num("warmup", 10), requests = a.num("requests", 300);
+  auto ctx = make_tls(a.str("ca"));
+  // Terms: one hour each, back to back, starting on the hour a year (and a bit) from now.
+  const std::time_t base = (std::time(nullptr) / 3600 + 24 * 366) * 3600;
+  Conn c(ctx, port);
+  std::string body;
+  std::vector<double> lat;
+  lat.reserve(static_cast<std::size_t>(requests));
+  for (int i = 0; i < warmup + requests; ++i) {
+    auto req = make_request(bhttp::verb::post, path, token);
+    req.set(bhttp::field::content_type, "application/json");
+    req.body() = fmt::format(
+        R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "startsAt": "{}", "endsAt": "{}", "note": "api_bench {}"}})",
+        unit, rfc3339(base + static_cast<std::time_t>(i) * 3600),
+        rfc3339(base + static_cast<std::time_t>(i + 1) * 3600), i);
+    req.prepare_payload();
+    auto t0 = Clock::now();
+    unsigned st = c.roundtrip(req, body);
+    auto dt = micros(Clock::now() - t0);
+    expect(st, 201, "POST " + path, body);
+    if (i >= warmup) lat.push_back(dt);
+  }
+  fmt::print(R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}}})"
+             "\n",
+             path, c.cipher(), body.size(), json_of(summarize(lat)));
+  return 0;
+}
+
+// ---- the bare SQLite reference --------------------------------------------------------------
+
+class Db {
+ public:
+  explicit Db(const std::string& path) {
+    if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK)
+      die("sqlite open " + path + ": " + sqlite3_errmsg(db_));
+  }
+  ~Db() {
+    for (auto* s : stmts_) sqlite3_finalize(s);
+    sqlite3_close(db_);
+  }
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+
+  void exec(const std::string& sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+      std::string msg = err ? err : "?";
+      sqlite3_free(err);
+      die("sqlite: " + sql + ": " + msg);
+    }
+  }
+  std::string query1(const std::string& sql) {
+    sqlite3_stmt* s = prepare(sql);
+    std::string out;
+    if (sqlite3_step(s) == SQLITE_ROW) {
+      const unsigned char* t = sqlite3_column_text(s, 0);
+      if (t != nullptr) out = reinterpret_cast<const char*>(t);
+    }
+    sqlite3_reset(s);
+    return out;
+  }
+  sqlite3_stmt* prepare(const std::string& sql) {
+    sqlite3_stmt* s = nullptr;
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr) != SQLITE_OK)
+      die("sqlite prepare: " + sql + ": " + sqlite3_errmsg(db_));
+    stmts_.push_back(s);
+    return s;
+  }
+  void insert(sqlite3_stmt* s, const std::string& key, std::int64_t seq, const std::string& doc) {
+    sqlite3_reset(s);
+    if (!key.empty()) {
+      sqlite3_bind_text(s, 1, key.c_str(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+    } else {
+      sqlite3_bind_int64(s, 1, seq);
+    }
+    sqlite3_bind_text(s, 2, doc.c_str(), static_cast<int>(doc.size()), SQLITE_TRANSIENT);
+    if (sqlite3_step(s) != SQLITE_DONE) die(std::string("sqlite insert: ") + sqlite3_errmsg(db_));
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+  std::vector<sqlite3_stmt*> stmts_;
+};
+
+std::string random_doc(std::mt19937_64& rng, std::size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s(n, ' ');
+  for (auto& ch : s) ch = kHex[rng() & 15];
+  return s;
+}
+
+int run_commit(const Args& a) {
+  const std::string dir = a.str("dir");
+  const int warmup = a.num("warmup", 10), n = a.num("transactions", 300);
+  const std::string path = dir + "/bench-reference.db";
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  std::mt19937_64 rng{42};
+  std::string mode, sync;
+  Summary one, three;
+  {
+    Db db(path);
+    mode = db.query1("PRAGMA journal_mode=WAL");
+    db.exec("PRAGMA synchronous=FULL");
+    sync = db.query1("PRAGMA synchronous");
+    db.exec(
+        "CREATE TABLE reservations (id TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE audit (seq INTEGER PRIMARY KEY, record TEXT NOT NULL);"
+        "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT NULL "
+        "DEFAULT 0)");
+    auto* begin = db.prepare("BEGIN IMMEDIATE");
+    auto* commit = db.prepare("COMMIT");
+    auto* ins_r = db.prepare("INSERT INTO reservations (id, doc) VALUES (?1, ?2)");
+    auto* ins_a = db.prepare("INSERT INTO audit (seq, record) VALUES (?1, ?2)");
+    auto* ins_o = db.prepare("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
+    auto step = [&](sqlite3_stmt* s) {
+      sqlite3_reset(s);
+      if (sqlite3_step(s) != SQLITE_DONE) die("sqlite: BEGIN/COMMIT failed");
+    };
+    std::int64_t seq = 0;
+    auto tx = [&](int rows) {
+      ++seq;
+      const std::string id = fmt::format("rsv_{:026d}", seq);
+      const std::string doc = random_doc(rng, 1024);
+      auto t0 = Clock::now();
+      step(begin);
+      db.insert(ins_r, id, 0, doc);
+      if (rows == 3) {
+        db.insert(ins_a, "", seq, doc);
+        db.insert(ins_o, "", seq, doc);
+      }
+      step(commit);
+      return micros(Clock::now() - t0);
+    };
+    for (int i = 0; i < warmup; ++i) tx(1);
+    std::vector<double> l1, l3;
+    for (int i = 0; i < n; ++i) l1.push_back(tx(1));
+    for (int i = 0; i < n; ++i) l3.push_back(tx(3));
+    one = summarize(l1);
+    three = summarize(l3);
+  }
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  fmt::print(
+      R"({{"mode": "commit", "sqlite": "{}", "journal_mode": "{}", "synchronous": "{}", "row_bytes": 1024, "one_row": {}, "three_rows": {}}})"
+      "\n",
+      sqlite3_libversion(), mode, sync, json_of(one), json_of(three));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: api_bench get|post|commit --option value ...\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  Args a;
+  for (int i = 2; i < argc; i += 2) {
+    std::string k = argv[i];
+    if (!k.starts_with("--") || i + 1 >= argc) die("expected --option value, got " + k);
+    a.kv[k.substr(2)] = argv[i + 1];
+  }
+  try {
+    if (mode == "get") return run_get(a);
+    if (mode == "post") return run_post(a);
+    if (mode == "commit") return run_commit(a);
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
+  die("unknown mode " + mode);
+}

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""The API benchmark: the agent's HTTPS API on loopback, beside a bare SQLite commit and nginx.
+
+    python3 tests/bench/api_bench.py BUILD_DIR
+
+Sets up a lab the way the integration tests do (tests/integration/lab.py: the demo host, a
+self-signed P-256 certificate, an Ed25519 token issuer, agent.yaml, a state dir under $TMPDIR or
+/tmp), starts `BUILD_DIR/gpunode-agent run` with its default threads, mints a platform-admin
+token, and runs BUILD_DIR/tests/bench/api_bench (the C++ client) for:
+
+  1. GET /v1/nodes/{node}/units over TLS with keep-alive: p50/p99 on one connection, and
+     requests/s from CONNS connections at once;
+  2. POST /v1/nodes/{node}/reservations (one unit, consecutive one-hour terms a year ahead):
+     p50/p99 of each create, a transaction fsynced with synchronous=FULL;
+  3. the reference for 2: a bare SQLite WAL + synchronous=FULL commit of one ~1 KiB row, and of
+     three (reservation + audit + outbox), in the lab dir, on the same filesystem as the state dir;
+  4. the agent's VmRSS / VmHWM at idle after start-up and after the load;
+  5. nginx (if installed) serving a static 4 KiB file over TLS with keep-alive (one worker, the same
+     certificate, the same client), for context.
+
+Prints each figure as it comes and a table at the end. Loopback only; bounded counts; about half
+a minute. Not a test: it asserts nothing beyond every answer having the expected status, and
+is never run by ctest. Counts: GET_REQUESTS, CONNS, PER_CONN, CREATES, COMMITS (environment).
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "tests", "integration"))
+
+import lab as labmod  # noqa: E402  (tests/integration/lab.py)
+
+UNIT = labmod.VFIO_UNITS[0]
+
+
+def env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+GET_REQUESTS = env_int("GET_REQUESTS", 2000)
+CONNS = env_int("CONNS", 4)
+PER_CONN = env_int("PER_CONN", 2000)
+CREATES = env_int("CREATES", 300)
+COMMITS = env_int("COMMITS", 300)
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def proc_status(pid):
+    """VmRSS, VmHWM (KiB) and Threads from /proc/PID/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0])
+            elif k == "Threads":
+                out[k] = int(v.strip())
+    return out
+
+
+def mib(kib):
+    return f"{kib / 1024:.1f} MiB"
+
+
+def run_client(client, mode, *args, timeout=120):
+    cmd = [client, mode, *[str(a) for a in args]]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:2])} failed ({p.returncode}): {p.stderr.strip()}")
+    return json.loads(p.stdout)
+
+
+def fs_of(path):
+    try:
+        kind = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True).stdout.strip()
+        dev = subprocess.run(["df", "--output=source", path], capture_output=True, text=True).stdout.split()[-1]
+        return f"{kind} ({dev})"
+    except (OSError, IndexError):
+        return "?"
+
+
+def get_args(port, ca, path, token_file=None, requests=GET_REQUESTS, conns=CONNS, per_conn=PER_CONN):
+    a = ["--port", port, "--ca", ca, "--path", path, "--requests", requests, "--conns", conns, "--per-conn", per_conn]
+    if token_file:
+        a += ["--token-file", token_file]
+    return a
+
+
+def show_get(label, r):
+    o, l = r["one_conn"], r["loaded"]
+    say(f"{label}: {r['body_bytes']} B body, {r['tls']}")
+    say(f"  1 connection, {o['n']} requests:  p50 {o['p50_us']:.0f} µs  p99 {o['p99_us']:.0f} µs  max {o['max_us']:.0f} µs")
+    say(f"  {r['conns']} connections x {r['per_conn']}:     {r['rps']:.0f} req/s  (p50 {l['p50_us']:.0f} µs  "
+        f"p99 {l['p99_us']:.0f} µs under load, {r['seconds']:.2f} s)")
+
+
+# ---- nginx ------------------------------------------------------------------------------------
+
+def nginx_conf(d, port, crt, key):
+    user = ""
+    if os.getuid() == 0:  # workers would switch to nobody, who cannot read the lab's files
+        user = "user root root;\n"
+    return f"""{user}worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+    uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+    sendfile on;
+    tcp_nodelay on;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {crt};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        root {d}/www;
+        location / {{ default_type application/octet-stream; }}
+    }}
+}}
+"""
+
+
+def wait_port(port, proc, wait=10):
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def bench_nginx(client, lab):
+    """(result, note): nginx serving a 4 KiB file, or (None, why not)."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    if not nginx:
+        return None, "nginx is not installed (apt-get install nginx-light); no nginx figures"
+    d = os.path.join(lab.dir, "nginx")
+    os.makedirs(os.path.join(d, "www"))
+    os.makedirs(os.path.join(d, "tmp"))
+    with open(os.path.join(d, "www", "static-4k.bin"), "wb") as f:
+        f.write(os.urandom(4096))
+    port = labmod.free_port()
+    with open(os.path.join(d, "nginx.conf"), "w") as f:
+        f.write(nginx_conf(d, port, f"{lab.dir}/tls.crt", f"{lab.dir}/tls.key"))
+    version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1]
+    log = open(os.path.join(d, "stderr.log"), "wb")
+    proc = subprocess.Popen([nginx, "-p", d, "-c", os.path.join(d, "nginx.conf")], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        if not wait_port(port, proc):
+            with open(os.path.join(d, "stderr.log"), "rb") as f:
+                why = f.read().decode(errors="replace").strip()[-300:]
+            return None, f"nginx {version} did not start: {why}"
+        r = run_client(client, "get", *get_args(port, f"{lab.dir}/tls.crt", "/static-4k.bin"))
+        r["version"] = version
+        return r, None
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)  # nginx's fast shutdown; the worker follows the master
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+def main():
+    if len(sys.argv) != 2:
+        print(f"usage: {sys.argv[0]} BUILD_DIR", file=sys.stderr)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    agent = os.path.join(build, "gpunode-agent")
+    client = os.path.join(build, "tests", "bench", "api_bench")
+    for f in (agent, client):
+        if not os.access(f, os.X_OK):
+            print(f"api_bench.py: {f} is not built", file=sys.stderr)
+            return 1
+
+    t_start = time.time()
+    say(f"== API bench: gpunode-agent on loopback, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.2f}, kernel {os.uname().release} ==")
+    lab = labmod.Lab(agent)
+    try:
+        lab.start()
+        pid = lab.pid
+        time.sleep(1.0)
+        idle0 = proc_status(pid)
+        say(f"agent pid {pid}, {idle0['Threads']} threads; state dir on {fs_of(lab.state)}")
+        say(f"idle after start-up: VmRSS {mib(idle0['VmRSS'])}, VmHWM {mib(idle0['VmHWM'])}")
+
+        token_file = os.path.join(lab.dir, "admin.token")
+        with open(token_file, "w") as f:
+            f.write(lab.admin())
+        ca = f"{lab.dir}/tls.crt"
+        units_path = lab.npath("/units")
+
+        h = run_client(client, "get", *get_args(lab.port, ca, "/healthz", per_conn=1000))
+        show_get("GET /healthz (no token: the server, TLS and the hop to the state thread)", h)
+
+        g = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file))
+        show_get(f"GET {units_path} (admin)", g)
+
+        p = run_client(client, "post", "--port", lab.port, "--ca", ca, "--path", lab.npath("/reservations"),
+                       "--token-file", token_file, "--unit", UNIT, "--requests", CREATES)
+        c = p["create"]
+        say(f"POST {lab.npath('/reservations')}: {c['n']} creates on {UNIT}: p50 {c['p50_us']:.0f} µs  "
+            f"p90 {c['p90_us']:.0f} µs  p99 {c['p99_us']:.0f} µs  mean {c['mean_us']:.0f} µs  max {c['max_us']:.0f} µs")
+
+        g2 = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file, requests=1000, per_conn=500))
+        show_get(f"GET units again, with {CREATES + 10} reservations on {UNIT}", g2)
+
+        time.sleep(1.0)
+        idle1 = proc_status(pid)
+        say(f"idle after the load: VmRSS {mib(idle1['VmRSS'])}, VmHWM {mib(idle1['VmHWM'])}")
+        rc, took = lab.stop()
+        say(f"agent stopped (exit {rc}, {took:.2f} s)")
+
+        ref = run_client(client, "commit", "--dir", lab.dir, "--transactions", COMMITS)
+        r1, r3 = ref["one_row"], ref["three_rows"]
+        say(f"bare SQLite {ref['sqlite']} commit (journal_mode={ref['journal_mode']}, synchronous={ref['synchronous']}"
+            f" (2=FULL)) on {fs_of(lab.dir)}:")
+        for label, r in (("1 row of 1 KiB: ", r1), ("3 rows of 1 KiB:", r3)):
+            say(f"  {label} p50 {r['p50_us']:.0f} µs  p90 {r['p90_us']:.0f} µs  p99 {r['p99_us']:.0f} µs  "
+                f"mean {r['mean_us']:.0f} µs")
+
+        ng, why = bench_nginx(client, lab)
+        if ng:
+            show_get(f"nginx {ng['version']} GET /static-4k.bin (1 worker, same cert)", ng)
+        else:
+            say(why)
+    finally:
+        lab.close()
+
+    # ---- the table ----
+    ratio1 = c["p50_us"] / r1["p50_us"] if r1["p50_us"] else float("nan")
+    ratio3 = c["p50_us"] / r3["p50_us"] if r3["p50_us"] else float("nan")
+    rows = [
+        ("GET /healthz, 1 conn, p50 / p99", f"{h['one_conn']['p50_us']:.0f} / {h['one_conn']['p99_us']:.0f} µs",
+         f"{CONNS} conns: {h['rps']:.0f} req/s"),
+        ("GET units, 1 conn, p50 / p99", f"{g['one_conn']['p50_us']:.0f} / {g['one_conn']['p99_us']:.0f} µs",
+         f"nginx 4 KiB: {ng['one_conn']['p50_us']:.0f} / {ng['one_conn']['p99_us']:.0f} µs" if ng else "nginx: n/a"),
+        (f"GET units, {CONNS} conns", f"{g['rps']:.0f} req/s",
+         f"nginx 4 KiB: {ng['rps']:.0f} req/s" if ng else "nginx: n/a"),
+        (f"GET units, after {CREATES + 10} creates", f"{g2['one_conn']['p50_us']:.0f} / {g2['one_conn']['p99_us']:.0f} µs, "
+         f"{g2['rps']:.0f} req/s", f"body {g['body_bytes']} -> {g2['body_bytes']} B"),
+        ("POST reservation, p50 / p99 / mean", f"{c['p50_us']:.0f} / {c['p99_us']:.0f} / {c['mean_us']:.0f} µs",
+         f"SQLite FULL commit 3 rows: {r3['p50_us']:.0f} / {r3['p99_us']:.0f} / {r3['mean_us']:.0f} µs"),
+        ("", "", f"SQLite FULL commit 1 row:  {r1['p50_us']:.0f} / {r1['p99_us']:.0f} / {r1['mean_us']:.0f} µs"),
+        ("POST p50 / bare commit p50", f"{ratio3:.2f}x (3 rows)", f"{ratio1:.2f}x (1 row)"),
+        ("POST mean / bare commit mean", f"{c['mean_us'] / r3['mean_us']:.2f}x (3 rows)",
+         f"{c['mean_us'] / r1['mean_us']:.2f}x (1 row)"),
+        ("agent RSS idle after start", f"{mib(idle0['VmRSS'])} (HWM {mib(idle0['VmHWM'])})", ""),
+        ("agent RSS idle after load", f"{mib(idle1['VmRSS'])} (HWM {mib(idle1['VmHWM'])})", ""),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    say("")
+    say(f"{'API bench':<{w0}}  {'gpunode-agent':<{w1}}  reference")
+    for a, b, r in rows:
+        say(f"{a:<{w0}}  {b:<{w1}}  {r}")
+    if not ng:
+        say(f"({why})")
+    say(f"({time.time() - t_start:.0f} s in all; load average {os.getloadavg()[0]:.2f} at the end)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
