@@ -7,7 +7,6 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
-#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include "gpunode/http/server.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "log.hpp"
+#include "sd_notify.hpp"
 
 namespace gpunode::agent {
 namespace {
@@ -52,18 +52,27 @@ discovery::Policy policy_from(const config::Config& c) {
 // Who may use the admin socket: a uid of admin.allowed_uids, or a member of admin.allowed_group.
 class AdminPeers {
  public:
-  explicit AdminPeers(const config::Config::Admin& a) : uids_(a.allowed_uids) {
-    if (!a.allowed_group.empty()) {
-      if (const group* g = ::getgrnam(a.allowed_group.c_str())) group_ = g->gr_gid;
-    }
-  }
+  explicit AdminPeers(const config::Config::Admin& a) : uids_(a.allowed_uids), group_name_(a.allowed_group) {}
+  // Called on the I/O thread for each admin-socket connection. The group is looked up when a peer
+  // first needs it (NSS modules are loaded then, not at start), and again on every such check, so
+  // a group created after start counts.
   bool allowed(const http::Peer& peer) const {
     if (!peer.uid) return false;
     if (std::find(uids_.begin(), uids_.end(), *peer.uid) != uids_.end()) return true;
-    if (!group_) return false;
-    if (peer.gid && *peer.gid == *group_) return true;
-    const passwd* pw = ::getpwuid(*peer.uid);
-    if (pw == nullptr) return false;
+    if (group_name_.empty()) return false;
+    std::optional<gid_t> gid;
+    {
+      group g{};
+      group* found = nullptr;
+      std::vector<char> buf(16384);
+      if (::getgrnam_r(group_name_.c_str(), &g, buf.data(), buf.size(), &found) == 0 && found != nullptr) gid = found->gr_gid;
+    }
+    if (!gid) return false;
+    if (peer.gid && *peer.gid == *gid) return true;
+    passwd pwd{};
+    passwd* pw = nullptr;
+    std::vector<char> pbuf(16384);
+    if (::getpwuid_r(*peer.uid, &pwd, pbuf.data(), pbuf.size(), &pw) != 0 || pw == nullptr) return false;
     int n = 64;
     std::vector<gid_t> groups(static_cast<std::size_t>(n));
     if (::getgrouplist(pw->pw_name, pw->pw_gid, groups.data(), &n) < 0) {
@@ -71,12 +80,12 @@ class AdminPeers {
       if (::getgrouplist(pw->pw_name, pw->pw_gid, groups.data(), &n) < 0) return false;
     }
     groups.resize(static_cast<std::size_t>(n));
-    return std::find(groups.begin(), groups.end(), *group_) != groups.end();
+    return std::find(groups.begin(), groups.end(), *gid) != groups.end();
   }
 
  private:
   std::vector<std::uint32_t> uids_;
-  std::optional<gid_t> group_;
+  std::string group_name_;
 };
 
 service::ApiRequest to_api(http::Request&& q) {
@@ -236,19 +245,19 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   std::thread core_thread([&] { core.run(); });
   log.log(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}", version, cfg.node.id,
                                       cfg.api.listen, cfg.admin.socket));
-  ::sd_notify(0, "READY=1");
+  sd_notify("READY=1");
 
   // systemd's watchdog, petted from the network loop (a stuck reactor stops the pets).
   asio::steady_timer watchdog(net);
-  std::uint64_t watchdog_usec = 0;
+  const auto watchdog_interval = sd_watchdog_interval();
   std::function<void()> pet = [&] {
-    ::sd_notify(0, "WATCHDOG=1");
-    watchdog.expires_after(std::chrono::microseconds(watchdog_usec / 2));
+    sd_notify("WATCHDOG=1");
+    watchdog.expires_after(*watchdog_interval / 2);
     watchdog.async_wait([&](const boost::system::error_code& e) {
       if (!e) pet();
     });
   };
-  if (::sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) pet();
+  if (watchdog_interval) pet();
 
   asio::signal_set signals(net, SIGTERM, SIGINT, SIGHUP);
   std::atomic<bool> stopping = false;
@@ -280,7 +289,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
       }
       if (stopping.exchange(true)) return;
       log.log(LogLevel::info, fmt::format("signal {}: stopping (draining connections)", sig));
-      ::sd_notify(0, "STOPPING=1");
+      sd_notify("STOPPING=1");
       asio::post(core, [&] {  // long polls are answered now (304), not at the end of their wait
         auto waiting = std::move(parked);
         parked.clear();

@@ -12,7 +12,7 @@ PACKAGES=(
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
   libyaml-cpp-dev libfmt-dev doctest-dev libcli11-dev
   # storage, crypto, service integration
-  libsqlite3-dev libssl-dev libsystemd-dev openssl
+  libsqlite3-dev libssl-dev openssl
   # tests and tools
   python3 curl
 )
