@@ -248,23 +248,37 @@ struct NodeService::Impl {
     return {};
   }
 
+  // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
+  std::map<std::string, store::Statement, std::less<>> statements;
+  std::expected<store::Statement*, DbError> cached(std::string_view sql) {
+    auto it = statements.find(sql);
+    if (it == statements.end()) {
+      auto st = db.prepare(sql);
+      if (!st) return std::unexpected(st.error());
+      it = statements.emplace(std::string(sql), std::move(*st)).first;
+    }
+    it->second.reset();
+    it->second.clear_bindings();
+    return &it->second;
+  }
+
   // ---- the one way state changes --------------------------------------------------------------
   std::expected<void, std::string> commit(Change& c) {
     std::int64_t seq = audit_seq, ev = event_seq;
     std::string last_hash = audit_last_hash;
     std::vector<json::object> events_out;
-    auto result = db.transaction([&](store::Tx& tx) -> std::expected<void, DbError> {
+    auto result = db.transaction([&](store::Tx&) -> std::expected<void, DbError> {
       for (const auto& x : c.upserts) {
-        auto st = tx.prepare("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc");
+        auto st = cached("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc");
         if (!st) return std::unexpected(st.error());
-        if (auto b = st->bind_all(x.id, json::serialize(to_json(x))); !b) return std::unexpected(b.error());
-        if (auto run = st->run(); !run) return std::unexpected(run.error());
+        if (auto b = (*st)->bind_all(x.id, json::serialize(to_json(x))); !b) return std::unexpected(b.error());
+        if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
       }
       for (const auto& [id, doc_absent] : c.units) {
-        auto st = tx.prepare("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent");
+        auto st = cached("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent");
         if (!st) return std::unexpected(st.error());
-        if (auto b = st->bind_all(id, doc_absent.first, doc_absent.second ? 1 : 0); !b) return std::unexpected(b.error());
-        if (auto run = st->run(); !run) return std::unexpected(run.error());
+        if (auto b = (*st)->bind_all(id, doc_absent.first, doc_absent.second ? 1 : 0); !b) return std::unexpected(b.error());
+        if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
       }
       for (const auto& a : c.audits) {
         json::object rec;
@@ -283,10 +297,10 @@ struct NodeService::Impl {
           return std::unexpected(DbError{0, "audit record: " + sealed.error()});
         }
         last_hash = std::string(rec["hash"].get_string());
-        auto st = tx.prepare("INSERT INTO audit (seq, record) VALUES (?1, ?2)");
+        auto st = cached("INSERT INTO audit (seq, record) VALUES (?1, ?2)");
         if (!st) return std::unexpected(st.error());
-        if (auto b = st->bind_all(seq, json::serialize(rec)); !b) return std::unexpected(b.error());
-        if (auto run = st->run(); !run) return std::unexpected(run.error());
+        if (auto b = (*st)->bind_all(seq, json::serialize(rec)); !b) return std::unexpected(b.error());
+        if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
       }
       for (const auto& e : c.events) {
         json::object evt;
@@ -295,30 +309,30 @@ struct NodeService::Impl {
         evt["type"] = e.type;
         evt["at"] = r::format_time(c.at);
         evt["data"] = e.data;
-        auto st = tx.prepare("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
+        auto st = cached("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
         if (!st) return std::unexpected(st.error());
-        if (auto b = st->bind_all(ev, json::serialize(evt)); !b) return std::unexpected(b.error());
-        if (auto run = st->run(); !run) return std::unexpected(run.error());
+        if (auto b = (*st)->bind_all(ev, json::serialize(evt)); !b) return std::unexpected(b.error());
+        if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
       }
       if (c.idempotency) {
         const auto& i = *c.idempotency;
         json::array headers;
         for (const auto& [k, v] : i.response.headers) headers.emplace_back(json::array{json::value(k), json::value(v)});
-        auto st = tx.prepare("INSERT OR REPLACE INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+        auto st = cached("INSERT OR REPLACE INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
         if (!st) return std::unexpected(st.error());
-        if (auto b = st->bind_all(i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
+        if (auto b = (*st)->bind_all(i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
                                   json::serialize(headers), i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
             !b) {
           return std::unexpected(b.error());
         }
-        if (auto run = st->run(); !run) return std::unexpected(run.error());
+        if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
       }
-      auto meta = tx.prepare("UPDATE meta SET value = ?2 WHERE key = ?1");
+      auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
       if (!meta) return std::unexpected(meta.error());
       auto set = [&](std::string_view key, const std::string& value) -> std::expected<void, DbError> {
-        meta->reset();
-        if (auto b = meta->bind_all(key, value); !b) return std::unexpected(b.error());
-        return meta->run();
+        (*meta)->reset();
+        if (auto b = (*meta)->bind_all(key, value); !b) return std::unexpected(b.error());
+        return (*meta)->run();
       };
       if (auto s = set("revision", std::to_string(revision + 1)); !s) return s;
       if (auto s = set("audit_seq", std::to_string(seq)); !s) return s;
