@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   # design-card libraries
   libpci-dev pciutils pci.ids
-  libvirt-dev libvirt-clients
+  libvirt-dev libvirt-clients libxml2-dev
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
   libyaml-cpp-dev libfmt-dev doctest-dev libcli11-dev
   # storage, crypto, service integration

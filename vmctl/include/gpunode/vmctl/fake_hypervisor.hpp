@@ -1,0 +1,92 @@
+// gpunode/vmctl/fake_hypervisor.hpp: an in-memory Hypervisor for tests.
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpunode/vmctl/vmctl.hpp"
+
+namespace gpunode::vmctl {
+
+// Domains live in `domains`; shutdown stops a domain at once unless its uuid is in
+// `ignore_shutdown`; destroy always stops it. While `unavailable` is true every call fails with
+// VmError unavailable. `before_call` runs before each call with its name ("list", "record",
+// "termination", "shutdown", "destroy", "state") and may change the fake (e.g. set `unavailable`).
+// `calls` logs "NAME UUID" (or "list") for every call, including failing ones.
+class FakeHypervisor : public Hypervisor {
+ public:
+  std::vector<Domain> domains;
+  std::set<std::string> ignore_shutdown;
+  bool unavailable = false;
+  std::function<void(const std::string& call)> before_call;
+  std::vector<std::string> calls;
+
+  FakeHypervisor() = default;
+  explicit FakeHypervisor(std::vector<Domain> initial) : domains(std::move(initial)) {}
+
+  std::expected<std::vector<Domain>, VmError> list() override {
+    if (auto e = enter("list", "")) return std::unexpected(*e);
+    return domains;
+  }
+  std::expected<void, VmError> record_termination(const std::string& uuid, const TerminationRecord& record) override {
+    if (auto e = enter("record", uuid)) return std::unexpected(*e);
+    Domain* d = find(uuid);
+    if (d == nullptr) return std::unexpected(missing(uuid));
+    d->termination = record;
+    return {};
+  }
+  std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
+                                                                       Definition which) override {
+    if (auto e = enter("termination", uuid)) return std::unexpected(*e);
+    Domain* d = find(uuid);
+    if (d == nullptr) return std::unexpected(missing(uuid));
+    if (which == Definition::live && !d->active())
+      return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+    return d->termination;
+  }
+  std::expected<void, VmError> shutdown(const std::string& uuid) override {
+    if (auto e = enter("shutdown", uuid)) return std::unexpected(*e);
+    Domain* d = find(uuid);
+    if (d == nullptr) return std::unexpected(missing(uuid));
+    if (!d->active()) return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+    if (!ignore_shutdown.contains(uuid)) d->state = "shutoff";
+    return {};
+  }
+  std::expected<void, VmError> destroy(const std::string& uuid) override {
+    if (auto e = enter("destroy", uuid)) return std::unexpected(*e);
+    Domain* d = find(uuid);
+    if (d == nullptr) return std::unexpected(missing(uuid));
+    if (!d->active()) return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+    d->state = "shutoff";
+    return {};
+  }
+  std::expected<std::string, VmError> state(const std::string& uuid) override {
+    if (auto e = enter("state", uuid)) return std::unexpected(*e);
+    Domain* d = find(uuid);
+    if (d == nullptr) return std::unexpected(missing(uuid));
+    return d->state;
+  }
+  bool connected() const override { return !unavailable; }
+
+  Domain* find(const std::string& uuid) {
+    auto it = std::ranges::find(domains, uuid, &Domain::uuid);
+    return it == domains.end() ? nullptr : &*it;
+  }
+
+ private:
+  std::optional<VmError> enter(const std::string& call, const std::string& uuid) {
+    calls.push_back(uuid.empty() ? call : call + " " + uuid);
+    if (before_call) before_call(call);
+    if (unavailable) return VmError{VmError::Kind::unavailable, "fake hypervisor unavailable"};
+    return std::nullopt;
+  }
+  static VmError missing(const std::string& uuid) {
+    return VmError{VmError::Kind::not_found, "Domain not found: no domain with matching uuid '" + uuid + "'"};
+  }
+};
+
+}  // namespace gpunode::vmctl

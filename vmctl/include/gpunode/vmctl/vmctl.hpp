@@ -1,0 +1,134 @@
+// gpunode/vmctl/vmctl.hpp: workloads as libvirt domains (CONTRACT §5, §7), the hypervisor
+// adapter interface, pure parsers of domain XML and metadata, and the spot termination rule.
+#pragma once
+
+#include <chrono>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpunode::vmctl {
+
+inline constexpr std::string_view workload_ns = "urn:gpunode:workload:1";
+inline constexpr std::string_view termination_ns = "urn:gpunode:termination:1";
+inline constexpr std::string_view termination_prefix = "gpunodet";
+
+enum class Tier { spot, on_demand, reserved };
+std::string_view to_string(Tier tier);                     // "spot", "on-demand", "reserved"
+std::optional<Tier> parse_tier(std::string_view text);     // exact contract spelling only
+
+// Valid §5 workload metadata (§7: non-empty vm-id and org, one of the three tiers).
+struct WorkloadLabel {
+  std::string vm_id;
+  std::string org;
+  Tier tier = Tier::spot;
+  bool operator==(const WorkloadLabel&) const = default;
+};
+
+// <termination xmlns="urn:gpunode:termination:1" reason at by audit-id/>
+struct TerminationRecord {
+  std::string reason;
+  std::string at;
+  std::string by;
+  std::string audit_id;
+  bool operator==(const TerminationRecord&) const = default;
+};
+
+// libvirt's domain state, lowercased (§7 Vocabularies). Unknown numbers give "nostate".
+std::string_view state_name(int libvirt_state);
+// running, blocked, paused, shutdown (shutting down) and pmsuspended hold their devices (§7
+// Occupancy); shutoff, crashed and nostate do not.
+bool state_active(std::string_view state);
+
+struct Domain {
+  std::string uuid;
+  std::string name;
+  std::string state;                        // §7 vocabulary
+  std::vector<std::string> pci_addresses;   // hostdev type='pci' sources, sorted, "0000:41:00.0"
+  std::optional<WorkloadLabel> label;       // nullopt: unlabelled (no or invalid metadata)
+  std::optional<TerminationRecord> termination;
+  bool active() const { return state_active(state); }
+};
+
+struct VmError {
+  enum class Kind { unavailable, not_found, failed };
+  Kind kind = Kind::failed;
+  std::string message;
+};
+std::string_view to_string(VmError::Kind kind);  // "unavailable", "not-found", "failed"
+
+// Which definition of a domain to read.
+enum class Definition { live, persistent };
+
+// The hypervisor adapter. Every call blocks: the daemon runs them on a worker thread, never on an
+// I/O thread. An instance may be used from several threads (calls are serialised inside).
+class Hypervisor {
+ public:
+  virtual ~Hypervisor() = default;
+  // Every defined domain, active and inactive.
+  virtual std::expected<std::vector<Domain>, VmError> list() = 0;
+  // Adds (or replaces) the termination element in the live definition when the domain is active
+  // and in the persistent one when it is persistent (§5). Never touches the workload element.
+  virtual std::expected<void, VmError> record_termination(const std::string& uuid,
+                                                          const TerminationRecord& record) = 0;
+  // The termination element of one definition; nullopt when it has none. Asking for the live
+  // definition of an inactive domain (or the persistent one of a transient domain) is `failed`.
+  virtual std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
+                                                                               Definition which) = 0;
+  virtual std::expected<void, VmError> shutdown(const std::string& uuid) = 0;  // graceful (ACPI)
+  virtual std::expected<void, VmError> destroy(const std::string& uuid) = 0;   // hard stop
+  virtual std::expected<std::string, VmError> state(const std::string& uuid) = 0;
+  virtual bool connected() const = 0;
+};
+
+// libvirt through its C API. `uri` as in config ("qemu:///system", "test:///abs/node.xml").
+// Connects lazily on the first call. A call that fails because the connection died (or finds it
+// dead) drops it and answers `unavailable`; the next call opens a fresh one, so a libvirtd restart
+// is survived. libvirt's default error printer is replaced; its messages come back in VmError.
+std::unique_ptr<Hypervisor> make_libvirt(std::string uri);
+
+// --- pure parsers (libxml2; never throw; garbage gives empty / nullopt) ---
+
+// Sorted, unique "dddd:bb:ss.f" of <devices><hostdev type='pci'><source><address .../>. Values
+// are read as libvirt reads them (C base 0: "0x41" hex, "65" decimal, "010" octal); `domain`
+// defaults to 0; a hostdev missing bus, slot or function, or with one out of range, is skipped.
+std::vector<std::string> hostdev_pci_addresses(std::string_view domain_xml);
+
+// The workload label from (a) the element alone, as virDomainGetMetadata returns it (libvirt strips
+// the namespace there, so a root <workload> in no namespace or in urn:gpunode:workload:1 counts), or
+// (b) a <metadata> or <domain> document holding <P:workload xmlns:P="urn:gpunode:workload:1">
+// with any prefix. nullopt when missing or invalid (§7).
+std::optional<WorkloadLabel> parse_workload(std::string_view xml);
+// The termination record, read the same way (namespace urn:gpunode:termination:1). nullopt when
+// missing or when the text is not XML; missing attributes are empty strings.
+std::optional<TerminationRecord> parse_termination(std::string_view xml);
+// The §5 element: <termination xmlns="urn:gpunode:termination:1" reason=".." at=".." by=".." audit-id=".."/>
+std::string termination_xml(const TerminationRecord& record);
+// The same element without the xmlns attribute: what virDomainSetMetadata takes (it adds the namespace).
+std::string termination_element(const TerminationRecord& record);
+
+// --- the termination rule (§4 terminate-spot, §5) ---
+
+struct TerminateResult {
+  bool terminated = false;  // true only when the hypervisor says the domain is no longer active
+  std::string detail;
+};
+
+// Terminates one spot domain: writes `record` first; then, for grace > 0, a graceful shutdown
+// and a poll of the state until the grace is spent, then destroy; destroy at once for grace 0.
+// A domain whose label is not tier spot is refused (VmError failed "not spot") with no call at all.
+// Errors: recording the termination failed (nothing was stopped), or the hypervisor became
+// unavailable (`unavailable`). A refused or ineffective stop is {terminated=false, detail}.
+// `sleep` is called between polls (tests pass a fake); the grace is measured by what was slept.
+std::expected<TerminateResult, VmError> terminate_spot(Hypervisor& hypervisor, const Domain& domain,
+                                                       const TerminationRecord& record,
+                                                       std::chrono::seconds grace,
+                                                       const std::function<void(std::chrono::milliseconds)>& sleep);
+
+inline constexpr std::chrono::milliseconds terminate_poll_interval{200};
+
+}  // namespace gpunode::vmctl
