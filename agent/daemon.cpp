@@ -29,6 +29,7 @@
 #include "gpunode/http/server.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "log.hpp"
+#include "policy.hpp"
 #include "sd_notify.hpp"
 
 namespace gpunode::agent {
@@ -37,17 +38,6 @@ namespace {
 namespace asio = boost::asio;
 using config::LogLevel;
 
-discovery::Policy policy_from(const config::Config& c) {
-  discovery::Policy p;
-  p.gpu_vendors.clear();
-  for (const auto& v : c.discovery.gpu_vendors) p.gpu_vendors.push_back(static_cast<std::uint16_t>(std::stoul(v, nullptr, 16)));
-  p.reservable_classes.clear();
-  for (const auto& cls : c.discovery.reservable_classes) {
-    if (auto u = discovery::parse_unit_class(cls)) p.reservable_classes.push_back(*u);
-  }
-  p.unsellable = c.node.unsellable_units;
-  return p;
-}
 
 // Who may use the admin socket: a uid of admin.allowed_uids, or a member of admin.allowed_group.
 class AdminPeers {

@@ -2,7 +2,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "daemon.hpp"
 #include "discover_table.hpp"
+#include "policy.hpp"
 
 namespace {
 
@@ -38,21 +38,6 @@ std::string host_name() {
   return buf;
 }
 
-disc::Policy policy_from(const cfg::Config& config) {
-  disc::Policy policy;
-  policy.gpu_vendors.clear();
-  for (const auto& v : config.discovery.gpu_vendors) {
-    std::uint16_t id = 0;
-    auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), id, 16);
-    if (ec == std::errc{} && ptr == v.data() + v.size()) policy.gpu_vendors.push_back(id);
-  }
-  policy.reservable_classes.clear();
-  for (const auto& c : config.discovery.reservable_classes) {
-    if (auto cls = disc::parse_unit_class(c)) policy.reservable_classes.push_back(*cls);
-  }
-  policy.unsellable = config.node.unsellable_units;
-  return policy;
-}
 
 int cmd_discover(const std::string& config_file, const std::string& host_root_flag, bool json) {
   cfg::Config config;
@@ -65,7 +50,7 @@ int cmd_discover(const std::string& config_file, const std::string& host_root_fl
     config = std::move(loaded.config);
   }
   const std::string host_root = host_root_flag.empty() ? config.discovery.host_root : host_root_flag;
-  const disc::Policy policy = policy_from(config);
+  const disc::Policy policy = gpunode::agent::policy_from(config);
 
   auto names = disc::PciIds::load(GPUNODE_PCI_IDS, policy.gpu_vendors);
   if (!names) fmt::print(stderr, "warning: no GPU names: {}\n", names.error());

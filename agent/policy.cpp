@@ -1,0 +1,23 @@
+#include "policy.hpp"
+
+#include <charconv>
+
+namespace gpunode::agent {
+
+discovery::Policy policy_from(const config::Config& config) {
+  discovery::Policy policy;
+  policy.gpu_vendors.clear();
+  for (const auto& v : config.discovery.gpu_vendors) {  // validated by config: 4 hex digits
+    std::uint16_t id = 0;
+    auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), id, 16);
+    if (ec == std::errc{} && ptr == v.data() + v.size()) policy.gpu_vendors.push_back(id);
+  }
+  policy.reservable_classes.clear();
+  for (const auto& c : config.discovery.reservable_classes) {
+    if (auto cls = discovery::parse_unit_class(c)) policy.reservable_classes.push_back(*cls);
+  }
+  policy.unsellable = config.node.unsellable_units;
+  return policy;
+}
+
+}  // namespace gpunode::agent

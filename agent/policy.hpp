@@ -1,0 +1,11 @@
+// The discovery policy (CONTRACT §2 `discovery`, `node.unsellable_units`) from a checked config.
+#pragma once
+
+#include "gpunode/config/config.hpp"
+#include "gpunode/discovery/model.hpp"
+
+namespace gpunode::agent {
+
+discovery::Policy policy_from(const config::Config& config);
+
+}  // namespace gpunode::agent
