@@ -137,6 +137,8 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
                                            [] { return std::chrono::system_clock::now(); }, service_log);
   if (!opened) return fail(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
   std::unique_ptr<service::NodeService> node = std::move(*opened);
+  // libvirt connects lazily on the first call (on `core`), and reconnects after libvirtd restarts.
+  node->set_hypervisor(vmctl::make_libvirt(cfg.libvirt.uri));
 
   asio::io_context net;
   asio::io_context core;

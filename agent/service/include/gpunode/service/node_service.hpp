@@ -22,6 +22,7 @@
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
+#include "gpunode/vmctl/vmctl.hpp"
 
 namespace gpunode::service {
 
@@ -57,6 +58,10 @@ class NodeService {
   std::optional<reservations::Time> tick();
   // Scans the host again; a changed answer is stored and becomes an inventory.changed event.
   void rescan();
+
+  // Where the workloads are (libvirt in the daemon, a fake in tests). Without one, routes that
+  // need workloads answer 503 hypervisor-unavailable.
+  void set_hypervisor(std::shared_ptr<vmctl::Hypervisor> hypervisor);
 
   // SIGHUP: what can be reloaded.
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
