@@ -34,7 +34,7 @@ admin:
   socket: $demo/admin.sock
   allowed_uids: [$(id -u)]
 libvirt:
-  uri: test:///default
+  uri: test://$top/tests/fixtures/libvirt/demo_node.xml
 state:
   dir: $demo/state
 YAML
@@ -57,8 +57,13 @@ terminal, from $top:
   api() { tok=\$1; shift; curl -s --cacert build/demo/tls.crt -H "Authorization: Bearer \$tok" "\$@"; echo; }
   N=https://127.0.0.1:$port/v1/nodes/$node
 
-  # the node's units as the owner, and reserve two of them for org-acme as the platform admin
+  # the node's units and the VMs on them (libvirt's test driver) as the owner
   api \$OWNER \$N/units
+  api \$OWNER \$N/workloads
+
+  # reserve two units for org-acme as the platform admin: the spot VM on u-0000-23-00-0 is
+  # allowed (listed in spotWorkloads), org-acme's own VM on u-0000-43-00-0 too; u-0000-24-00-0
+  # would be refused (409 unit-occupied: an unlabelled VM runs there)
   api \$ADMIN -X POST \$N/reservations -H 'Content-Type: application/json' \\
       -d '{"unitIds": ["u-0000-23-00-0", "u-0000-43-00-0"], "audienceOrgIds": ["org-acme"], "endsAt": "$ends"}'
 
