@@ -20,7 +20,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/json.hpp>
 #include <fmt/format.h>
 
 #include "gpunode/auth/token_verifier.hpp"
@@ -216,14 +215,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
 
   http::Server server(net, http::Limits{}, [&](http::Request q, http::Reply reply) {
     asio::post(core, [&, q = std::move(q), reply = std::move(reply)]() mutable {
-      const bool rescan = q.peer.kind == http::Peer::Kind::unix_socket && q.method == "POST" && q.path == "/v1/admin/rescan";
-      if (rescan) {
-        node->rescan();
-        service::ApiResponse a = service::json_response(boost::json::object{{"revision", node->revision()}});
-        reply(http::Response{a.status, std::move(a.headers), std::move(a.body)});
-      } else {
-        answer(to_api(std::move(q)), std::move(reply));
-      }
+      answer(to_api(std::move(q)), std::move(reply));
       changed();
     });
   }, [&](std::string_view m) { log.log(LogLevel::info, std::string(m)); });

@@ -566,6 +566,12 @@ struct NodeService::Impl {
     }
     auto caller = authenticate(q);
     if (!caller) return caller.error();
+    if (q.path == "/v1/admin/rescan" && q.via == ApiRequest::Via::admin_socket) {
+      // Operators' "scan now" (gpunodectl rescan); only on the admin socket.
+      if (q.method != "POST") return method_not_allowed("POST");
+      scan(false);
+      return json_response(json::object{{"revision", revision}});
+    }
     const auto seg = split_path(q.path);
     if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
     if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {
