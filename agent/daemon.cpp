@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <filesystem>
 #include <list>
@@ -186,7 +187,10 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   std::function<void(service::ApiRequest, http::Reply)> answer = [&](service::ApiRequest a, http::Reply reply) {
     service::ApiResponse r = node->handle(a);
     if (r.status == 0) {
-      const auto wait = std::chrono::milliseconds(std::stoll(std::string(r.header("X-Gpunode-Wait-Ms").value_or("0"))));
+      const auto ms_text = r.header("X-Gpunode-Wait-Ms").value_or("0");
+      std::int64_t ms = 0;
+      std::from_chars(ms_text.data(), ms_text.data() + ms_text.size(), ms);  // the service's own number
+      const auto wait = std::chrono::milliseconds(ms);
       auto p = std::make_shared<Parked>(std::move(a), std::move(reply), core);
       parked.push_back(p);
       p->timer.expires_after(wait);

@@ -180,7 +180,6 @@ struct NodeService::Impl {
   std::int64_t revision = 0, audit_seq = 0, event_seq = 0;
   std::string audit_last_hash;
   std::string inventory_digest;
-  std::size_t undelivered = 0;
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   static constexpr std::size_t kTokenCacheSize = 4096;
   mutable std::unordered_map<std::string, auth::Claims> token_cache;
@@ -215,9 +214,18 @@ struct NodeService::Impl {
       if (!step) return std::unexpected(step.error().message);
       if (*step == store::Statement::Step::done) break;
       const std::string key = meta->column_text(0), value = meta->column_text(1);
-      if (key == "revision") revision = std::stoll(value);
-      if (key == "audit_seq") audit_seq = std::stoll(value);
-      if (key == "event_seq") event_seq = std::stoll(value);
+      auto number = [&](std::int64_t& out) -> std::expected<void, std::string> {
+        auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+        if (ec != std::errc{} || p != value.data() + value.size() || out < 0) {
+          return std::unexpected(fmt::format("{}: meta {} is \"{}\", not a counter", db.path().string(), key, value));
+        }
+        return {};
+      };
+      std::expected<void, std::string> ok;
+      if (key == "revision") ok = number(revision);
+      if (key == "audit_seq") ok = number(audit_seq);
+      if (key == "event_seq") ok = number(event_seq);
+      if (!ok) return ok;
       if (key == "audit_last_hash") audit_last_hash = value;
       if (key == "inventory_digest") inventory_digest = value;
     }
@@ -244,8 +252,6 @@ struct NodeService::Impl {
       auto v = json::parse(us->column_text(1), ec);
       if (!ec && v.is_object()) absent_units.emplace(us->column_text(0), std::move(v.get_object()));
     }
-    auto depth = db.prepare("SELECT count(*) FROM outbox WHERE delivered = 0");
-    if (depth && depth->step() && depth->column_count() > 0) undelivered = static_cast<std::size_t>(depth->column_int64(0));
     return {};
   }
 
@@ -352,7 +358,6 @@ struct NodeService::Impl {
     for (auto& x : c.upserts) reservations[x.id] = x;
     if (!c.upserts.empty()) list_stale = true;
     revision += 1;
-    undelivered += static_cast<std::size_t>(ev - event_seq);
     audit_seq = seq;
     event_seq = ev;
     audit_last_hash = last_hash;
@@ -1236,6 +1241,5 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->scan(false);
 }
 std::int64_t NodeService::revision() const { return impl_->revision; }
-std::size_t NodeService::outbox_depth() const { return impl_->undelivered; }
 
 }  // namespace gpunode::service

@@ -68,7 +68,6 @@ class NodeService {
   void set_unsellable(std::vector<std::string> unsellable);
 
   [[nodiscard]] std::int64_t revision() const;
-  [[nodiscard]] std::size_t outbox_depth() const;
 
   struct Impl;
 
