@@ -18,7 +18,7 @@ Domain make(std::string uuid, std::optional<WorkloadLabel> label, std::string st
 const WorkloadLabel spot{"vm-1", "org-b", Tier::spot};
 const TerminationRecord record{"capacity-reclaim", "2027-01-31T00:00:00Z", "org-a", "aud_7"};
 
-struct Sleeper {
+struct SleepLog {
   std::chrono::milliseconds total{0};
   int calls = 0;
   auto fn() {
@@ -33,7 +33,7 @@ struct Sleeper {
 
 TEST_CASE("terminate_spot: grace 0 destroys at once, after the record") {
   FakeHypervisor hv{{make("u1", spot)}};
-  Sleeper sleeper;
+  SleepLog sleeper;
   auto r = terminate_spot(hv, hv.domains[0], record, 0s, sleeper.fn());
   REQUIRE(r.has_value());
   CHECK(r->terminated);
@@ -46,7 +46,7 @@ TEST_CASE("terminate_spot: grace 0 destroys at once, after the record") {
 
 TEST_CASE("terminate_spot: a guest that shuts down is not destroyed") {
   FakeHypervisor hv{{make("u1", spot)}};
-  Sleeper sleeper;
+  SleepLog sleeper;
   auto r = terminate_spot(hv, hv.domains[0], record, 30s, sleeper.fn());
   REQUIRE(r.has_value());
   CHECK(r->terminated);
@@ -58,7 +58,7 @@ TEST_CASE("terminate_spot: a guest that shuts down is not destroyed") {
 TEST_CASE("terminate_spot: a domain that ignores shutdown is destroyed after the grace") {
   FakeHypervisor hv{{make("u1", spot)}};
   hv.ignore_shutdown.insert("u1");
-  Sleeper sleeper;
+  SleepLog sleeper;
   auto r = terminate_spot(hv, hv.domains[0], record, 3s, sleeper.fn());
   REQUIRE(r.has_value());
   CHECK(r->terminated);
@@ -163,4 +163,53 @@ TEST_CASE("terminate_spot: a record that cannot be written stops nothing") {
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().kind == VmError::Kind::not_found);
   CHECK(hv.calls == std::vector<std::string>{"record nope"});
+}
+
+TEST_CASE("terminate_spot_all: a batch shares one grace period, records come before any stop") {
+  FakeHypervisor hv{{make("a", spot), make("b", spot), make("c", spot), make("od", WorkloadLabel{"vm-2", "org-b", Tier::on_demand})}};
+  hv.ignore_shutdown = {"b", "c"};
+  std::vector<TerminationJob> jobs;
+  for (const auto& d : hv.domains) jobs.push_back(TerminationJob{d, record, 10s});
+  std::chrono::milliseconds slept{0};
+  auto out = terminate_spot_all(hv, jobs, [&](std::chrono::milliseconds d) {
+    slept += d;
+    return true;
+  });
+  REQUIRE(out.size() == 4);
+  CHECK(out[0].uuid == "a");
+  REQUIRE(out[0].result.has_value());
+  CHECK(out[0].result->terminated);
+  CHECK(out[0].result->detail == "shut down gracefully");
+  REQUIRE(out[1].result.has_value());
+  CHECK(out[1].result->terminated);
+  CHECK(out[1].result->detail == "destroyed after the grace period");
+  CHECK(out[2].result->terminated);
+  REQUIRE_FALSE(out[3].result.has_value());
+  CHECK(out[3].result.error().message == "not spot");
+  CHECK(hv.domains[3].state == "running");
+  CHECK_FALSE(hv.domains[3].termination.has_value());
+  CHECK(slept == 10s);  // one grace for the batch, not one per domain
+  // Every record was written before the first shutdown.
+  const auto first_stop = std::find_if(hv.calls.begin(), hv.calls.end(), [](const std::string& c) { return c.starts_with("shutdown"); });
+  CHECK(std::count_if(hv.calls.begin(), first_stop, [](const std::string& c) { return c.starts_with("record"); }) == 3);
+}
+
+TEST_CASE("terminate_spot_all: a stop during the grace decides nothing") {
+  FakeHypervisor hv{{make("a", spot)}};
+  hv.ignore_shutdown = {"a"};
+  int sleeps = 0;
+  auto out = terminate_spot_all(hv, {TerminationJob{hv.domains[0], record, 30s}}, [&](std::chrono::milliseconds) { return ++sleeps < 3; });
+  REQUIRE_FALSE(out[0].result.has_value());
+  CHECK(out[0].result.error().kind == VmError::Kind::unavailable);
+  CHECK(hv.domains[0].state == "running");
+  CHECK(hv.domains[0].termination == record);  // the record stays: the agent finishes it after a restart
+}
+
+TEST_CASE("terminate_spot_all: a domain that vanished before the record is not reported terminated") {
+  FakeHypervisor hv{{make("a", spot)}};
+  auto job = TerminationJob{hv.domains[0], record, 0s};
+  hv.domains.clear();
+  auto out = terminate_spot_all(hv, {job}, [](auto) { return true; });
+  REQUIRE_FALSE(out[0].result.has_value());
+  CHECK(out[0].result.error().kind == VmError::Kind::not_found);
 }

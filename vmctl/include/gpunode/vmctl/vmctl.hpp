@@ -131,4 +131,22 @@ std::expected<TerminateResult, VmError> terminate_spot(Hypervisor& hypervisor, c
 
 inline constexpr std::chrono::milliseconds terminate_poll_interval{200};
 
+// Many domains at once (terminate-spot, reclaim): every record is written first, every graceful
+// shutdown asked for, the states polled until each job's grace is spent, then the survivors
+// destroyed. One outcome per job, in order. `sleep` returns false when the agent is stopping:
+// the jobs not decided yet end with `unavailable` ("the agent stopped ..."), so they are finished
+// later rather than reported either way.
+struct TerminationJob {
+  Domain domain;
+  TerminationRecord record;
+  std::chrono::seconds grace{0};
+};
+struct TerminationOutcome {
+  std::string uuid;
+  std::expected<TerminateResult, VmError> result;
+};
+using Sleeper = std::function<bool(std::chrono::milliseconds)>;
+std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hypervisor, const std::vector<TerminationJob>& jobs,
+                                                   const Sleeper& sleep);
+
 }  // namespace gpunode::vmctl
