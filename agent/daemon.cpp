@@ -21,6 +21,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 
 #include "gpunode/auth/token_verifier.hpp"
@@ -129,7 +130,8 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   auto names = discovery::PciIds::load(pci_ids_file, policy.gpu_vendors);
   if (!names) log.log(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
 
-  service::ServiceOptions opts{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, version};
+  service::ServiceOptions opts{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, version,
+                               std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace)};
   auto service_log = [&log](service::LogLevel level, const std::string& text) {
     log.log(static_cast<LogLevel>(static_cast<int>(level)), text);
   };
@@ -137,17 +139,53 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
                                            [] { return std::chrono::system_clock::now(); }, service_log);
   if (!opened) return fail(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
   std::unique_ptr<service::NodeService> node = std::move(*opened);
-  // libvirt connects lazily on the first call (on `core`), and reconnects after libvirtd restarts.
-  node->set_hypervisor(vmctl::make_libvirt(cfg.libvirt.uri));
+  // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
+  std::shared_ptr<vmctl::Hypervisor> hypervisor = vmctl::make_libvirt(cfg.libvirt.uri);
+  node->set_hypervisor(hypervisor);
 
   asio::io_context net;
   asio::io_context core;
   auto core_work = asio::make_work_guard(core);
+  // Terminations wait for domains to stop (a grace of up to 300 s): they run here, never on `core`
+  // or `net`. The workload refresh lists the domains here too.
+  asio::thread_pool vm_pool(4);
+  std::atomic<bool> stopping = false;
+  const vmctl::Sleeper sleeper = [&stopping](std::chrono::milliseconds d) {
+    for (auto left = d; left.count() > 0; left -= std::chrono::milliseconds(50)) {
+      if (stopping) return false;
+      std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(50)));
+    }
+    return !stopping.load();
+  };
 
   // The clock's timers run on `core`, beside the service.
   asio::steady_timer term_timer(core);
   asio::steady_timer rescan_timer(core);
   std::function<void()> on_change = [] {};
+  // Runs a batch of terminations on vm_pool, then records it on `core` and answers `reply` (if any).
+  std::function<void(service::Work, std::function<void(service::ApiResponse)>)> run_work =
+      [&](service::Work w, std::function<void(service::ApiResponse)> done) {
+        asio::post(vm_pool, [&, w = std::move(w), done = std::move(done)]() mutable {
+          auto outcomes = vmctl::terminate_spot_all(*hypervisor, w.jobs, sleeper);
+          auto after = hypervisor->list();
+          asio::post(core, [&, batch = w.batch, outcomes = std::move(outcomes), after = std::move(after), done = std::move(done)]() mutable {
+            auto r = node->finish(batch, std::move(outcomes), after);
+            if (done) done(std::move(r));
+            on_change();
+          });
+        });
+      };
+  // The workloads as libvirt lists them: vacated reclaiming units, terminations to finish.
+  std::function<void()> refresh_workloads = [&] {
+    asio::post(vm_pool, [&] {
+      auto list = hypervisor->list();
+      if (!list) return;  // logged by the routes that need it; tried again at the next refresh
+      asio::post(core, [&, list = std::move(*list)] {
+        if (auto w = node->observe_workloads(list)) run_work(std::move(*w), nullptr);
+        on_change();
+      });
+    });
+  };
   std::function<void()> arm_terms = [&] {
     auto next = node->tick();
     on_change();
@@ -167,12 +205,14 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
       if (e) return;
       node->rescan();
       on_change();
+      if (!stopping) refresh_workloads();
       arm_rescan();
     });
   };
   asio::post(core, [&] {
     arm_terms();
     arm_rescan();
+    refresh_workloads();  // finishes terminations an earlier run left pending
   });
 
   // Long polls of GET .../state wait here (on `core`) until the revision moves or their wait ends.
@@ -186,6 +226,15 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   std::int64_t announced_revision = node->revision();
   std::function<void(service::ApiRequest, http::Reply)> answer = [&](service::ApiRequest a, http::Reply reply) {
     service::ApiResponse r = node->handle(a);
+    if (r.status == 0 && r.work != 0) {  // terminations first, off this thread
+      if (auto w = node->work(r.work)) {
+        run_work(std::move(*w), [reply = std::move(reply)](service::ApiResponse done) mutable {
+          reply(http::Response{done.status, std::move(done.headers), std::move(done.body)});
+        });
+        return;
+      }
+      r = service::problem(500, "internal", "a termination batch went missing");
+    }
     if (r.status == 0) {
       const auto ms_text = r.header("X-Gpunode-Wait-Ms").value_or("0");
       std::int64_t ms = 0;
@@ -248,7 +297,6 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   if (watchdog_interval) pet();
 
   asio::signal_set signals(net, SIGTERM, SIGINT, SIGHUP);
-  std::atomic<bool> stopping = false;
   std::function<void()> wait_signal = [&] {
     signals.async_wait([&](const boost::system::error_code& e, int sig) {
       if (e) return;
@@ -297,6 +345,8 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   wait_signal();
   net.run();
 
+  stopping = true;
+  vm_pool.join();  // terminations stop waiting at once (their domains are finished at the next start)
   asio::post(core, [&] {
     term_timer.cancel();
     rescan_timer.cancel();

@@ -135,4 +135,16 @@ std::vector<std::string> visible_reservation_ids(const Caller& caller, const Nod
   return out;
 }
 
+std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations,
+                                      const std::vector<std::string>& node_units) {
+  if (caller.admin() || is_owner(caller, node)) return {node_units.begin(), node_units.end()};
+  std::set<std::string> out;
+  for (const auto& r : reservations) {
+    if (r.state != State::active || !manages(caller, r)) continue;
+    out.insert(r.released_unit_ids.begin(), r.released_unit_ids.end());
+    out.insert(r.reclaiming_unit_ids.begin(), r.reclaiming_unit_ids.end());
+  }
+  return out;
+}
+
 }  // namespace gpunode::reservations

@@ -178,3 +178,36 @@ TEST_CASE("who sees the node, its units and its reservations") {
           (c.reservation ? std::vector<std::string>{"rsv_1"} : std::vector<std::string>{}));
   }
 }
+
+TEST_CASE("terminate-spot reach: admin and owner everything, a manager its active released and reclaiming units") {
+  auto active = rsv("rsv_1", {"u-1", "u-2", "u-3"}, "2026-01-01T00:00:00Z", "2027-06-01T00:00:00Z");
+  active.released_unit_ids = {"u-1"};
+  active.reclaiming_unit_ids = {"u-2"};
+  auto scheduled = rsv("rsv_2", {"u-4"}, "2027-07-01T00:00:00Z", "2027-08-01T00:00:00Z", State::scheduled);
+  scheduled.released_unit_ids = {"u-4"};  // cannot happen through the API; the rule still ignores it
+  auto ended = rsv("rsv_3", {"u-5"}, "2025-01-01T00:00:00Z", "2025-02-01T00:00:00Z", State::ended);
+  ended.released_unit_ids = {"u-5"};
+  auto other = rsv("rsv_4", {"u-6"}, "2026-01-01T00:00:00Z", "2027-06-01T00:00:00Z");
+  other.managing_org_ids = {"org-other-mgr"};
+  other.released_unit_ids = {"u-6"};
+  const std::vector<Reservation> rs{active, scheduled, ended, other};
+  const std::vector<std::string> all{"u-1", "u-2", "u-3", "u-4", "u-5", "u-6", "u-7"};
+  using Set = std::set<std::string>;
+  struct Case {
+    const char* name;
+    Caller caller;
+    Set reach;
+  } cases[] = {
+      {"admin", org("org-x", {"platform-admin"}), Set(all.begin(), all.end())},
+      {"owner", org("org-owner"), Set(all.begin(), all.end())},
+      {"operator", org("org-x", {"platform-operator"}), {}},
+      {"manager", org("org-mgr"), {"u-1", "u-2"}},  // not u-3 (held, not released), not u-6 (rsv_4 is not its)
+      {"audience", org("org-aud"), {}},
+      {"unrelated", org("org-x"), {}},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    CHECK(terminate_reach(c.caller, kNode, rs, all) == c.reach);
+  }
+  CHECK(terminate_reach(org("org-other-mgr"), kNode, rs, all) == Set{"u-6"});
+}

@@ -12,6 +12,7 @@
 
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/store/audit_chain.hpp"
+#include "gpunode/store/database.hpp"
 #include "gpunode/vmctl/fake_hypervisor.hpp"
 #include "jwt_signer.hpp"
 #include "sysfs_tree.hpp"
@@ -60,6 +61,7 @@ class Lab {
     o.host_root = tree_.root();
     o.state_dir = state_;
     o.version = "test";
+    o.shutdown_grace = grace_;
     auto s = NodeService::open(o, std::make_shared<gpunode::auth::TokenVerifier>(*verifier), nullptr,
                                [this] { return now_; }, nullptr);
     REQUIRE_MESSAGE(s, (s ? "" : s.error()));
@@ -94,7 +96,11 @@ class Lab {
     }
     if (!body.empty()) q.headers.emplace_back("content-type", "application/json");
     for (auto& h : headers) q.headers.push_back(h);
-    return service_->handle(q);
+    // Terminations run at once on this thread, with a clock-free sleep that only counts.
+    return service_->handle_now(q, [this](std::chrono::milliseconds d) {
+      slept_ += d;
+      return true;
+    });
   }
 
   static json::value body(const ApiResponse& r) {
@@ -121,6 +127,37 @@ class Lab {
   TestKey key_;
   system_clock::time_point now_;
   std::unique_ptr<NodeService> service_;
+  std::chrono::milliseconds slept_{0};
+  std::chrono::seconds grace_{0};
+
+  // The stored events of one type (the outbox), oldest first.
+  std::vector<json::object> events(const std::string& type) {
+    auto db = gpunode::store::Database::open(state_ / "state.db");
+    REQUIRE(db);
+    auto st = db->prepare("SELECT event FROM outbox ORDER BY seq");
+    REQUIRE(st);
+    std::vector<json::object> out;
+    while (st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row) {
+      auto e = json::parse(st->column_text(0)).as_object();
+      if (e.at("type").as_string() == type) out.push_back(e);
+    }
+    return out;
+  }
+  // Audit records with this action, oldest first.
+  std::vector<json::object> audits(const std::string& action) {
+    std::vector<json::object> out;
+    auto b = body(call("GET", path("/audit?limit=500"), "admin-socket"));
+    for (auto& r : b.at("records").as_array()) {
+      if (r.at("action").as_string() == action) out.push_back(r.as_object());
+    }
+    return out;
+  }
+  void refresh() {
+    service_->refresh_now([this](std::chrono::milliseconds d) {
+      slept_ += d;
+      return true;
+    });
+  }
   std::shared_ptr<gpunode::vmctl::FakeHypervisor> hypervisor_ = std::make_shared<gpunode::vmctl::FakeHypervisor>();
 };
 
@@ -520,4 +557,324 @@ TEST_CASE("release, capacity and admission") {
   bool released = false;
   for (auto& rec : records) released = released || rec.at("action") == "units.release";
   CHECK(released);
+}
+
+namespace {
+
+using gpunode::vmctl::Tier;
+using gpunode::vmctl::WorkloadLabel;
+constexpr const char* U1 = "u-0000-41-00-0";
+constexpr const char* U2 = "u-0000-42-00-0";
+
+std::vector<std::string> names_of(const json::value& list) {
+  std::vector<std::string> out;
+  for (const auto& x : list.as_array()) out.emplace_back(x.at("name").as_string());
+  return out;
+}
+
+const json::object* entry(const json::value& list, const std::string& name) {
+  for (const auto& x : list.as_array()) {
+    if (x.at("name").as_string() == name) return &x.as_object();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left running") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto mgr = lab.token("org-mgr");
+  auto x = lab.create(admin, {U1}, {"org-aud"}, {"org-mgr"});
+  lab.create(admin, {U2}, {"org-aud2"}, {"org-mgr2"});
+  const std::string rid(x.at("id").as_string());
+  lab.hypervisor_->domains = {
+      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
+      vm("spot-pair", "uuid-p", {"0000:41:00.0", "0000:42:00.0"}, WorkloadLabel{"vm-p", "org-c", Tier::spot}),
+      vm("od", "uuid-od", {"0000:41:00.0"}, WorkloadLabel{"vm-od", "org-aud", Tier::on_demand}),
+      vm("legacy", "uuid-l", {"0000:42:00.0"}, std::nullopt),
+      vm("off", "uuid-off", {"0000:41:00.0"}, WorkloadLabel{"vm-off", "org-b", Tier::spot}, "shutoff"),
+      vm("elsewhere", "uuid-e", {"0000:07:00.0"}, WorkloadLabel{"vm-e", "org-b", Tier::spot}),
+  };
+  const std::string ts = Lab::path("/terminate-spot");
+
+  // Who may call at all.
+  CHECK(code_of(lab.call("POST", ts, lab.token("org-platform", {"platform-operator"}), "{}")) == "forbidden");
+  CHECK(code_of(lab.call("POST", ts, lab.token("org-aud"), "{}")) == "forbidden");
+  CHECK(lab.call("POST", ts, lab.token("org-other"), "{}").status == 404);
+  CHECK(lab.call("POST", ts, "", "{}").status == 401);
+  // Bodies.
+  for (const char* bad : {R"({"gracePeriodSeconds":301})", R"({"gracePeriodSeconds":-1})", R"({"gracePeriodSeconds":"5"})",
+                          R"({"unitIds":[]})", R"({"unitIds":"u"})", R"({"force":true})", "[1]", "{"}) {
+    CAPTURE(bad);
+    CHECK(code_of(lab.call("POST", ts, admin, bad)) == "invalid-request");
+  }
+  CHECK(code_of(lab.call("POST", ts, admin, R"({"unitIds":["u-0000-99-00-0"]})")) == "unknown-unit");
+  CHECK(code_of(lab.call("POST", ts, admin, R"({"reservationId":"rsv_nope"})")) == "unknown-reservation");
+
+  // A manager reaches nothing until a unit is released: a named unit is out of reach.
+  auto none = lab.call("POST", ts, mgr, "{}");
+  REQUIRE(none.status == 200);
+  CHECK(Lab::body(none).at("terminated").as_array().empty());
+  CHECK(Lab::body(none).at("leftRunning").as_array().empty());
+  auto outside = lab.call("POST", ts, mgr, fmt::format(R"({{"unitIds":["{}"]}})", U1));
+  CHECK(outside.status == 403);
+  CHECK(code_of(outside) == "out-of-reach");
+  for (const auto& d : lab.hypervisor_->domains) CHECK(d.state == (d.name == "off" ? "shutoff" : "running"));
+
+  // Released: the manager reaches U1 only.
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), mgr, fmt::format(R"({{"unitIds":["{}"]}})", U1)).status == 200);
+  CHECK(code_of(lab.call("POST", ts, mgr, fmt::format(R"({{"unitIds":["{}"]}})", U2))) == "out-of-reach");
+  auto r = lab.call("POST", ts, mgr, R"({"reason":"we need it back"})");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto b = Lab::body(r);
+  CHECK(names_of(b.at("terminated")) == std::vector<std::string>{"spot-a"});
+  const auto* t = entry(b.at("terminated"), "spot-a");
+  REQUIRE(t);
+  CHECK(t->at("vmId") == "vm-a");
+  CHECK(t->at("domainUuid") == "uuid-a");
+  CHECK(t->at("unitIds") == json::array{U1});
+  CHECK(names_of(b.at("leftRunning")) == std::vector<std::string>{"od", "spot-pair"});
+  const auto* pair = entry(b.at("leftRunning"), "spot-pair");
+  CHECK(pair->at("reason") == "out-of-reach");
+  CHECK(pair->at("unitIds") == json::array{U1});  // only the units the caller reaches
+  CHECK(pair->at("tier") == "spot");
+  CHECK(entry(b.at("leftRunning"), "od")->at("reason") == "not-spot");
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "shutoff");
+  CHECK(lab.hypervisor_->find("uuid-p")->state == "running");
+  CHECK(lab.hypervisor_->find("uuid-od")->state == "running");
+
+  // The record in the domain names the caller and an audit record about this VM.
+  const auto rec = lab.hypervisor_->find("uuid-a")->termination;
+  REQUIRE(rec.has_value());
+  CHECK(rec->reason == "capacity-reclaim");
+  CHECK(rec->by == "org-mgr");
+  auto terminations = lab.audits("workload.terminate");
+  REQUIRE(terminations.size() == 2);  // written ahead (with the id the domain carries), then the outcome
+  CHECK(terminations[0].at("id") == json::value(rec->audit_id));
+  CHECK(terminations[0].at("vmIds") == json::array{"vm-a"});
+  CHECK(terminations[0].at("reservationId") == json::value(rid));
+  CHECK(terminations[0].at("actor").at("org") == "org-mgr");
+  CHECK(std::string(terminations[0].at("detail").as_string()).find("we need it back") != std::string::npos);
+  CHECK(terminations[1].at("result") == "ok");
+  auto events = lab.events("workload.terminated");
+  REQUIRE(events.size() == 1);
+  const auto& data = events[0].at("data");
+  CHECK(data.at("vmId") == "vm-a");
+  CHECK(data.at("domainUuid") == "uuid-a");
+  CHECK(data.at("by") == "org-mgr");
+  CHECK(data.at("auditId") == json::value(rec->audit_id));
+  CHECK(data.at("reason") == "capacity-reclaim");
+  CHECK(data.at("reservationId") == json::value(rid));
+  auto ws = Lab::body(lab.call("GET", Lab::path("/workloads"), admin)).at("workloads");
+  CHECK(entry(ws, "spot-a")->at("terminationReason") == "capacity-reclaim");
+  CHECK(entry(ws, "spot-a")->at("state") == "shutoff");
+
+  // The owner reaches the whole node: the pair and spot-b go; the unlabelled VM is listed, vmId and tier null.
+  auto o = lab.call("POST", ts, lab.token(kOwner), "{}");
+  REQUIRE(o.status == 200);
+  auto ob = Lab::body(o);
+  CHECK(names_of(ob.at("terminated")) == std::vector<std::string>{"spot-b", "spot-pair"});
+  CHECK(names_of(ob.at("leftRunning")) == std::vector<std::string>{"legacy", "od"});
+  const auto* legacy = entry(ob.at("leftRunning"), "legacy");
+  CHECK(legacy->at("vmId").is_null());
+  CHECK(legacy->at("tier").is_null());
+  CHECK(legacy->at("reason") == "not-spot");
+  CHECK(lab.hypervisor_->find("uuid-e")->state == "running");  // on no unit of this node
+  CHECK(std::none_of(lab.hypervisor_->calls.begin(), lab.hypervisor_->calls.end(),
+                     [](const std::string& c) { return c.find("uuid-e") != std::string::npos; }));
+  CHECK(lab.hypervisor_->find("uuid-b")->termination->by == kOwner);
+  // The admin socket's caller is local:UID.
+  lab.hypervisor_->find("uuid-b")->state = "running";
+  auto local = lab.call("POST", ts, "admin-socket", fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":0}})", U2));
+  REQUIRE(local.status == 200);
+  CHECK(lab.hypervisor_->find("uuid-b")->termination->by == "local:0");
+  CHECK(lab.events("workload.terminated").back().at("data").at("by") == "local:0");
+  // Hypervisor down: 503, nothing recorded.
+  const auto before = lab.audits("workload.terminate").size();
+  lab.hypervisor_->unavailable = true;
+  auto down = lab.call("POST", ts, admin, "{}");
+  CHECK(down.status == 503);
+  CHECK(code_of(down) == "hypervisor-unavailable");
+  CHECK(lab.audits("workload.terminate").size() == before);
+}
+
+TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
+  Lab lab;
+  lab.hypervisor_->domains = {
+      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
+      vm("od-b", "uuid-odb", {"0000:42:00.0"}, WorkloadLabel{"vm-odb", "org-aud", Tier::reserved}),
+  };
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto mgr = lab.token("org-mgr");
+  auto x = lab.create(admin, {U1, U2}, {"org-aud"}, {"org-mgr"});
+  const std::string rid(x.at("id").as_string()), p = Lab::path("/reservations/" + rid);
+  auto later = lab.create(admin, {U1}, {"org-aud"}, {"org-mgr"}, iso(lab.now_ + std::chrono::hours(30)),
+                          iso(lab.now_ + std::chrono::hours(40)));
+  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status == 200);
+
+  CHECK(lab.call("POST", p + "/reclaim", lab.token("org-aud"), fmt::format(R"({{"unitIds":["{}"]}})", U1)).status == 403);
+  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, R"({"unitIds":["u-0000-43-00-0"]})")) == "unknown-unit");
+  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, R"({"unitIds":[]})")) == "invalid-request");
+  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":"yes"}})", U1))) == "invalid-request");
+  CHECK(code_of(lab.call("POST", Lab::path("/reservations/") + std::string(later.at("id").as_string()) + "/reclaim", admin,
+                         fmt::format(R"({{"unitIds":["{}"]}})", U1))) == "reservation-not-active");
+
+  // Without terminateSpot: U1 leaves the market at once and stays reclaiming while spot-a runs.
+  auto r1 = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":false}})", U1));
+  REQUIRE_MESSAGE(r1.status == 200, r1.body);
+  auto b1 = Lab::body(r1);
+  CHECK(b1.at("reservation").at("releasedUnitIds") == json::array{U2});
+  CHECK(b1.at("reservation").at("reclaimingUnitIds") == json::array{U1});
+  CHECK(b1.at("terminated").as_array().empty());
+  CHECK(b1.at("leftRunning").as_array().empty());
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");
+  CHECK(lab.events("units.reclaimed").size() == 1);
+  // Spot capacity is gone at once; the manager may still terminate there (reclaiming is in reach).
+  auto cap = Lab::body(lab.call("GET", Lab::path("/capacity?org=org-b"), admin));
+  for (auto& e : cap.at("units").as_array()) CHECK(e.at("unitId") != U1);
+  // spot-a stops on its own: the next refresh vacates U1.
+  lab.refresh();
+  CHECK(Lab::body(lab.call("GET", p, admin)).at("reclaimingUnitIds") == json::array{U1});  // still running
+  lab.hypervisor_->find("uuid-a")->state = "shutoff";
+  lab.refresh();
+  CHECK(Lab::body(lab.call("GET", p, admin)).at("reclaimingUnitIds").as_array().empty());
+  auto reclaims = lab.audits("units.reclaim");
+  REQUIRE(reclaims.size() == 2);
+  CHECK(reclaims[1].at("actor").at("via") == "agent");
+  CHECK(reclaims[1].at("unitIds") == json::array{U1});
+
+  // With terminateSpot: spot-b goes in the same call, the reserved VM stays, U2 is vacated at once.
+  lab.grace_ = std::chrono::seconds(20);
+  lab.open();  // libvirt.shutdown_grace 20s
+  lab.hypervisor_->ignore_shutdown = {"uuid-b"};
+  lab.slept_ = {};
+  auto r2 = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U2));
+  REQUIRE_MESSAGE(r2.status == 200, r2.body);
+  auto b2 = Lab::body(r2);
+  CHECK(names_of(b2.at("terminated")) == std::vector<std::string>{"spot-b"});
+  CHECK(names_of(b2.at("leftRunning")) == std::vector<std::string>{"od-b"});
+  CHECK(entry(b2.at("leftRunning"), "od-b")->at("reason") == "not-spot");
+  CHECK(b2.at("reservation").at("releasedUnitIds").as_array().empty());
+  CHECK(b2.at("reservation").at("reclaimingUnitIds").as_array().empty());
+  CHECK(r2.header("ETag") == fmt::format("\"{}\"", b2.at("reservation").at("version").as_int64()));
+  CHECK(lab.slept_ == std::chrono::seconds(20));  // the default grace, then destroy
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "shutoff");
+  CHECK(lab.hypervisor_->find("uuid-odb")->state == "running");
+  // Not on the market any more: a no-op.
+  auto again = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"]}})", U2));
+  CHECK(again.status == 200);
+  CHECK(Lab::body(again).at("reservation").at("version") == b2.at("reservation").at("version"));
+
+  // Hypervisor down: without terminateSpot the unit is taken back and kept reclaiming; with it, 503 and nothing changes.
+  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status == 200);
+  lab.hypervisor_->unavailable = true;
+  auto v_before = Lab::body(lab.call("GET", p, admin)).at("version");
+  auto down = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U1));
+  CHECK(down.status == 503);
+  CHECK(Lab::body(lab.call("GET", p, admin)).at("version") == v_before);
+  auto blind = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"]}})", U1));
+  REQUIRE(blind.status == 200);
+  CHECK(Lab::body(blind).at("reservation").at("reclaimingUnitIds") == json::array{U1});
+  lab.hypervisor_->unavailable = false;
+  lab.refresh();  // nothing runs on U1 now
+  CHECK(Lab::body(lab.call("GET", p, admin)).at("reclaimingUnitIds").as_array().empty());
+  // Ending the reservation takes every unit off the market.
+  REQUIRE(lab.call("POST", p + "/end", admin, "").status == 200);
+  CHECK(Lab::body(lab.call("GET", p, admin)).at("releasedUnitIds").as_array().empty());
+}
+
+TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent dies) are finished by the agent") {
+  Lab lab;
+  lab.hypervisor_->domains = {
+      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
+  };
+  const auto owner = lab.token(kOwner);
+  const std::string ts = Lab::path("/terminate-spot");
+
+  // libvirt goes away after the record is written, before the destroy.
+  lab.hypervisor_->before_call = [&](const std::string& call) {
+    if (call == "destroy") lab.hypervisor_->unavailable = true;
+  };
+  auto r = lab.call("POST", ts, owner, fmt::format(R"({{"unitIds":["{}"]}})", U1));
+  CHECK(r.status == 503);
+  CHECK(code_of(r) == "hypervisor-unavailable");
+  CHECK(Lab::body(r).at("terminated").as_array().empty());
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");
+  CHECK(lab.hypervisor_->find("uuid-a")->termination.has_value());  // recorded before the stop
+  CHECK(lab.events("workload.terminated").empty());                // nothing recorded as terminated
+  CHECK(lab.audits("workload.terminate").size() == 1);              // only the one written ahead
+  lab.refresh();                                                     // still away: nothing decided
+  CHECK(lab.audits("workload.terminate").size() == 1);
+  // libvirt is back: the next refresh finishes it, as the agent.
+  lab.hypervisor_->before_call = nullptr;
+  lab.hypervisor_->unavailable = false;
+  lab.refresh();
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "shutoff");
+  auto recs = lab.audits("workload.terminate");
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[1].at("actor").at("via") == "agent");
+  CHECK(recs[1].at("result") == "ok");
+  CHECK(recs[1].at("requestId").is_null());
+  auto ev = lab.events("workload.terminated");
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].at("data").at("by") == kOwner);  // who decided it, not who finished it
+  CHECK(ev[0].at("data").at("auditId") == recs[0].at("id"));
+  lab.refresh();
+  CHECK(lab.events("workload.terminated").size() == 1);  // finished once
+
+  // The agent dies between writing the termination ahead and running it: a restart finishes it.
+  ApiRequest q;
+  q.method = "POST";
+  q.path = ts;
+  q.body = fmt::format(R"({{"unitIds":["{}"]}})", U2);
+  q.headers.emplace_back("authorization", "Bearer " + owner);
+  q.request_id = "req-crash";
+  auto parked = lab.service_->handle(q);
+  REQUIRE(parked.status == 0);
+  REQUIRE(parked.work != 0);
+  REQUIRE(lab.service_->work(parked.work)->jobs.size() == 1);
+  lab.open();  // "crash": the batch never ran
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "running");
+  lab.refresh();
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "shutoff");
+  CHECK(lab.events("workload.terminated").size() == 2);
+
+  // A domain that stopped while the agent was away is reported gone, not stopped again.
+  lab.hypervisor_->find("uuid-b")->state = "running";
+  auto parked2 = lab.service_->handle(q);
+  REQUIRE(parked2.work != 0);
+  lab.open();
+  lab.hypervisor_->domains.erase(lab.hypervisor_->domains.begin() + 1);  // transient, gone
+  lab.hypervisor_->calls.clear();
+  lab.refresh();
+  CHECK(lab.hypervisor_->calls == std::vector<std::string>{"list"});
+  CHECK(lab.events("workload.terminated").size() == 3);
+  CHECK(std::string(lab.audits("workload.terminate").back().at("detail").as_string()).find("gone") != std::string::npos);
+}
+
+TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never terminated") {
+  Lab lab;
+  lab.hypervisor_->domains = {vm("stuck", "uuid-s", {"0000:41:00.0"}, WorkloadLabel{"vm-s", "org-b", Tier::spot})};
+  bool destroyed = false;  // destroy "works", but the domain never stops
+  lab.hypervisor_->before_call = [&](const std::string& call) {
+    if (call == "destroy") destroyed = true;
+    if (call == "state" && destroyed) lab.hypervisor_->find("uuid-s")->state = "paused";
+  };
+  auto r = lab.call("POST", Lab::path("/terminate-spot"), lab.token("org-platform", {"platform-admin"}), R"({"gracePeriodSeconds":0})");
+  REQUIRE(r.status == 200);
+  auto b = Lab::body(r);
+  CHECK(b.at("terminated").as_array().empty());
+  REQUIRE(b.at("leftRunning").as_array().size() == 1);
+  CHECK(b.at("leftRunning").as_array()[0].at("reason") == "terminate-failed");
+  CHECK(b.at("leftRunning").as_array()[0].at("vmId") == "vm-s");
+  auto recs = lab.audits("workload.terminate");
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[1].at("result") == "failed");
+  CHECK(lab.events("workload.terminated").empty());
+  lab.refresh();  // not pending: not tried again behind the caller's back
+  CHECK(lab.audits("workload.terminate").size() == 2);
 }

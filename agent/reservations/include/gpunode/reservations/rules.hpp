@@ -2,6 +2,7 @@
 // (CONTRACT §4). Pure functions over plain data; the clock is an argument.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,5 +79,12 @@ bool sees_reservation(const Caller& caller, const NodeView& node, const Reservat
 std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
                                                  const std::vector<Reservation>& reservations,
                                                  const std::string& unit_id);
+
+// terminate-spot's reach: the units on which the caller may terminate spot workloads. Admin and
+// owner reach every unit of the node (`node_units`); a manager reaches the released and reclaiming
+// units of the active reservations it manages; nobody else reaches any.
+std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node,
+                                      const std::vector<Reservation>& reservations,
+                                      const std::vector<std::string>& node_units);
 
 }  // namespace gpunode::reservations

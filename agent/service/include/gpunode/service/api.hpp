@@ -32,6 +32,9 @@ struct ApiResponse {
   unsigned status = 200;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // Not sent: with status 0, a batch of terminations the service started (NodeService::work),
+  // to be run off the state thread and answered by NodeService::finish.
+  std::uint64_t work = 0;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
 };

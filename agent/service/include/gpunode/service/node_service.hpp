@@ -33,6 +33,13 @@ struct ServiceOptions {
   std::filesystem::path host_root = "/";
   std::filesystem::path state_dir;
   std::string version;
+  std::chrono::seconds shutdown_grace{0};  // libvirt.shutdown_grace: terminate-spot's default grace
+};
+
+// Terminations to run with the hypervisor, off the state thread (they wait for domains to stop).
+struct Work {
+  std::uint64_t batch = 0;
+  std::vector<vmctl::TerminationJob> jobs;
 };
 
 enum class LogLevel { debug, info, warning, error };
@@ -52,7 +59,28 @@ class NodeService {
   NodeService(const NodeService&) = delete;
   NodeService& operator=(const NodeService&) = delete;
 
+  // The answer to one request. Status 0 means it is not answered yet: either a long poll to park
+  // (X-Gpunode-Wait-Ms), or, with `work` set, terminations to run first: take them with work(),
+  // run them (vmctl::terminate_spot_all), then finish() gives the answer.
   ApiResponse handle(const ApiRequest& request);
+
+  // The jobs of a batch handle() or observe_workloads() started; nullopt for an unknown batch.
+  std::optional<Work> work(std::uint64_t batch) const;
+  // Records what happened to a batch's domains (`after`: the domains listed once they ran, used to
+  // see which reclaiming units are vacated) in one transaction, and answers the request that
+  // started it (for a batch of the agent's own, the answer goes nowhere). Domains whose outcome
+  // is `unavailable` stay pending and are finished by a later observe_workloads().
+  ApiResponse finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
+                     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
+  // A fresh list of the domains (the daemon lists them off this thread every rescan interval):
+  // reclaiming units without spot workloads leave reclaimingUnitIds, and terminations cut short
+  // (by a crash, a stop, or libvirt going away) are finished: the agent's own batch to run, if any.
+  std::optional<Work> observe_workloads(const std::vector<vmctl::Domain>& domains);
+  // handle(), running any terminations at once on this thread with the hypervisor given to
+  // set_hypervisor(). For tests and tools; the daemon does not block its state thread like this.
+  ApiResponse handle_now(const ApiRequest& request, const vmctl::Sleeper& sleep);
+  // observe_workloads() with a list taken now, running its batch at once. For tests and tools.
+  void refresh_now(const vmctl::Sleeper& sleep);
 
   // Applies the term transitions that are due. Returns the next instant one is due, if any.
   std::optional<reservations::Time> tick();
