@@ -1520,7 +1520,8 @@ struct NodeService::Impl {
     b.request_id = q.request_id;
     b.idempotency = std::move(idem);
     Change base{c, q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
-    return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach), grace, reason);
+    const bool whole_node = (c.who.admin() || r::is_owner(c.who, node())) && !ids && !rx;
+    return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace, reason);
   }
 
   ApiResponse reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {

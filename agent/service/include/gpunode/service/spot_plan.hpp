@@ -29,9 +29,12 @@ struct Plan {
 
 // The active workloads on at least one `target` unit: a spot one whose units are all in `reach`
 // is terminated; a spot one with a unit outside it is left running (out-of-reach); every other
-// one (another tier, or unlabelled) is left running (not-spot). Shut-off definitions occupy
-// nothing and are not listed. Order follows `vms`.
-Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets, const std::set<std::string>& reach);
+// one (another tier, or unlabelled) is left running (not-spot). With `whole_node` (an admin or
+// the owner asking for the whole node), workloads that occupy no unit are considered too: they
+// run on the node, and such a caller reaches all of it. Shut-off definitions occupy nothing and
+// are not listed. Order follows `vms`.
+Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets, const std::set<std::string>& reach,
+          bool whole_node = false);
 
 // The units that carry at least one active spot workload.
 std::set<std::string> spot_occupied(const std::vector<Occupant>& vms);
