@@ -220,6 +220,9 @@ struct NodeService::Impl {
   };
   std::map<std::uint64_t, Batch> batches;
   std::uint64_t next_batch = 1;
+  // The workloads as last listed (GET .../state shows them; a change moves the revision).
+  json::array observed_workloads;
+  std::string observed_digest;
   static constexpr std::size_t kTokenCacheSize = 4096;
   mutable std::unordered_map<std::string, auth::Claims> token_cache;
 
@@ -949,7 +952,7 @@ struct NodeService::Impl {
     json::array rs;
     for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
     return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
-                                                  {"reservations", std::move(rs)}, {"workloads", json::array{}}}),
+                                                  {"reservations", std::move(rs)}, {"workloads", observed_workloads}}),
                        "ETag", etag);
   }
 
@@ -1046,7 +1049,27 @@ struct NodeService::Impl {
       say(LogLevel::warning, "hypervisor: " + list.error().message);
       return std::unexpected(problem(503, "hypervisor-unavailable", fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
     }
-    return occupants(std::move(*list));
+    auto ws = occupants(std::move(*list));
+    note_workloads(ws);
+    return ws;
+  }
+
+  // A list that differs from the last one moves the revision (stored, so it never goes back).
+  void note_workloads(const std::vector<Workload>& ws) {
+    json::array a;
+    for (const auto& w : ws) a.emplace_back(workload_json(w));
+    std::string digest = json::serialize(a);
+    if (digest == observed_digest) return;
+    auto bumped = db.transaction([&](store::Tx&) -> std::expected<void, DbError> {
+      auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
+      if (!meta) return std::unexpected(meta.error());
+      if (auto b = (*meta)->bind_all("revision", std::to_string(revision + 1)); !b) return std::unexpected(b.error());
+      return (*meta)->run();
+    });
+    if (!bumped) return;  // tried again with the next list
+    revision += 1;
+    observed_workloads = std::move(a);
+    observed_digest = std::move(digest);
   }
 
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const {
@@ -1403,7 +1426,11 @@ struct NodeService::Impl {
       }
       ch.terminations.push_back(std::move(row));
     }
-    if (after) vacate(occupants(*after), ch);
+    if (after) {
+      const auto ws = occupants(*after);
+      note_workloads(ws);
+      vacate(ws, ch);
+    }
     if (!ch.audits.empty() || !ch.upserts.empty()) {
       if (auto ok = commit(ch); !ok) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
     }
@@ -1421,6 +1448,7 @@ struct NodeService::Impl {
   // The agent's own work after a fresh list: vacated reclaiming units, and pending terminations.
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains) {
     const auto ws = occupants(domains);
+    note_workloads(ws);
     Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
     vacate(ws, ch);
     if (!ch.upserts.empty()) (void)commit(ch);

@@ -671,6 +671,18 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   auto ws = Lab::body(lab.call("GET", Lab::path("/workloads"), admin)).at("workloads");
   CHECK(entry(ws, "spot-a")->at("terminationReason") == "capacity-reclaim");
   CHECK(entry(ws, "spot-a")->at("state") == "shutoff");
+  // The node's state carries the workloads as last listed; a change of them moves the revision.
+  auto st1 = Lab::body(lab.call("GET", Lab::path("/state"), admin));
+  REQUIRE(entry(st1.at("workloads"), "spot-a") != nullptr);
+  CHECK(entry(st1.at("workloads"), "spot-a")->at("state") == "shutoff");
+  lab.refresh();
+  CHECK(Lab::body(lab.call("GET", Lab::path("/state"), admin)).at("revision") == st1.at("revision"));  // nothing changed
+  lab.hypervisor_->find("uuid-off")->state = "running";
+  lab.refresh();
+  auto st2 = Lab::body(lab.call("GET", Lab::path("/state"), admin));
+  CHECK(st2.at("revision").as_int64() > st1.at("revision").as_int64());
+  CHECK(entry(st2.at("workloads"), "off")->at("state") == "running");
+  lab.hypervisor_->find("uuid-off")->state = "shutoff";
 
   // The owner reaches the whole node: the pair and spot-b go; the unlabelled VM is listed, vmId and tier null.
   auto o = lab.call("POST", ts, lab.token(kOwner), "{}");
