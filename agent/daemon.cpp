@@ -199,6 +199,22 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
       if (!e) arm_terms();
     });
   };
+  // libvirt's lifecycle events (a domain started, stopped, defined...) refresh the workloads a
+  // quarter second after the first of a burst, so reclaiming units are vacated as soon as their
+  // spot VMs stop; the periodic refresh remains the backstop.
+  asio::steady_timer event_timer(core);
+  bool event_refresh_armed = false;
+  hypervisor->watch([&] {
+    asio::post(core, [&] {
+      if (event_refresh_armed || stopping) return;
+      event_refresh_armed = true;
+      event_timer.expires_after(std::chrono::milliseconds(250));
+      event_timer.async_wait([&](const boost::system::error_code& e) {
+        event_refresh_armed = false;
+        if (!e && !stopping) refresh_workloads();
+      });
+    });
+  });
   std::function<void()> arm_rescan = [&] {
     rescan_timer.expires_after(std::chrono::milliseconds(cfg.discovery.rescan_interval));
     rescan_timer.async_wait([&](const boost::system::error_code& e) {
@@ -350,9 +366,11 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   asio::post(core, [&] {
     term_timer.cancel();
     rescan_timer.cancel();
+    event_timer.cancel();
     core_work.reset();
   });
   core_thread.join();
+  hypervisor->watch({});  // no more events into `core`, which goes away with this scope
   node.reset();
   log.log(LogLevel::info, "stopped");
   return 0;

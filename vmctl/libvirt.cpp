@@ -2,7 +2,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 
 #include <libvirt/libvirt.h>
@@ -22,6 +24,20 @@ void init_libvirt() {
   std::call_once(once, [] {
     virInitialize();
     virSetErrorFunc(nullptr, ignore_error);
+  });
+}
+
+// Once per process: libvirt's default event loop, run by a thread of its own for the life of the
+// process (lifecycle events, close callbacks and keepalive all need it). It must be registered
+// before a connection is opened to take effect on that connection.
+void start_event_loop() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (virEventRegisterDefaultImpl() < 0) return;
+    std::thread([] {
+      while (virEventRunDefaultImpl() == 0) {
+      }
+    }).detach();
   });
 }
 
@@ -55,9 +71,7 @@ bool connection_error(int code) {
 class Libvirt final : public Hypervisor {
  public:
   explicit Libvirt(std::string uri) : uri_(std::move(uri)) { init_libvirt(); }
-  ~Libvirt() override {
-    if (conn_ != nullptr) virConnectClose(conn_);
-  }
+  ~Libvirt() override { drop(); }
   Libvirt(const Libvirt&) = delete;
   Libvirt& operator=(const Libvirt&) = delete;
 
@@ -147,7 +161,39 @@ class Libvirt final : public Hypervisor {
 
   bool connected() const override { return connected_.load(); }
 
+  void watch(std::function<void()> on_change) override {
+    std::lock_guard lock{mu_};
+    drop();  // unsubscribes the old watcher; the next call connects and subscribes the new one
+    if (!on_change) {
+      on_change_.reset();
+      return;
+    }
+    start_event_loop();
+    on_change_ = std::make_shared<std::function<void()>>(std::move(on_change));
+  }
+
  private:
+  static void notify(void* opaque) {
+    const auto& fn = *static_cast<std::function<void()>*>(opaque);
+    if (fn) fn();
+  }
+  static int on_lifecycle(virConnectPtr, virDomainPtr, int, int, void* opaque) {
+    notify(opaque);
+    return 0;
+  }
+  static void on_close(virConnectPtr, int, void* opaque) { notify(opaque); }
+
+  // Events, close callback and keepalive on a fresh connection (when watched). Caller holds mu_.
+  void subscribe() {
+    if (!on_change_) return;
+    void* opaque = on_change_.get();  // kept alive by on_change_ for the life of the adapter
+    lifecycle_id_ = virConnectDomainEventRegisterAny(conn_, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                     VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
+    (void)virConnectRegisterCloseCallback(conn_, on_close, opaque, nullptr);
+    (void)virConnectSetKeepAlive(conn_, 5, 3);  // not every driver has keepalive (test:/// has not)
+    virResetLastError();
+  }
+
   // The open connection, opening one if there is none or the old one died. Caller holds mu_.
   std::expected<virConnectPtr, VmError> connection() {
     if (conn_ != nullptr && virConnectIsAlive(conn_) != 1) drop();
@@ -160,11 +206,16 @@ class Libvirt final : public Hypervisor {
         return std::unexpected(VmError{VmError::Kind::unavailable, uri_ + ": " + message});
       }
       connected_ = true;
+      subscribe();
     }
     return conn_;
   }
 
   void drop() {
+    if (conn_ != nullptr && lifecycle_id_ >= 0) (void)virConnectDomainEventDeregisterAny(conn_, lifecycle_id_);
+    if (conn_ != nullptr && on_change_) (void)virConnectUnregisterCloseCallback(conn_, on_close);
+    lifecycle_id_ = -1;
+    virResetLastError();
     if (conn_ != nullptr) virConnectClose(conn_);
     conn_ = nullptr;
     connected_ = false;
@@ -243,6 +294,8 @@ class Libvirt final : public Hypervisor {
   std::mutex mu_;
   virConnectPtr conn_ = nullptr;
   std::atomic<bool> connected_{false};
+  std::shared_ptr<std::function<void()>> on_change_;
+  int lifecycle_id_ = -1;
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -228,4 +230,16 @@ TEST_CASE("libvirt: a driver that does not exist is unavailable") {
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().kind == VmError::Kind::unavailable);
   CHECK_FALSE(r.error().message.empty());
+}
+
+TEST_CASE("libvirt test driver: a watcher hears a domain stop (lifecycle events on libvirt's event loop)") {
+  auto hv = make_libvirt(fixture_uri());
+  std::atomic<int> heard{0};
+  hv->watch([&heard] { ++heard; });
+  auto spot = named(*hv, "spot-b-pair");
+  REQUIRE(spot.active());
+  const int before = heard.load();
+  REQUIRE(hv->destroy(spot.uuid).has_value());
+  for (int i = 0; i < 200 && heard.load() == before; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(heard.load() > before);
 }

@@ -83,12 +83,21 @@ class Hypervisor {
   virtual std::expected<void, VmError> destroy(const std::string& uuid) = 0;   // hard stop
   virtual std::expected<std::string, VmError> state(const std::string& uuid) = 0;
   virtual bool connected() const = 0;
+  // Asks to be told when a domain starts, stops, is defined or undefined, and when the connection
+  // closes: `on_change` runs on a thread of the adapter, must be quick, and must not call back
+  // into the adapter. Call it before the first call; an empty function stops watching (do that
+  // before whatever `on_change` refers to goes away). The default watches nothing (a caller still
+  // refreshes on its own schedule).
+  virtual void watch(std::function<void()> on_change) { (void)on_change; }
 };
 
 // libvirt through its C API. `uri` as in config ("qemu:///system", "test:///abs/node.xml").
 // Connects lazily on the first call. A call that fails because the connection died (or finds it
 // dead) drops it and answers `unavailable`; the next call opens a fresh one, so a libvirtd restart
 // is survived. libvirt's default error printer is replaced; its messages come back in VmError.
+// watch() starts libvirt's event loop on a thread of its own (once per process) and, on every
+// connection it opens, registers for domain lifecycle events, a close callback and keepalive
+// probes (5 s, 3 misses), so a libvirtd that hangs fails calls within ~20 s instead of forever.
 std::unique_ptr<Hypervisor> make_libvirt(std::string uri);
 
 // --- pure parsers (libxml2; never throw; garbage gives empty / nullopt) ---
