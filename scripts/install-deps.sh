@@ -15,6 +15,10 @@ PACKAGES=(
   libsqlite3-dev libssl-dev openssl
   # tests and tools
   python3 curl
+  # tests/integration/libvirtd_test.py: a private libvirtd (libvirt-daemon) with its QEMU driver
+  # (libvirt-daemon-driver-qemu) and the emulator (qemu-system-x86, which brings SeaBIOS). Not
+  # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.
+  libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86
 )
 
 missing=()

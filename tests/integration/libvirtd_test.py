@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""The real agent against a real libvirtd with QEMU/KVM: two tiny VMs without devices, one spot and
+one on-demand, terminated by the node's owner through POST /v1/nodes/{nodeId}/terminate-spot.
+
+The daemon is private to this test and touches no global state: as root, libvirtd's QEMU driver
+uses fixed system paths (/run/libvirt, /var/lib/libvirt, /etc/libvirt, ...), so it runs in its own
+mount and PID namespaces (`unshare --mount --pid --fork --mount-proc --kill-child`), where a
+small `sh` (PID 1 there, reaping QEMU when it exits) bind-mounts directories of a temp dir over
+those paths (and private copies of /etc/passwd and /etc/group that add the `libvirt-qemu` user the
+driver resolves at start; qemu.conf then runs QEMU as root), hides the cgroup tree (no cgroups
+are created) and starts `libvirtd` with only the QEMU connection driver loaded
+(LIBVIRT_DRIVER_DIR). Clients (virsh, the agent) reach it from outside through the socket in the
+temp dir: `qemu+unix:///system?socket=TMP/run/libvirt/libvirt-sock`; no environment is needed.
+When the namespace's PID 1 ends, the kernel kills every process in it (libvirtd, QEMU): it is
+sent SIGTERM at the end, SIGKILL if it overstays, and if this script dies the parent-death
+signal takes it down.
+
+Skips (exit 77, one `SKIP: why` line) when not root, when libvirtd, virsh, QEMU, libvirt's QEMU
+driver, unshare or /dev/kvm are missing, or when the private daemon cannot be started. KVM is
+used; if a KVM guest cannot start, the VMs fall back to TCG (type='qemu') and say so.
+
+    python3 tests/integration/libvirtd_test.py build/dev/gpunode-agent
+"""
+import ctypes
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab as L  # noqa: E402
+
+SKIP = 77
+TENANT = "org-tenant"
+SPOT, ONDEMAND = "vm-spot-1", "vm-ondemand-1"
+SPOT_NAME, ONDEMAND_NAME = "gpunode-spot-1", "gpunode-ondemand-1"
+WORKLOAD_NS = "urn:gpunode:workload:1"
+TERMINATION_NS = "urn:gpunode:termination:1"
+SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+class Skip(Exception):
+    pass
+
+
+def which(name):
+    return shutil.which(name, path=SBIN)
+
+
+def qemu_driver_module():
+    for pattern in ("/usr/lib/*/libvirt/connection-driver/libvirt_driver_qemu.so",
+                    "/usr/lib64/libvirt/connection-driver/libvirt_driver_qemu.so",
+                    "/usr/lib/libvirt/connection-driver/libvirt_driver_qemu.so"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[0]
+    return None
+
+
+def preflight():
+    """What is needed to run at all; raises Skip naming what is missing."""
+    if os.geteuid() != 0:
+        raise Skip("needs root (a private libvirtd in its own mount namespace)")
+    missing = [n for n in ("libvirtd", "virsh", "qemu-system-x86_64", "unshare", "mount") if not which(n)]
+    if missing:
+        raise Skip(f"not installed: {', '.join(missing)} (scripts/install-deps.sh installs them)")
+    module = qemu_driver_module()
+    if not module:
+        raise Skip("libvirt's QEMU driver (libvirt_driver_qemu.so, libvirt-daemon-driver-qemu) is not installed")
+    if not os.path.exists("/dev/kvm"):
+        raise Skip("/dev/kvm is absent (no KVM on this machine)")
+    if not os.path.isdir("/etc/libvirt"):
+        raise Skip("/etc/libvirt does not exist (nothing to bind the private config over)")
+    return module
+
+
+def die_with_parent():
+    """preexec_fn: SIGKILL this child when the test process dies (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+INIT_SH = r"""set -e
+T="$1"
+mount --bind "$T/run" /run
+mount --bind "$T/var" /var
+mount --bind "$T/etc" /etc/libvirt
+mount --bind "$T/passwd" /etc/passwd
+mount --bind "$T/group" /etc/group
+if [ -d /sys/fs/cgroup ]; then mount -t tmpfs -o size=64k gpunode-no-cgroups /sys/fs/cgroup; fi
+set +e
+trap 'kill -TERM "$daemon" 2>/dev/null' TERM INT
+LIBVIRT_DRIVER_DIR="$T/drivers" libvirtd --config /etc/libvirt/libvirtd.conf &
+daemon=$!
+wait "$daemon"
+wait "$daemon"
+"""
+
+LIBVIRTD_CONF = """# private test daemon: root only, no polkit, no TCP
+auth_unix_ro = "none"
+auth_unix_rw = "none"
+unix_sock_ro_perms = "0700"
+unix_sock_rw_perms = "0700"
+log_outputs = "3:stderr"
+"""
+
+QEMU_CONF = """# private test daemon: QEMU as root, nothing relabelled, no cgroups, no virtlogd
+user = "root"
+group = "root"
+dynamic_ownership = 0
+remember_owner = 0
+security_driver = "none"
+stdio_handler = "file"
+cgroup_controllers = [ ]
+namespaces = [ ]
+"""
+
+
+class Libvirtd:
+    """A private libvirtd (QEMU driver only) in its own mount and PID namespaces."""
+
+    def __init__(self, module):
+        base = tempfile.gettempdir()
+        real = os.path.realpath(base)
+        if any(real == p or real.startswith(p + "/") for p in ("/run", "/var", "/etc")):
+            base = "/tmp"  # those are covered by bind mounts inside the namespace
+        self.dir = tempfile.mkdtemp(prefix="gpunode-libvirt-", dir=base)
+        self.proc, self.init_pid, self.pidns = None, None, None
+        self.sock = os.path.join(self.dir, "run", "libvirt", "libvirt-sock")
+        self.uri = f"qemu+unix:///system?socket={self.sock}"
+        d = self.dir
+        for sub in ("run/libvirt", "var/lib/libvirt", "var/cache/libvirt", "var/log/libvirt", "var/tmp",
+                    "etc", "drivers"):
+            os.makedirs(os.path.join(d, sub))
+        os.symlink("/run", os.path.join(d, "var", "run"))
+        os.symlink(module, os.path.join(d, "drivers", os.path.basename(module)))
+        with open(os.path.join(d, "etc", "libvirtd.conf"), "w") as f:
+            f.write(LIBVIRTD_CONF)
+        with open(os.path.join(d, "etc", "qemu.conf"), "w") as f:
+            f.write(QEMU_CONF)
+        # The QEMU driver resolves its built-in user (libvirt-qemu on Debian) before it reads
+        # qemu.conf; libvirt-daemon-system would create it system-wide, this only in the namespace.
+        for name, line in (("passwd", "libvirt-qemu:x:64055:64055:gpunode test:/var/lib/libvirt:/usr/sbin/nologin\n"),
+                           ("group", "libvirt-qemu:x:64055:\n")):
+            with open(f"/etc/{name}") as src, open(os.path.join(d, name), "w") as dst:
+                text = src.read()
+                dst.write(text if text.endswith("\n") or not text else text + "\n")
+                if not any(l.startswith("libvirt-qemu:") for l in text.splitlines()):
+                    dst.write(line)
+        with open(os.path.join(d, "init.sh"), "w") as f:
+            f.write(INIT_SH)
+        self.log = os.path.join(d, "libvirtd.log")
+
+    def tail(self, n=1200):
+        try:
+            with open(self.log, "rb") as f:
+                return f.read().decode(errors="replace")[-n:].strip()
+        except OSError:
+            return ""
+
+    def start(self, wait=30):
+        """Starts the daemon; raises Skip (with its log) if it cannot be started."""
+        env = dict(os.environ, PATH=SBIN)
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [which("unshare"), "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
+                 "--kill-child", "sh", os.path.join(self.dir, "init.sh"), self.dir],
+                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=die_with_parent)
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            if self.init_pid is None:
+                self.init_pid = self._child_of(self.proc.pid)
+                if self.init_pid is not None:
+                    try:
+                        self.pidns = os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino
+                    except OSError:
+                        self.init_pid = None
+            if self.proc.poll() is not None:
+                raise Skip(f"the private libvirtd could not be started (exit {self.proc.returncode}): "
+                           + self.tail().replace("\n", " | "))
+            if os.path.exists(self.sock):
+                r = self.virsh("uri", check=False)
+                if r.returncode == 0:
+                    return
+            time.sleep(0.1)
+        raise Skip(f"the private libvirtd did not answer within {wait}s: " + self.tail().replace("\n", " | "))
+
+    @staticmethod
+    def _child_of(ppid):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) == ppid:
+                return int(entry)
+        return None
+
+    def virsh(self, *args, check=True):
+        r = subprocess.run([which("virsh"), "-q", "-c", self.uri, *args], capture_output=True, text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"virsh {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+        return r
+
+    def leftovers(self):
+        """PIDs still in the daemon's PID namespace (empty once it is gone)."""
+        if self.pidns is None:
+            return []
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}/ns/pid").st_ino == self.pidns:
+                        out.append(int(entry))
+                except OSError:
+                    pass
+        return out
+
+    def stop(self, timeout=10):
+        """SIGTERM to the namespace's PID 1 (stops libvirtd; its end kills QEMU); SIGKILL if it overstays."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            if self.init_pid is not None:
+                try:
+                    os.kill(self.init_pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                for pid in (self.init_pid, self.proc.pid):  # the namespace's init first: takes all with it
+                    if pid is not None:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                self.proc.wait()
+        deadline = time.time() + 5
+        while self.leftovers() and time.time() < deadline:
+            time.sleep(0.05)
+
+    def close(self):
+        try:
+            self.stop()
+        finally:
+            if os.environ.get("GPUNODE_INTEG_KEEP"):
+                print(f"# libvirtd dir kept at {self.dir}", flush=True)
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def domain_xml(name, vm_id, tier, kind):
+    # No disks, NICs, graphics, USB, balloon or hostdevs: SeaBIOS finds nothing to boot and waits,
+    # "running". ACPI is on so that a graceful shutdown is accepted (and ignored: no OS answers).
+    return f"""<domain type='{kind}'>
+  <name>{name}</name>
+  <memory unit='MiB'>32</memory>
+  <vcpu>1</vcpu>
+  <metadata>
+    <gw:workload xmlns:gw="{WORKLOAD_NS}" vm-id="{vm_id}" org="{TENANT}" tier="{tier}"/>
+  </metadata>
+  <os><type arch='x86_64'>hvm</type><boot dev='hd'/></os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <controller type='usb' model='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+"""
+
+
+def define_and_start(daemon, vms):
+    """Defines and starts the VMs as KVM guests, falling back to TCG if KVM cannot start one."""
+    kind = "kvm"
+    for attempt in ("kvm", "qemu"):
+        kind = attempt
+        try:
+            for name, vm_id, tier in vms:
+                path = os.path.join(daemon.dir, f"{name}.xml")
+                with open(path, "w") as f:
+                    f.write(domain_xml(name, vm_id, tier, kind))
+                daemon.virsh("define", path)
+                daemon.virsh("start", name)
+            return kind
+        except RuntimeError as e:
+            if attempt == "qemu":
+                raise
+            print(f"# KVM guests cannot start here ({e}); falling back to TCG (type='qemu')", flush=True)
+            for name, _, _ in vms:
+                daemon.virsh("destroy", name, check=False)
+                daemon.virsh("undefine", name, check=False)
+    return kind
+
+
+def domstate(daemon, name):
+    return daemon.virsh("domstate", name).stdout.strip()
+
+
+def inactive_termination(daemon, name):
+    """(termination attributes or None, workload attributes or None) of the persistent definition."""
+    root = ET.fromstring(daemon.virsh("dumpxml", "--inactive", name).stdout)
+    md = root.find("metadata")
+    term = md.find(f"{{{TERMINATION_NS}}}termination") if md is not None else None
+    work = md.find(f"{{{WORKLOAD_NS}}}workload") if md is not None else None
+    return (dict(term.attrib) if term is not None else None, dict(work.attrib) if work is not None else None)
+
+
+def by_vm(workloads):
+    return {w.get("vmId"): w for w in workloads}
+
+
+def check_termination(c, lab, daemon, owner, label, since, uuid):
+    """The persistent definition's termination record and the audit record it names."""
+    term, work = inactive_termination(daemon, SPOT_NAME)
+    c.check(f"{label}: the spot VM's persistent definition holds the termination element", term is not None,
+            daemon.virsh("dumpxml", "--inactive", SPOT_NAME).stdout[-800:])
+    term = term or {}
+    c.eq(f"{label}: termination reason", term.get("reason"), "capacity-reclaim")
+    c.eq(f"{label}: termination by (the owner's org)", term.get("by"), L.OWNER)
+    at = None
+    try:
+        at = L.parse_time(term.get("at"))
+    except (AssertionError, ValueError, TypeError):
+        pass
+    c.check(f"{label}: termination at is RFC 3339 UTC and now", at is not None and since - 2 <= at <= time.time() + 2,
+            term.get("at"))
+    c.eq(f"{label}: the workload element is untouched",
+         work, {"vm-id": SPOT, "org": TENANT, "tier": "spot"})
+    records = lab.audit_all(token=owner)
+    c.eq("audit chain recomputes", L.verify_chain(records), [])
+    rec = next((r for r in records if r.get("id") == term.get("audit-id")), None)
+    c.check(f"{label}: audit-id {term.get('audit-id')!r} names an audit record", rec is not None,
+            [r.get("id") for r in records])
+    rec = rec or {}
+    c.eq(f"{label}: audit action", rec.get("action"), "workload.terminate")
+    c.check(f"{label}: audit vmIds lists {SPOT}", SPOT in (rec.get("vmIds") or []), rec.get("vmIds"))
+    c.eq(f"{label}: audit result", rec.get("result"), "ok")
+    c.eq(f"{label}: audit actor", {k: (rec.get("actor") or {}).get(k) for k in ("org", "via")},
+         {"org": L.OWNER, "via": "https"})
+    return term.get("audit-id")
+
+
+def body(c, agent, daemon):
+    kind = define_and_start(daemon, [(SPOT_NAME, SPOT, "spot"), (ONDEMAND_NAME, ONDEMAND, "on-demand")])
+    print(f"# libvirtd {daemon.uri}; guests are type='{kind}'", flush=True)
+    uuid = {n: daemon.virsh("domuuid", n).stdout.strip() for n in (SPOT_NAME, ONDEMAND_NAME)}
+    c.eq("virsh: the spot VM runs", domstate(daemon, SPOT_NAME), "running")
+    c.eq("virsh: the on-demand VM runs", domstate(daemon, ONDEMAND_NAME), "running")
+
+    with L.Lab(agent) as lab:
+        text = lab.config_text()
+        assert "uri: test:///default" in text, "lab.config_text() no longer names test:///default"
+        lab.write_config(text.replace("uri: test:///default", f'uri: "{daemon.uri}"'))
+        lab.start()
+        owner = lab.token(org=L.OWNER)
+
+        # -- what the owner sees ---------------------------------------------------------------
+        r = lab.get(lab.npath("/workloads"), token=owner)
+        c.status("GET workloads as the owner", r, 200)
+        ws = by_vm((r.json or {}).get("workloads", []))
+        c.eq("workloads: exactly the two VMs", sorted(ws), sorted([SPOT, ONDEMAND]))
+        for vm, name, tier in ((SPOT, SPOT_NAME, "spot"), (ONDEMAND, ONDEMAND_NAME, "on-demand")):
+            w = ws.get(vm, {})
+            c.eq(f"workloads: {vm}", {k: w.get(k) for k in
+                                     ("vmId", "domainUuid", "name", "org", "tier", "state", "unitIds", "terminationReason")},
+                 {"vmId": vm, "domainUuid": uuid[name], "name": name, "org": TENANT, "tier": tier,
+                  "state": "running", "unitIds": [], "terminationReason": None})
+
+        # -- terminate-spot by the owner, no grace ---------------------------------------------
+        left = {"vmId": ONDEMAND, "domainUuid": uuid[ONDEMAND_NAME], "name": ONDEMAND_NAME, "unitIds": [],
+                "tier": "on-demand", "reason": "not-spot"}
+        gone = {"vmId": SPOT, "domainUuid": uuid[SPOT_NAME], "name": SPOT_NAME, "unitIds": []}
+        since = time.time()
+        r = lab.call("POST", lab.npath("/terminate-spot"), token=owner, body={"gracePeriodSeconds": 0}, timeout=60)
+        c.status("terminate-spot (grace 0) as the owner", r, 200)
+        j = r.json if isinstance(r.json, dict) else {}
+        c.eq("terminate-spot: terminated is the spot VM", j.get("terminated"), [gone])
+        c.eq("terminate-spot: leftRunning is the on-demand VM (not-spot)", j.get("leftRunning"), [left])
+        c.eq("virsh: the spot VM is shut off", domstate(daemon, SPOT_NAME), "shut off")
+        c.eq("virsh: the on-demand VM still runs", domstate(daemon, ONDEMAND_NAME), "running")
+        first = check_termination(c, lab, daemon, owner, "grace 0", since, uuid)
+
+        r = lab.get(lab.npath("/workloads"), token=owner)
+        c.status("GET workloads after the termination", r, 200)
+        ws = by_vm((r.json or {}).get("workloads", []))
+        c.eq("workloads: the spot VM is shutoff, capacity-reclaim",
+             {k: ws.get(SPOT, {}).get(k) for k in ("state", "terminationReason")},
+             {"state": "shutoff", "terminationReason": "capacity-reclaim"})
+        c.eq("workloads: the on-demand VM runs, no termination",
+             {k: ws.get(ONDEMAND, {}).get(k) for k in ("state", "terminationReason")},
+             {"state": "running", "terminationReason": None})
+
+        # -- the spot VM again, terminated with a 2 s grace (SeaBIOS ignores the ACPI shutdown) --
+        daemon.virsh("start", SPOT_NAME)
+        c.eq("virsh: the spot VM runs again", domstate(daemon, SPOT_NAME), "running")
+        since = time.time()
+        r = lab.call("POST", lab.npath("/terminate-spot"), token=owner, body={"gracePeriodSeconds": 2}, timeout=60)
+        took = time.time() - since
+        c.status("terminate-spot (grace 2) as the owner", r, 200)
+        j = r.json if isinstance(r.json, dict) else {}
+        c.eq("terminate-spot (grace 2): terminated is the spot VM", j.get("terminated"), [gone])
+        c.eq("terminate-spot (grace 2): leftRunning is the on-demand VM", j.get("leftRunning"), [left])
+        c.check(f"terminate-spot (grace 2) waited out the grace before destroying (took {took:.1f}s)",
+                2.0 <= took < 30, f"{took:.2f}s")
+        c.eq("virsh: the spot VM is shut off again", domstate(daemon, SPOT_NAME), "shut off")
+        c.eq("virsh: the on-demand VM still runs after the second call", domstate(daemon, ONDEMAND_NAME), "running")
+        second = check_termination(c, lab, daemon, owner, "grace 2", since, uuid)
+        c.check("grace 2: a new audit record, not the first one", second is not None and second != first,
+                f"{first!r} then {second!r}")
+        rc, _ = lab.stop()
+        c.eq("the agent stops cleanly on SIGTERM", rc, 0)
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(f"usage: {sys.argv[0]} PATH/TO/gpunode-agent", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    daemon = None
+    # SIGTERM (a CTest timeout) unwinds through the finally blocks: agent, daemon and dirs go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    c = L.Checks("libvirtd")
+    try:
+        try:
+            daemon = Libvirtd(preflight())
+            daemon.start()
+        except Skip as e:
+            print(f"SKIP: {e}", flush=True)
+            return SKIP
+        try:
+            body(c, sys.argv[1], daemon)
+        except Exception as e:  # a crash of the test itself is one failed check
+            import traceback
+            traceback.print_exc()
+            c.check("libvirtd test ran to the end", False, f"{type(e).__name__}: {e}")
+            print("# libvirtd log tail:\n" + daemon.tail(), flush=True)
+    finally:
+        if daemon is not None:
+            daemon.close()
+    c.check("no process of the private libvirtd is left (libvirtd, QEMU)", not daemon.leftovers(), daemon.leftovers())
+    print(f"# {time.time() - t0:.1f}s", flush=True)
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
