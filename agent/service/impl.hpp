@@ -1,0 +1,261 @@
+// NodeService::Impl and the helpers its translation units share; private to gpunode_service.
+//   node_state.cpp          loading, migrations, commit, units and scan, terms, request plumbing,
+//                           and NodeService's public member functions
+//   reservation_routes.cpp  routing, units, reservations, audit, state, reserved capacity, ETags
+//   workload_routes.cpp     workloads, occupancy, entitlement (capacity, admission), release
+//   spot_routes.cpp         the spot market: reclaim, terminate-spot and their termination batches
+#pragma once
+
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include "gpunode/discovery/sysfs_reader.hpp"
+#include "gpunode/service/node_service.hpp"
+#include "gpunode/service/spot_plan.hpp"
+#include "gpunode/store/database.hpp"
+
+namespace gpunode::service {
+namespace r = gpunode::reservations;
+namespace json = boost::json;
+using store::DbError;
+
+namespace detail {
+
+inline r::Time to_time(std::chrono::system_clock::time_point t) {
+  return std::chrono::time_point_cast<std::chrono::seconds>(t);
+}
+
+inline json::array strings_json(const std::vector<std::string>& list) {
+  json::array a;
+  for (const auto& s : list) a.emplace_back(s);
+  return a;
+}
+
+// rsv_ + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids sort
+// by creation time.
+std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now);
+
+struct Caller {
+  r::Caller who;
+  json::object actor() const {
+    json::object a;
+    a["sub"] = who.sub;
+    a["org"] = who.org ? json::value(*who.org) : json::value(nullptr);
+    a["roles"] = strings_json(who.roles);
+    a["via"] = who.via;
+    return a;
+  }
+  std::string by() const { return who.org ? *who.org : who.sub; }
+};
+
+inline Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}}; }
+
+inline ApiResponse forbidden(std::string_view detail) { return problem(403, "forbidden", detail); }
+
+inline ApiResponse with_header(ApiResponse resp, std::string name, std::string value) {
+  resp.headers.emplace_back(std::move(name), std::move(value));
+  return resp;
+}
+
+inline std::string etag_of_version(std::int64_t version) { return fmt::format("\"{}\"", version); }
+
+struct AuditDraft {
+  std::string action;
+  std::optional<std::string> reservation_id;
+  std::vector<std::string> unit_ids;
+  std::vector<std::string> vm_ids;
+  std::string result = "ok";
+  std::optional<std::string> detail;
+};
+
+struct EventDraft {
+  std::string type;
+  json::object data;
+};
+
+struct IdempotencyDraft {
+  std::string caller, key, fingerprint;
+  ApiResponse response;
+};
+
+// A termination as stored (crash safety): written pending, with its audit record, before the
+// domain is touched; done or failed once the hypervisor answered.
+struct TerminationRow {
+  std::int64_t audit_seq = 0;
+  std::string domain_uuid;
+  std::string doc;    // {vmId, name, unitIds, by, at, grace}
+  std::string state;  // pending | done | failed
+};
+
+// One transaction's worth of change.
+struct Change {
+  Caller actor;
+  std::optional<std::string> request_id;
+  r::Time at{};
+  std::vector<r::Reservation> upserts;
+  std::vector<AuditDraft> audits;
+  std::vector<EventDraft> events;
+  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units;  // id -> (doc, absent)
+  std::optional<std::string> inventory_digest;
+  std::optional<IdempotencyDraft> idempotency;
+  std::vector<TerminationRow> terminations;
+};
+
+}  // namespace detail
+
+struct NodeService::Impl {
+  using Caller = detail::Caller;
+  using Change = detail::Change;
+  using IdempotencyDraft = detail::IdempotencyDraft;
+  using TerminationRow = detail::TerminationRow;
+
+  ServiceOptions opt;
+  std::shared_ptr<const auth::TokenVerifier> verifier;
+  const discovery::PciIds* names = nullptr;
+  Clock clock;
+  LogSink log;
+  store::Database db;
+  std::unique_ptr<discovery::SysfsReader> reader;
+
+  std::map<std::string, r::Reservation> reservations;
+  std::vector<discovery::Unit> units;                // present, sorted by id
+  std::map<std::string, json::object> absent_units;  // last seen JSON, with `absent` applied
+  std::int64_t revision = 0, audit_seq = 0, event_seq = 0;
+  std::string audit_last_hash;
+  std::string inventory_digest;
+  std::shared_ptr<vmctl::Hypervisor> hypervisor;
+  // Terminations written pending and not decided yet, by audit seq (loaded on open: cut short by a
+  // crash); those a running batch holds are in `in_flight`.
+  std::map<std::int64_t, TerminationRow> pending;
+  std::set<std::int64_t> in_flight;
+  struct BatchVm {
+    std::int64_t audit_seq = 0;
+    vmctl::Domain domain;
+    std::vector<std::string> unit_ids;
+    vmctl::TerminationRecord record;
+    std::chrono::seconds grace{0};
+  };
+  struct Batch {
+    enum class Kind { terminate_spot, reclaim, agent } kind = Kind::agent;
+    Caller caller;
+    std::optional<std::string> request_id;
+    std::optional<std::string> reservation_id;  // reclaim
+    std::vector<BatchVm> vms;
+    json::array left_running;                   // decided before the run
+    std::optional<IdempotencyDraft> idempotency;
+  };
+  std::map<std::uint64_t, Batch> batches;
+  std::uint64_t next_batch = 1;
+  // The workloads as last listed (GET .../state shows them; a change moves the revision).
+  json::array observed_workloads;
+  std::string observed_digest;
+  static constexpr std::size_t kTokenCacheSize = 4096;
+  mutable std::unordered_map<std::string, auth::Claims> token_cache;
+
+  Impl(ServiceOptions o, store::Database d) : opt(std::move(o)), db(std::move(d)) {}
+
+  r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
+  r::Time now() const { return detail::to_time(clock()); }
+  // The reservations as one list for the rules; rebuilt only after a commit changed them.
+  const std::vector<r::Reservation>& all_reservations() const;
+  mutable std::vector<r::Reservation> list_cache;
+  mutable bool list_stale = true;
+
+  void say(LogLevel level, const std::string& text) const {
+    if (log) log(level, text);
+  }
+
+  // ---- node_state.cpp ----------------------------------------------------------------------------
+  // loading
+  std::expected<void, std::string> load();
+
+  // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
+  std::map<std::string, store::Statement, std::less<>> statements;
+  std::expected<store::Statement*, DbError> cached(std::string_view sql);
+
+  // the one way state changes
+  std::expected<void, std::string> commit(Change& c);
+
+  // units
+  json::object unit_view(const discovery::Unit& u, const Caller& caller) const;
+  json::object absent_view(const std::string& id, json::object doc, const Caller& caller) const;
+  json::array units_json(const Caller& caller) const;
+  const discovery::Unit* present_unit(const std::string& id) const;
+  void scan(bool first);
+
+  // terms
+  std::optional<r::Time> apply_terms();
+
+  // request plumbing
+  std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q) const;
+  static std::string caller_key(const Caller& c);
+  std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft);
+  ApiResponse commit_response(Change& c, ApiResponse resp);
+
+  // ---- reservation_routes.cpp --------------------------------------------------------------------
+  ApiResponse route(const ApiRequest& q);
+  ApiResponse method_not_allowed(std::string allow);
+  ApiResponse node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
+  ApiResponse list_units(const Caller& c);
+  std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) const;
+  ApiResponse list_reservations(const ApiRequest& q, const Caller& c);
+  std::optional<ApiResponse> check_units(const std::vector<std::string>& ids);
+  std::optional<ApiResponse> check_overlap(const r::Reservation& candidate);
+  ApiResponse create(const ApiRequest& q, const Caller& c);
+  ApiResponse amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+  ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+  ApiResponse state(const ApiRequest& q, const Caller& c);
+  ApiResponse audit(const ApiRequest& q, const Caller& c);
+  ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
+  ApiResponse conditional(const ApiRequest& q, ApiResponse resp) const;
+
+  // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
+  using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
+
+  std::map<std::string, std::string> unit_of_address() const;
+  std::expected<std::vector<Workload>, ApiResponse> workloads_now();
+  std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
+  static json::value opt_str(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
+  static json::object workload_json(const Workload& w);
+  ApiResponse workloads(const Caller& c);
+  std::optional<ApiResponse> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
+                                             json::array& spot);
+
+  // entitlement (CONTRACT §4 capacity and admission)
+  struct Entitlement {
+    std::string code;  // empty: entitled
+    std::string message;
+    std::optional<std::string> reservation_id;
+  };
+
+  const r::Reservation* active_holder(const std::string& unit_id) const;
+  Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
+  ApiResponse capacity(const ApiRequest& q, const Caller& c);
+  ApiResponse admission(const ApiRequest& q, const Caller& c);
+
+  // release (CONTRACT §4)
+  ApiResponse release(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+
+  // ---- spot_routes.cpp: the spot market, reclaim and terminate-spot (CONTRACT §4, §5, §7) ------
+  void note_workloads(const std::vector<Workload>& ws);
+  std::vector<std::string> node_unit_ids() const;
+  bool known_unit(const std::string& id) const { return present_unit(id) != nullptr || absent_units.contains(id); }
+  std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
+  static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
+  void vacate(const std::vector<Workload>& ws, Change& ch);
+  ApiResponse start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
+  ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left) const;
+  void store_idempotency(IdempotencyDraft d, const ApiResponse& resp);
+  std::optional<Work> work_of(std::uint64_t id) const;
+  ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
+                     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
+  std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
+  ApiResponse terminate_spot(const ApiRequest& q, const Caller& c);
+  ApiResponse reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+};
+
+}  // namespace gpunode::service

@@ -1,0 +1,465 @@
+// NodeService::Impl's routes: dispatch, units, reservations, audit, state, reserved capacity, conditional GETs.
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/ranges.h>
+
+#include "gpunode/config/config.hpp"
+#include "gpunode/service/reservation_json.hpp"
+#include "gpunode/store/audit_chain.hpp"
+#include "impl.hpp"
+
+namespace gpunode::service {
+using namespace detail;
+
+namespace {
+
+constexpr std::size_t kDefaultLimit = 100;
+constexpr std::size_t kMaxLimit = 500;
+
+ApiResponse not_found() {
+  // Holds nothing from the request: every 404 for an unseen node is byte-identical (§7).
+  return problem(404, "not-found", "no such resource");
+}
+
+bool etag_matches(std::string_view header, std::string_view etag) {
+  // A list of entity tags, or *; weak comparison.
+  std::string_view h = header;
+  while (!h.empty()) {
+    const auto comma = h.find(',');
+    std::string_view t = h.substr(0, comma);
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+    if (t.starts_with("W/")) t.remove_prefix(2);
+    if (t == "*" || t == etag) return true;
+    h = comma == std::string_view::npos ? std::string_view{} : h.substr(comma + 1);
+  }
+  return false;
+}
+
+std::vector<std::string> split_path(std::string_view path) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  if (path.starts_with('/')) pos = 1;
+  while (pos <= path.size()) {
+    const auto slash = path.find('/', pos);
+    const auto end = slash == std::string_view::npos ? path.size() : slash;
+    out.emplace_back(path.substr(pos, end - pos));
+    if (slash == std::string_view::npos) break;
+    pos = slash + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- routes ------------------------------------------------------------------------------------
+ApiResponse NodeService::Impl::route(const ApiRequest& q) {
+  if (q.path == "/healthz") {
+    if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
+    return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", revision}});
+  }
+  auto caller = authenticate(q);
+  if (!caller) return caller.error();
+  if (q.path == "/v1/admin/rescan" && q.via == ApiRequest::Via::admin_socket) {
+    // Operators' "scan now" (gpunodectl rescan); only on the admin socket.
+    if (q.method != "POST") return method_not_allowed("POST");
+    scan(false);
+    return json_response(json::object{{"revision", revision}});
+  }
+  const auto seg = split_path(q.path);
+  if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
+  if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {
+    return reserved_capacity(q, *caller, seg[2]);
+  }
+  return not_found();
+}
+
+ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
+  return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
+}
+
+ApiResponse NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
+  if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
+  const std::size_t n = seg.size();
+  if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "state") return q.method == "GET" ? state(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "capacity") return q.method == "GET" ? capacity(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "admission") return q.method == "POST" ? admission(q, c) : method_not_allowed("POST");
+  if (n == 4 && seg[3] == "terminate-spot") return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
+  if (n == 4 && seg[3] == "reservations") {
+    if (q.method == "GET") return list_reservations(q, c);
+    if (q.method == "POST") return create(q, c);
+    return method_not_allowed("GET, POST");
+  }
+  if (n >= 5 && seg[3] == "reservations") {
+    auto it = reservations.find(seg[4]);
+    if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) return not_found();
+    if (n == 5) {
+      if (q.method == "GET") return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
+      if (q.method == "PATCH") return amend(q, c, it->second);
+      return method_not_allowed("GET, PATCH");
+    }
+    if (n == 6 && seg[5] == "end") return q.method == "POST" ? end(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "release") return q.method == "POST" ? release(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "reclaim") return q.method == "POST" ? reclaim(q, c, it->second) : method_not_allowed("POST");
+  }
+  return not_found();
+}
+
+ApiResponse NodeService::Impl::list_units(const Caller& c) {
+  if (!r::may_list_units(c.who, node(), all_reservations())) return forbidden("units are listed for operators, the owner and managing orgs");
+  return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
+}
+
+// limit and pageToken; pageToken is the last id of the previous page.
+std::expected<std::pair<std::size_t, std::string>, ApiResponse> NodeService::Impl::paging(const ApiRequest& q) const {
+  std::size_t limit = kDefaultLimit;
+  if (auto l = q.query_param("limit")) {
+    std::size_t v = 0;
+    auto [p, ec] = std::from_chars(l->data(), l->data() + l->size(), v);
+    if (ec != std::errc{} || p != l->data() + l->size() || v < 1 || v > kMaxLimit) {
+      return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500", {{"limit", "must be an integer from 1 to 500"}}));
+    }
+    limit = v;
+  }
+  return std::pair{limit, q.query_param("pageToken").value_or("")};
+}
+
+ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Caller& c) {
+  std::optional<r::State> state;
+  if (auto s = q.query_param("state"); s && !s->empty()) {
+    state = r::parse_state(*s);
+    if (!state) return problem(400, "invalid-request", "state must be scheduled, active or ended", {{"state", "must be scheduled, active or ended"}});
+  }
+  auto page = paging(q);
+  if (!page) return page.error();
+  const auto& [limit, token] = *page;
+  json::array list;
+  std::string last;
+  bool more = false;
+  for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token); it != reservations.end(); ++it) {
+    const auto& x = it->second;
+    if (!r::sees_reservation(c.who, node(), x) || (state && x.state != *state)) continue;
+    if (list.size() == limit) {
+      more = true;
+      break;
+    }
+    list.emplace_back(to_json(x));
+    last = x.id;
+  }
+  return json_response(json::object{{"reservations", std::move(list)}, {"nextPageToken", more ? json::value(last) : json::value(nullptr)}});
+}
+
+// Units named in a request: 422 unknown-unit, 409 unit-not-reservable.
+std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std::string>& ids) {
+  std::vector<FieldProblem> unknown;
+  json::array not_reservable;
+  for (const auto& id : ids) {
+    const auto* u = present_unit(id);
+    if (u == nullptr && !absent_units.contains(id)) {
+      unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", id, opt.node_id)});
+      continue;
+    }
+    json::array reasons;
+    if (u != nullptr) {
+      for (const auto& rs : u->reasons) reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
+    } else {
+      reasons = absent_units.at(id)["notReservableReasons"].as_array();
+    }
+    if (!reasons.empty()) not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
+  }
+  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
+  if (!not_reservable.empty()) {
+    json::object extra{{"units", not_reservable}};
+    return problem(409, "unit-not-reservable", "some units cannot be reserved", {}, &extra);
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation& candidate) {
+  auto blockers = r::blocking_reservations(candidate, all_reservations());
+  if (blockers.empty()) return std::nullopt;
+  json::object extra{{"blockingReservationIds", strings_json(blockers)}};
+  return problem(409, "reservation-overlap",
+                 fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {}, &extra);
+}
+
+ApiResponse NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
+  if (!c.who.admin()) return forbidden("only a platform admin reserves units");
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  auto body = parse_object(q.body, false);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid reservation request", body.error());
+  Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
+  r::CreateRequest req;
+  req.unit_ids = f.strings("unitIds").value_or(std::vector<std::string>{});
+  req.audience_org_ids = f.strings("audienceOrgIds").value_or(std::vector<std::string>{});
+  req.managing_org_ids = f.strings("managingOrgIds").value_or(std::vector<std::string>{});
+  req.starts_at = f.time("startsAt");
+  req.ends_at = f.time("endsAt");
+  req.note = f.string("note").value_or("");
+  const r::Time t = now();
+  auto problems = std::move(f.problems());
+  for (auto& e : r::validate_create(req, t)) {
+    if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+      problems.push_back({e.field, e.message});
+    }
+  }
+  if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid reservation request", problems);
+  if (auto bad = check_units(req.unit_ids)) return *bad;
+
+  r::Reservation x;
+  x.id = new_id("rsv_", clock());
+  x.node_id = opt.node_id;
+  x.unit_ids = req.unit_ids;
+  x.audience_org_ids = req.audience_org_ids;
+  x.managing_org_ids = req.managing_org_ids;
+  x.starts_at = req.starts_at.value_or(t);
+  x.ends_at = *req.ends_at;
+  x.state = x.starts_at <= t ? r::State::active : r::State::scheduled;
+  x.note = req.note;
+  x.created_at = x.updated_at = t;
+  x.version = 1;
+  if (auto overlap = check_overlap(x)) return *overlap;
+  json::array spot;
+  if (auto occupied = check_occupancy(x, x.unit_ids, t, spot)) return *occupied;
+
+  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  ch.audits.push_back(AuditDraft{"reservation.create", x.id, x.unit_ids, {}, "ok", std::nullopt});
+  ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", to_json(x)}}});
+  auto body_out = to_json(x);
+  body_out["spotWorkloads"] = std::move(spot);
+  ApiResponse resp = json_response(body_out, 201);
+  resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", opt.node_id, x.id));
+  resp.headers.emplace_back("ETag", etag_of_version(x.version));
+  auto out = commit_response(ch, std::move(resp));
+  if (out.status == 201) say(LogLevel::info, fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub, fmt::join(x.unit_ids, ",")));
+  return out;
+}
+
+ApiResponse NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+  if (!c.who.admin()) return forbidden("only a platform admin amends reservations");
+  const auto ct = q.header("content-type").value_or("");
+  if (!ct.starts_with("application/merge-patch+json") && !ct.starts_with("application/json")) {
+    return problem(415, "unsupported-media-type", "send application/merge-patch+json or application/json");
+  }
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  if (auto m = q.header("if-match"); m && !etag_matches(*m, etag_of_version(current.version))) {
+    return problem(412, "version-mismatch", fmt::format("the reservation is at version {}", current.version));
+  }
+  if (current.ended()) return problem(409, "reservation-ended", "an ended reservation cannot be amended");
+  auto body = parse_object(q.body, false);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid amendment", body.error());
+  Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
+  r::Reservation x = current;
+  const r::Time t = now();
+  if (auto v = f.strings("unitIds")) x.unit_ids = *v;
+  if (auto v = f.strings("audienceOrgIds")) x.audience_org_ids = *v;
+  if (auto v = f.strings("managingOrgIds")) x.managing_org_ids = *v;
+  if (auto v = f.string("note")) x.note = *v;
+  if (f.has("startsAt")) {
+    if (auto v = f.time("startsAt")) {
+      if (current.state != r::State::scheduled) {
+        f.problems().push_back({"startsAt", "can change only while the reservation is scheduled"});
+      } else {
+        x.starts_at = *v;
+      }
+    }
+  }
+  if (auto v = f.time("endsAt")) x.ends_at = *v;
+  auto problems = std::move(f.problems());
+  r::CreateRequest check{x.unit_ids, x.audience_org_ids, x.managing_org_ids, x.starts_at, x.ends_at, x.note};
+  for (auto& e : r::validate_create(check, t)) {
+    if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
+    if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+      problems.push_back({e.field, e.message});
+    }
+  }
+  if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid amendment", problems);
+  std::vector<std::string> added;
+  for (const auto& u : x.unit_ids) {
+    if (!current.holds_unit(u)) added.push_back(u);
+  }
+  if (auto bad = check_units(added)) return *bad;
+  if (auto overlap = check_overlap(x)) return *overlap;
+  json::array spot;
+  const bool audience_changed = x.audience_org_ids != current.audience_org_ids;
+  if (auto occupied = check_occupancy(x, audience_changed ? x.unit_ids : added, t, spot)) return *occupied;
+  // Released or reclaiming units that left the reservation leave the spot market with it.
+  std::erase_if(x.released_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
+  std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
+  x.version += 1;
+  x.updated_at = t;
+  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  ch.audits.push_back(AuditDraft{"reservation.amend", x.id, x.unit_ids, {}, "ok", std::nullopt});
+  ch.events.push_back(EventDraft{"reservation.amended", json::object{{"reservation", to_json(x)}}});
+  auto amended = to_json(x);
+  amended["spotWorkloads"] = std::move(spot);
+  auto resp = with_header(json_response(amended), "ETag", etag_of_version(x.version));
+  auto out = commit_response(ch, std::move(resp));
+  apply_terms();  // a new startsAt or endsAt may be due already
+  if (out.status == 200 && reservations.at(x.id).version != x.version) {
+    const auto& now_x = reservations.at(x.id);
+    out = with_header(json_response(to_json(now_x)), "ETag", etag_of_version(now_x.version));
+  }
+  return out;
+}
+
+ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+  if (!c.who.admin()) return forbidden("only a platform admin ends reservations");
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  auto body = parse_object(q.body, true);
+  if (!body) return problem(400, "invalid-request", "the body is not valid", body.error());
+  Fields f(*body, {"reason"});
+  auto reason = f.string("reason", true);
+  if (reason && reason->size() > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not valid", f.problems());
+  if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
+  const r::Time t = now();
+  r::Reservation x = current;
+  x.state = r::State::ended;
+  x.ended_at = t;
+  x.end_reason = r::EndReason::ended_early;
+  x.released_unit_ids.clear();
+  x.reclaiming_unit_ids.clear();
+  x.version += 1;
+  x.updated_at = t;
+  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
+  ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
+  return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
+}
+
+// GET .../state[?after=REV&wait=30s]: units, reservations, workloads and the revision. A long
+// poll whose revision has not passed REV yet is answered with status 0 and the wait in
+// X-Gpunode-Wait-Ms: the daemon parks it and asks again when the revision moves or the wait
+// ends (then with X-Gpunode-Waited, which makes it a 304).
+ApiResponse NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
+  if (!(c.who.admin() || c.who.operator_role())) return forbidden("the node's state is for platform admins and operators");
+  std::optional<std::int64_t> after;
+  if (auto a = q.query_param("after")) {
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(a->data(), a->data() + a->size(), v);
+    if (ec != std::errc{} || p != a->data() + a->size() || v < 0) {
+      return problem(400, "invalid-request", "after must be a revision (a non-negative integer)", {{"after", "must be a non-negative integer"}});
+    }
+    after = v;
+  }
+  std::chrono::milliseconds wait = std::chrono::seconds(30);
+  if (auto w = q.query_param("wait")) {
+    auto d = config::parse_duration(*w);
+    if (!d || *d > std::chrono::seconds(120)) {
+      return problem(400, "invalid-request", "wait must be a duration of at most 120s, e.g. 30s", {{"wait", d ? "must be at most 120s" : d.error()}});
+    }
+    wait = *d;
+  }
+  const std::string etag = fmt::format("\"{}\"", revision);
+  if (after && revision <= *after) {
+    if (q.header("x-gpunode-waited") || wait.count() == 0) {
+      ApiResponse not_modified;
+      not_modified.status = 304;
+      not_modified.headers.emplace_back("ETag", etag);
+      return not_modified;
+    }
+    ApiResponse park;
+    park.status = 0;
+    park.headers.emplace_back("X-Gpunode-Wait-Ms", std::to_string(wait.count()));
+    return park;
+  }
+  json::array rs;
+  for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
+  return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
+                                                {"reservations", std::move(rs)}, {"workloads", observed_workloads}}),
+                     "ETag", etag);
+}
+
+ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
+  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("the audit log is for operators and the owner");
+  auto page = paging(q);
+  if (!page) return page.error();
+  const auto& [limit, token] = *page;
+  std::int64_t after = 0;
+  for (const auto& cursor : {q.query_param("after").value_or(""), token}) {
+    if (cursor.empty()) continue;
+    auto seq = store::parse_audit_id(cursor);
+    if (!seq) return problem(400, "invalid-request", "after and pageToken take an audit id such as aud_12", {{"after", "must be an audit id such as aud_12"}});
+    after = std::max(after, static_cast<std::int64_t>(*seq));
+  }
+  auto st = db.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+  if (!st || !st->bind_all(after, static_cast<std::int64_t>(limit + 1))) return problem(503, "storage-unavailable", "the audit log cannot be read");
+  json::array records;
+  std::int64_t last = 0;
+  bool more = false;
+  while (true) {
+    auto step = st->step();
+    if (!step) return problem(503, "storage-unavailable", "the audit log cannot be read");
+    if (*step == store::Statement::Step::done) break;
+    if (records.size() == limit) {
+      more = true;
+      break;
+    }
+    boost::system::error_code ec;
+    records.emplace_back(json::parse(st->column_text(1), ec));
+    last = st->column_int64(0);
+  }
+  return json_response(json::object{{"records", std::move(records)},
+                                    {"nextPageToken", more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
+}
+
+ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org) {
+  if (q.method != "GET") {
+    if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
+    return method_not_allowed("GET");
+  }
+  if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
+  json::array entries;
+  std::int64_t total_units = 0, total_gpus = 0;
+  for (const auto& [id, x] : reservations) {
+    if (x.ended() || std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), org) == x.audience_org_ids.end()) continue;
+    json::array units_out;
+    std::int64_t gpus = 0;
+    for (const auto& uid : x.unit_ids) {
+      if (const auto* u = present_unit(uid)) {
+        gpus += u->gpu_count();
+        units_out.emplace_back(unit_view(*u, c));
+      } else if (auto a = absent_units.find(uid); a != absent_units.end()) {
+        if (const auto* g = a->second.if_contains("gpuCount"); g && g->is_int64()) gpus += g->get_int64();
+        units_out.emplace_back(absent_view(uid, a->second, c));
+      }
+    }
+    total_units += static_cast<std::int64_t>(x.unit_ids.size());
+    total_gpus += gpus;
+    entries.emplace_back(json::object{{"reservationId", x.id}, {"state", r::to_string(x.state)},
+                                      {"startsAt", r::format_time(x.starts_at)}, {"endsAt", r::format_time(x.ends_at)},
+                                      {"unitIds", strings_json(x.unit_ids)}, {"releasedUnitIds", strings_json(x.released_unit_ids)},
+                                      {"gpuCount", gpus}, {"units", std::move(units_out)}});
+  }
+  return json_response(json::object{{"orgId", org}, {"nodeId", opt.node_id}, {"reservations", std::move(entries)},
+                                    {"totals", json::object{{"units", total_units}, {"gpus", total_gpus}}}});
+}
+
+// GETs carry an ETag and answer If-None-Match with 304.
+ApiResponse NodeService::Impl::conditional(const ApiRequest& q, ApiResponse resp) const {
+  if (q.method != "GET" || resp.status != 200) return resp;
+  std::string etag;
+  if (auto e = resp.header("ETag")) {
+    etag = std::string(*e);
+  } else {
+    etag = fmt::format("\"{}\"", store::sha256_hex(resp.body).value_or("0").substr(0, 20));
+    resp.headers.emplace_back("ETag", etag);
+  }
+  if (auto inm = q.header("if-none-match"); inm && etag_matches(*inm, etag)) {
+    ApiResponse not_modified;
+    not_modified.status = 304;
+    not_modified.headers.emplace_back("ETag", etag);
+    return not_modified;
+  }
+  return resp;
+}
+
+}  // namespace gpunode::service

@@ -1,0 +1,382 @@
+// NodeService::Impl's spot market: reclaim, terminate-spot, termination batches, finish, observe, vacate.
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "gpunode/service/reservation_json.hpp"
+#include "gpunode/store/audit_chain.hpp"
+#include "impl.hpp"
+
+namespace gpunode::service {
+using namespace detail;
+
+// ---- the spot market: reclaim and terminate-spot (CONTRACT §4, §5, §7) --------------------------
+// A list that differs from the last one moves the revision (stored, so it never goes back).
+void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
+  json::array a;
+  for (const auto& w : ws) a.emplace_back(workload_json(w));
+  std::string digest = json::serialize(a);
+  if (digest == observed_digest) return;
+  auto bumped = db.transaction([&](store::Tx&) -> std::expected<void, DbError> {
+    auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
+    if (!meta) return std::unexpected(meta.error());
+    if (auto b = (*meta)->bind_all("revision", std::to_string(revision + 1)); !b) return std::unexpected(b.error());
+    return (*meta)->run();
+  });
+  if (!bumped) return;  // tried again with the next list
+  revision += 1;
+  observed_workloads = std::move(a);
+  observed_digest = std::move(digest);
+}
+
+std::vector<std::string> NodeService::Impl::node_unit_ids() const {
+  std::vector<std::string> out;
+  for (const auto& u : units) out.push_back(u.id);
+  for (const auto& [id, doc] : absent_units) out.push_back(id);
+  return out;
+}
+
+// The active reservation holding one of the units (the first found), for workload.terminated.
+std::optional<std::string> NodeService::Impl::holder_of(const std::vector<std::string>& unit_ids) const {
+  for (const auto& u : unit_ids) {
+    if (const auto* x = active_holder(u)) return x->id;
+  }
+  return std::nullopt;
+}
+
+json::object NodeService::Impl::left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason) {
+  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+                      {"domainUuid", d.uuid},
+                      {"name", d.name},
+                      {"unitIds", strings_json(unit_ids)},
+                      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
+                      {"reason", reason}};
+}
+
+// Reclaiming units that no active spot workload occupies any more leave reclaimingUnitIds.
+void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
+  const auto occupied = spot::spot_occupied(ws);
+  for (const auto& [id, current] : reservations) {
+    if (current.state != r::State::active || current.reclaiming_unit_ids.empty()) continue;
+    r::Reservation x = current;
+    std::vector<std::string> vacated;
+    std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) {
+      if (occupied.contains(u)) return false;
+      vacated.push_back(u);
+      return true;
+    });
+    if (vacated.empty()) continue;
+    x.version += 1;
+    x.updated_at = ch.at;
+    ch.upserts.push_back(x);
+    ch.audits.push_back(AuditDraft{"units.reclaim", x.id, vacated, {}, "ok", "reclaim complete: no spot workload is left on the units"});
+  }
+}
+
+// Writes the terminations ahead (each one's audit record, whose id goes into the domain's
+// termination record, and its pending row) together with `base` (a reclaim's change), then
+// hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
+ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason) {
+  for (const auto& l : plan.left_running) b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
+  if (plan.terminate.empty()) {
+    if (!base.upserts.empty() || !base.audits.empty()) {
+      if (auto ok = commit(base); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed");
+    }
+    ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running));
+    if (b.idempotency) store_idempotency(std::move(*b.idempotency), out);
+    return out;
+  }
+  std::int64_t seq = audit_seq + static_cast<std::int64_t>(base.audits.size());
+  const std::string at = r::format_time(base.at);
+  for (const auto* vm : plan.terminate) {
+    const auto& d = vm->domain;
+    ++seq;
+    vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    base.audits.push_back(AuditDraft{"workload.terminate", holder_of(vm->unit_ids), vm->unit_ids, {d.label->vm_id}, "ok",
+                                     fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
+                                                 d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
+    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}, {"by", record.by},
+                     {"at", at}, {"grace", grace.count()}};
+    base.terminations.push_back(TerminationRow{seq, d.uuid, json::serialize(doc), "pending"});
+    b.vms.push_back(BatchVm{seq, d, vm->unit_ids, std::move(record), grace});
+  }
+  if (auto ok = commit(base); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed or stopped");
+  for (const auto& vm : b.vms) in_flight.insert(vm.audit_seq);
+  const std::uint64_t id = next_batch++;
+  say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"), b.vms.size(), b.caller.by()));
+  batches.emplace(id, std::move(b));
+  ApiResponse parked;
+  parked.status = 0;
+  parked.work = id;
+  return parked;
+}
+
+ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left) const {
+  if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
+    const auto& x = reservations.at(*b.reservation_id);
+    return with_header(json_response(json::object{{"reservation", to_json(x)}, {"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}}),
+                       "ETag", etag_of_version(x.version));
+  }
+  return json_response(json::object{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}});
+}
+
+void NodeService::Impl::store_idempotency(IdempotencyDraft d, const ApiResponse& resp) {
+  d.response = resp;
+  Change ch{Caller{}, std::nullopt, now(), {}, {}, {}, {}, {}, std::move(d), {}};
+  // Only the idempotency row: commit() also moves the revision, which is harmless.
+  if (auto ok = commit(ch); !ok) say(LogLevel::warning, "the idempotent answer could not be stored");
+}
+
+std::optional<Work> NodeService::Impl::work_of(std::uint64_t id) const {
+  auto it = batches.find(id);
+  if (it == batches.end()) return std::nullopt;
+  Work w{id, {}};
+  for (const auto& vm : it->second.vms) w.jobs.push_back(vmctl::TerminationJob{vm.domain, vm.record, vm.grace});
+  return w;
+}
+
+ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
+                                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
+  auto it = batches.find(id);
+  if (it == batches.end()) return problem(500, "internal", "unknown termination batch");
+  Batch b = std::move(it->second);
+  batches.erase(it);
+  for (const auto& vm : b.vms) in_flight.erase(vm.audit_seq);
+  const bool agent = b.kind == Batch::Kind::agent;
+  Change ch{agent ? agent_caller() : b.caller, agent ? std::nullopt : b.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
+  json::array terminated, left = b.left_running;
+  std::optional<std::string> unavailable;
+  for (std::size_t i = 0; i < b.vms.size(); ++i) {
+    const auto& vm = b.vms[i];
+    const auto& d = vm.domain;
+    const std::string vm_id = d.label ? d.label->vm_id : std::string();
+    const auto result = i < outcomes.size() && outcomes[i].uuid == d.uuid
+                            ? outcomes[i].result
+                            : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
+    const auto holder = holder_of(vm.unit_ids);
+    auto row = pending.contains(vm.audit_seq) ? pending.at(vm.audit_seq) : TerminationRow{vm.audit_seq, d.uuid, "{}", "pending"};
+    const std::string who = agent ? "finished by the agent: " : "";
+    if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
+      unavailable = result.error().message;  // stays pending: finished once libvirt answers again
+      continue;
+    }
+    if (result && result->terminated) {
+      ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "ok",
+                                     fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
+      ch.events.push_back(EventDraft{"workload.terminated",
+                                     json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"unitIds", strings_json(vm.unit_ids)},
+                                                  {"reservationId", opt_str(holder)}, {"by", vm.record.by},
+                                                  {"auditId", vm.record.audit_id}, {"reason", "capacity-reclaim"}}});
+      row.state = "done";
+      terminated.emplace_back(json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
+      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({})", vm_id, d.uuid, vm.record.by, result->detail));
+    } else {
+      const std::string why = result ? result->detail : result.error().message;
+      ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "failed",
+                                     fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
+      row.state = "failed";
+      if (result || result.error().kind != vmctl::VmError::Kind::not_found) left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
+      say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
+    }
+    ch.terminations.push_back(std::move(row));
+  }
+  if (after) {
+    const auto ws = occupants(*after);
+    note_workloads(ws);
+    vacate(ws, ch);
+  }
+  if (!ch.audits.empty() || !ch.upserts.empty()) {
+    if (auto ok = commit(ch); !ok) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
+  }
+  if (unavailable) {
+    json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
+    return problem(503, "hypervisor-unavailable",
+                   fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are finished by the agent once it answers", *unavailable),
+                   {}, &extra);
+  }
+  ApiResponse out = answer_batch(b, std::move(terminated), std::move(left));
+  if (b.idempotency) store_idempotency(std::move(*b.idempotency), out);
+  return out;
+}
+
+// The agent's own work after a fresh list: vacated reclaiming units, and pending terminations.
+std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>& domains) {
+  const auto ws = occupants(domains);
+  note_workloads(ws);
+  Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  vacate(ws, ch);
+  if (!ch.upserts.empty()) (void)commit(ch);
+  Batch run, gone;
+  run.kind = gone.kind = Batch::Kind::agent;
+  std::vector<vmctl::TerminationOutcome> gone_outcomes;
+  for (const auto& [seq, row] : pending) {
+    if (in_flight.contains(seq)) continue;
+    boost::system::error_code ec;
+    auto doc = json::parse(row.doc, ec);
+    const json::object empty;
+    const json::object& o = !ec && doc.is_object() ? doc.get_object() : empty;
+    auto str = [&](const char* k) { return o.contains(k) && o.at(k).is_string() ? std::string(o.at(k).get_string()) : std::string(); };
+    std::vector<std::string> unit_ids;
+    if (const auto* a = o.if_contains("unitIds"); a && a->is_array()) {
+      for (const auto& u : a->get_array()) {
+        if (u.is_string()) unit_ids.emplace_back(u.get_string());
+      }
+    }
+    const auto grace = std::chrono::seconds(o.contains("grace") && o.at("grace").is_int64() ? o.at("grace").get_int64() : 0);
+    vmctl::TerminationRecord record{"capacity-reclaim", str("at"), str("by"), store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    auto found = std::find_if(domains.begin(), domains.end(), [&](const vmctl::Domain& d) { return d.uuid == row.domain_uuid; });
+    if (found == domains.end() || !found->active()) {
+      vmctl::Domain d = found == domains.end() ? vmctl::Domain{} : *found;
+      d.uuid = row.domain_uuid;
+      if (d.name.empty()) d.name = str("name");
+      if (!d.label) d.label = vmctl::WorkloadLabel{str("vmId"), "", vmctl::Tier::spot};
+      gone.vms.push_back(BatchVm{seq, d, unit_ids, record, grace});
+      gone_outcomes.push_back(vmctl::TerminationOutcome{row.domain_uuid, vmctl::TerminateResult{true, found == domains.end() ? "the domain is gone" : "the domain is " + found->state}});
+      continue;
+    }
+    run.vms.push_back(BatchVm{seq, *found, unit_ids, record, grace});  // terminate_spot_all refuses it if no longer spot
+    in_flight.insert(seq);
+  }
+  if (!gone.vms.empty()) {
+    for (const auto& vm : gone.vms) in_flight.insert(vm.audit_seq);
+    const std::uint64_t id = next_batch++;
+    batches.emplace(id, std::move(gone));
+    (void)finish(id, std::move(gone_outcomes), std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "not listed"}));
+  }
+  if (run.vms.empty()) return std::nullopt;
+  const std::uint64_t id = next_batch++;
+  batches.emplace(id, std::move(run));
+  return work_of(id);
+}
+
+ApiResponse NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
+  const bool manager = std::any_of(reservations.begin(), reservations.end(), [&](const auto& kv) { return !kv.second.ended() && r::manages(c.who, kv.second); });
+  if (!(c.who.admin() || r::is_owner(c.who, node()) || manager)) {
+    return forbidden("spot workloads are terminated by platform admins, the node's owner and managing orgs");
+  }
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  auto body = parse_object(q.body, true);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", body.error());
+  Fields f(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason"});
+  auto ids = f.strings("unitIds");
+  if (f.has("unitIds") && ids && ids->empty()) f.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
+  auto rid = f.string("reservationId");
+  auto grace_s = f.integer("gracePeriodSeconds", 0, 300);
+  auto reason = f.string("reason");
+  if (reason && reason->size() > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
+  const auto grace = grace_s ? std::chrono::seconds(*grace_s) : opt.shutdown_grace;
+
+  const auto reach = r::terminate_reach(c.who, node(), all_reservations(), node_unit_ids());
+  const r::Reservation* rx = nullptr;
+  if (rid) {
+    auto it = reservations.find(*rid);
+    if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) {
+      return problem(422, "unknown-reservation", fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
+                     {{"reservationId", "is not a reservation of this node"}});
+    }
+    rx = &it->second;
+  }
+  std::set<std::string> targets;
+  if (ids) {
+    std::vector<FieldProblem> unknown, outside;
+    for (const auto& u : *ids) {
+      if (!known_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
+      else if (rx && !rx->holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, rx->id)});
+      else if (!reach.contains(u)) outside.push_back({"unitIds", fmt::format("{} is outside your reach", u)});
+    }
+    if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
+    if (!outside.empty()) return problem(403, "out-of-reach", "some units are outside your reach: a managing org reaches only the released and reclaiming units of its active reservations", outside);
+    targets.insert(ids->begin(), ids->end());
+  } else {
+    for (const auto& u : reach) {
+      if (!rx || rx->holds_unit(u)) targets.insert(u);
+    }
+  }
+  auto ws = workloads_now();
+  if (!ws) return ws.error();
+  Batch b;
+  b.kind = Batch::Kind::terminate_spot;
+  b.caller = c;
+  b.request_id = q.request_id;
+  b.idempotency = std::move(idem);
+  Change base{c, q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
+  const bool whole_node = (c.who.admin() || r::is_owner(c.who, node())) && !ids && !rx;
+  return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace, reason);
+}
+
+ApiResponse NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+  if (!(c.who.admin() || r::manages(c.who, current))) return forbidden("only a platform admin or a managing org reclaims units");
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  auto body = parse_object(q.body, false);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid reclaim request", body.error());
+  Fields f(*body, {"unitIds", "terminateSpot"});
+  auto ids = f.strings("unitIds");
+  const bool terminate = f.boolean("terminateSpot").value_or(false);
+  if (!ids || ids->empty()) {
+    if (std::none_of(f.problems().begin(), f.problems().end(), [](const FieldProblem& p) { return p.field == "unitIds"; })) {
+      f.problems().push_back({"unitIds", "must name at least one unit"});
+    }
+  }
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid reclaim request", f.problems());
+  if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are reclaimed only in an active reservation");
+  std::vector<FieldProblem> unknown;
+  for (const auto& u : *ids) {
+    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
+  }
+  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
+  // Without a list of the workloads, every reclaimed unit is taken to carry spot workloads: it
+  // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
+  // needs the list: 503 and nothing changed.
+  auto ws = workloads_now();
+  if (!ws && terminate) return ws.error();
+  const std::set<std::string> named(ids->begin(), ids->end());
+  const auto occupied = ws ? spot::spot_occupied(*ws) : named;
+  auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };
+  r::Reservation x = current;
+  std::vector<std::string> newly;
+  for (const auto& u : named) {
+    const bool released = has(x.released_unit_ids, u), reclaiming = has(x.reclaiming_unit_ids, u);
+    if (!released && !reclaiming) continue;  // not on the spot market: nothing to do
+    if (released) newly.push_back(u);
+    std::erase(x.released_unit_ids, u);
+    std::erase(x.reclaiming_unit_ids, u);
+    if (occupied.contains(u)) x.reclaiming_unit_ids.push_back(u);
+  }
+  std::sort(x.reclaiming_unit_ids.begin(), x.reclaiming_unit_ids.end());
+  const r::Time t = now();
+  Change base{c, q.request_id, t, {}, {}, {}, {}, {}, {}, {}};
+  if (x.released_unit_ids != current.released_unit_ids || x.reclaiming_unit_ids != current.reclaiming_unit_ids) {
+    x.version += 1;
+    x.updated_at = t;
+    base.upserts.push_back(x);
+    std::vector<std::string> still;
+    for (const auto& u : newly) {
+      if (has(x.reclaiming_unit_ids, u)) still.push_back(u);
+    }
+    base.audits.push_back(AuditDraft{"units.reclaim", x.id, newly.empty() ? std::vector<std::string>(named.begin(), named.end()) : newly, {}, "ok",
+                                     still.empty() ? std::optional<std::string>()
+                                                   : fmt::format("spot workloads still run on {}", fmt::join(still, ", "))});
+    if (!newly.empty()) base.events.push_back(EventDraft{"units.reclaimed", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
+  }
+  Batch b;
+  b.kind = Batch::Kind::reclaim;
+  b.caller = c;
+  b.request_id = q.request_id;
+  b.reservation_id = current.id;
+  b.idempotency = std::move(idem);
+  spot::Plan p;
+  if (terminate) {
+    std::set<std::string> targets, reach = r::terminate_reach(c.who, node(), all_reservations(), node_unit_ids());
+    for (const auto& u : x.reclaiming_unit_ids) {
+      if (named.contains(u)) targets.insert(u);
+    }
+    reach.insert(targets.begin(), targets.end());  // the caller manages these units: they are reclaiming now
+    p = spot::plan(*ws, targets, reach);
+  }
+  return start_batch(std::move(b), std::move(base), p, opt.shutdown_grace, std::nullopt);
+}
+
+}  // namespace gpunode::service

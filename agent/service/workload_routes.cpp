@@ -1,0 +1,235 @@
+// NodeService::Impl's workload routes: workloads, occupancy, entitlement (capacity, admission), release.
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "gpunode/service/reservation_json.hpp"
+#include "impl.hpp"
+
+namespace gpunode::service {
+using namespace detail;
+
+// ---- workloads (CONTRACT §5, §7 Occupancy) -----------------------------------------------------
+// Every unit's member addresses, present and absent units alike.
+std::map<std::string, std::string> NodeService::Impl::unit_of_address() const {
+  std::map<std::string, std::string> out;
+  for (const auto& u : units) {
+    for (const auto& m : u.devices) out[m.device.address.to_string()] = u.id;
+  }
+  for (const auto& [id, doc] : absent_units) {
+    if (const auto* ds = doc.if_contains("devices"); ds && ds->is_array()) {
+      for (const auto& d : ds->get_array()) {
+        if (const auto* a = d.is_object() ? d.get_object().if_contains("pciAddress") : nullptr; a && a->is_string()) {
+          out.emplace(std::string(a->get_string()), id);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::expected<std::vector<NodeService::Impl::Workload>, ApiResponse> NodeService::Impl::workloads_now() {
+  if (!hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
+  auto list = hypervisor->list();
+  if (!list) {
+    say(LogLevel::warning, "hypervisor: " + list.error().message);
+    return std::unexpected(problem(503, "hypervisor-unavailable", fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
+  }
+  auto ws = occupants(std::move(*list));
+  note_workloads(ws);
+  return ws;
+}
+
+std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vector<vmctl::Domain> list) const {
+  const auto owner = unit_of_address();
+  std::vector<Workload> out;
+  for (auto& d : list) {
+    std::set<std::string> ids;
+    for (const auto& a : d.pci_addresses) {
+      if (auto it = owner.find(a); it != owner.end()) ids.insert(it->second);
+    }
+    out.push_back(Workload{std::move(d), std::vector<std::string>(ids.begin(), ids.end())});
+  }
+  std::sort(out.begin(), out.end(), [](const Workload& a, const Workload& b) { return a.domain.name < b.domain.name; });
+  return out;
+}
+
+json::object NodeService::Impl::workload_json(const Workload& w) {
+  const auto& d = w.domain;
+  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+                      {"domainUuid", d.uuid},
+                      {"name", d.name},
+                      {"org", d.label ? json::value(d.label->org) : json::value(nullptr)},
+                      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
+                      {"state", d.state},
+                      {"unitIds", strings_json(w.unit_ids)},
+                      {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
+}
+
+ApiResponse NodeService::Impl::workloads(const Caller& c) {
+  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("workloads are listed for operators and the owner");
+  auto ws = workloads_now();
+  if (!ws) return ws.error();
+  json::array list;
+  for (const auto& w : *ws) list.emplace_back(workload_json(w));
+  return json_response(json::object{{"nodeId", opt.node_id}, {"workloads", std::move(list)}});
+}
+
+// Occupancy of `checked` units once the term has started: a workload that is not spot, of an
+// org outside the audience (or unlabelled), blocks (409 unit-occupied); spot workloads are
+// allowed and listed.
+std::optional<ApiResponse> NodeService::Impl::check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
+                                                              json::array& spot) {
+  if (x.starts_at > t || checked.empty()) return std::nullopt;
+  auto ws = workloads_now();
+  if (!ws) return ws.error();
+  json::array blockers;
+  for (const auto& w : *ws) {
+    if (!w.domain.active()) continue;
+    if (std::none_of(w.unit_ids.begin(), w.unit_ids.end(), [&](const std::string& u) {
+          return std::find(checked.begin(), checked.end(), u) != checked.end();
+        })) {
+      continue;
+    }
+    const auto& label = w.domain.label;
+    if (label && label->tier == vmctl::Tier::spot) {
+      spot.emplace_back(json::object{{"vmId", label->vm_id}, {"domainUuid", w.domain.uuid}, {"name", w.domain.name},
+                                     {"org", label->org}, {"unitIds", strings_json(w.unit_ids)}});
+      continue;
+    }
+    if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) != x.audience_org_ids.end()) continue;
+    blockers.emplace_back(json::object{{"vmId", label ? json::value(label->vm_id) : json::value(nullptr)},
+                                       {"domainUuid", w.domain.uuid}, {"name", w.domain.name}});
+  }
+  if (blockers.empty()) return std::nullopt;
+  json::object extra{{"workloads", blockers}};
+  return problem(409, "unit-occupied", "workloads of orgs outside the audience are running on the units", {}, &extra);
+}
+
+// ---- entitlement (CONTRACT §4 capacity and admission) --------------------------------------------
+const r::Reservation* NodeService::Impl::active_holder(const std::string& unit_id) const {
+  for (const auto& [id, x] : reservations) {
+    if (x.state == r::State::active && x.holds_unit(unit_id)) return &x;
+  }
+  return nullptr;
+}
+
+NodeService::Impl::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
+  const auto* u = present_unit(unit_id);
+  if (u == nullptr) {
+    if (absent_units.contains(unit_id)) return {"absent", fmt::format("{} is no longer on the host", unit_id), {}};
+    return {"unknown-unit", fmt::format("{} is not a unit of node {}", unit_id, opt.node_id), {}};
+  }
+  if (!u->sellable) {
+    std::vector<std::string> why;
+    for (const auto& rs : u->reasons) why.push_back(rs.code);
+    return {"not-sellable", fmt::format("{} is not sellable: {}", unit_id, fmt::join(why, ", ")), {}};
+  }
+  const auto* holder = active_holder(unit_id);
+  const bool released = holder && std::find(holder->released_unit_ids.begin(), holder->released_unit_ids.end(), unit_id) !=
+                                      holder->released_unit_ids.end();
+  switch (tier) {
+    case vmctl::Tier::on_demand:
+      if (holder) return {"unit-reserved", fmt::format("{} is held by an active reservation", unit_id), {}};
+      return {};
+    case vmctl::Tier::reserved:
+      if (!holder) return {"not-reserved", fmt::format("no active reservation holds {}", unit_id), {}};
+      if (std::find(holder->audience_org_ids.begin(), holder->audience_org_ids.end(), org) == holder->audience_org_ids.end()) {
+        return {"not-in-audience", fmt::format("{} is reserved for other orgs", unit_id), {}};
+      }
+      if (released) return {"unit-released", fmt::format("{} is released to the spot market", unit_id), {}};
+      return {"", "", holder->id};
+    case vmctl::Tier::spot:
+      if (!released) return {"not-released", fmt::format("{} is not released to the spot market", unit_id), {}};
+      return {};
+  }
+  return {"invalid-tier", "unknown tier", {}};
+}
+
+ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
+  if (!(c.who.admin() || c.who.operator_role())) return forbidden("capacity is answered for platform admins and operators");
+  auto org = q.query_param("org");
+  if (!org || org->empty()) return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
+  json::array entries;
+  for (const auto& u : units) {
+    for (auto tier : {vmctl::Tier::reserved, vmctl::Tier::spot, vmctl::Tier::on_demand}) {
+      auto e = entitled(*org, tier, u.id);
+      if (!e.code.empty()) continue;
+      entries.emplace_back(json::object{{"unitId", u.id}, {"class", discovery::to_string(u.cls)}, {"gpuCount", u.gpu_count()},
+                                        {"tier", vmctl::to_string(tier)}, {"reservationId", opt_str(e.reservation_id)}});
+      break;  // one entry per unit
+    }
+  }
+  return json_response(json::object{{"nodeId", opt.node_id}, {"orgId", *org}, {"units", std::move(entries)}});
+}
+
+ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
+  if (!(c.who.admin() || c.who.operator_role())) return forbidden("admission is answered for platform admins and operators");
+  auto body = parse_object(q.body, false);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid admission request", body.error());
+  Fields f(*body, {"orgId", "tier", "unitIds"});
+  auto org = f.string("orgId");
+  auto tier = f.string("tier");
+  auto ids = f.strings("unitIds");
+  if (!body->contains("orgId")) f.problems().push_back({"orgId", "is required"});
+  if (!body->contains("tier")) f.problems().push_back({"tier", "is required"});
+  if (!ids || ids->empty()) {
+    if (std::none_of(f.problems().begin(), f.problems().end(), [](const FieldProblem& p) { return p.field == "unitIds"; })) {
+      f.problems().push_back({"unitIds", "must name at least one unit"});
+    }
+  }
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid admission request", f.problems());
+  json::array reasons;
+  auto parsed = vmctl::parse_tier(*tier);
+  if (!parsed) {
+    reasons.emplace_back(json::object{{"code", "invalid-tier"}, {"message", fmt::format("tier must be spot, on-demand or reserved, not \"{}\"", *tier)},
+                                      {"unitId", nullptr}});
+  } else {
+    for (const auto& id : *ids) {
+      auto e = entitled(*org, *parsed, id);
+      if (!e.code.empty()) reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
+    }
+  }
+  return json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
+}
+
+// ---- release (CONTRACT §4) -----------------------------------------------------------------------
+ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+  if (!(c.who.admin() || r::manages(c.who, current))) return forbidden("only a platform admin or a managing org releases units");
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
+  auto body = parse_object(q.body, false);
+  if (!body) return problem(400, "invalid-request", "the body is not a valid release request", body.error());
+  Fields f(*body, {"unitIds"});
+  auto ids = f.strings("unitIds");
+  if (!ids || ids->empty()) {
+    if (f.problems().empty()) f.problems().push_back({"unitIds", "must name at least one unit"});
+  }
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid release request", f.problems());
+  if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are released only from an active reservation");
+  std::vector<FieldProblem> unknown;
+  for (const auto& u : *ids) {
+    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
+  }
+  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
+  r::Reservation x = current;
+  std::vector<std::string> newly;
+  for (const auto& u : *ids) {
+    if (std::find(x.released_unit_ids.begin(), x.released_unit_ids.end(), u) != x.released_unit_ids.end()) continue;
+    if (std::find(newly.begin(), newly.end(), u) != newly.end()) continue;
+    newly.push_back(u);
+    x.released_unit_ids.push_back(u);
+    std::erase(x.reclaiming_unit_ids, u);
+  }
+  if (newly.empty()) return json_response(json::object{{"reservation", to_json(current)}});  // already released: no-op
+  std::sort(x.released_unit_ids.begin(), x.released_unit_ids.end());
+  const r::Time t = now();
+  x.version += 1;
+  x.updated_at = t;
+  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  ch.audits.push_back(AuditDraft{"units.release", x.id, newly, {}, "ok", std::nullopt});
+  ch.events.push_back(EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
+  return commit_response(ch, with_header(json_response(json::object{{"reservation", to_json(x)}}), "ETag", etag_of_version(x.version)));
+}
+
+}  // namespace gpunode::service
