@@ -15,3 +15,8 @@ python3 "$top/tests/fixtures/mkhost.py" "$top/tests/bench/large_host.py" "$root"
 # $TMPDIR (or /tmp), on a real filesystem, so that a create pays for its fsync as in production.
 echo
 python3 "$top/tests/bench/api_bench.py" "$build"
+# The spot termination bench (tests/bench/terminate_bench.cpp): terminate_spot_all of 64 spot VMs
+# on libvirt's test driver, beside one virsh process destroying (and writing the same metadata
+# into) the same node. TERMINATE_ITERATIONS (default 20); --per-process adds 64 virsh processes.
+echo
+"$build/tests/bench/terminate_bench" --iterations "${TERMINATE_ITERATIONS:-20}" --steps

@@ -15,6 +15,14 @@ When the namespace's PID 1 ends, the kernel kills every process in it (libvirtd,
 sent SIGTERM at the end, SIGKILL if it overstays, and if this script dies the parent-death
 signal takes it down.
 
+Then libvirt goes away and comes back. B: an outside `virsh destroy` shows in GET .../state (a
+long poll) within 2 s, through libvirt's lifecycle events, not the 30 s rescan. A (the agent
+restarted with a 2 s rescan): libvirtd alone is SIGKILLed 1.5 s into a terminate-spot with an 8 s
+grace (QEMU runs on, reparented to the namespace's `sh`): 503 hypervisor-unavailable before the
+grace ends, the write-ahead audit record and nothing more; the `sh` holds libvirtd down while
+TMP/hold exists and then starts it again with the same command (it re-attaches to the running
+QEMUs), and the agent finishes the termination as itself at its next refresh.
+
 Skips (exit 77, one `SKIP: why` line) when not root, when libvirtd, virsh, QEMU, libvirt's QEMU
 driver, unshare or /dev/kvm are missing, or when the private daemon cannot be started. KVM is
 used; if a KVM guest cannot start, the VMs fall back to TCG (type='qemu') and say so.
@@ -23,12 +31,15 @@ used; if a KVM guest cannot start, the VMs fall back to TCG (type='qemu') and sa
 """
 import ctypes
 import glob
+import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -93,11 +104,20 @@ mount --bind "$T/passwd" /etc/passwd
 mount --bind "$T/group" /etc/group
 if [ -d /sys/fs/cgroup ]; then mount -t tmpfs -o size=64k gpunode-no-cgroups /sys/fs/cgroup; fi
 set +e
-trap 'kill -TERM "$daemon" 2>/dev/null' TERM INT
-LIBVIRT_DRIVER_DIR="$T/drivers" libvirtd --config /etc/libvirt/libvirtd.conf &
-daemon=$!
-wait "$daemon"
-wait "$daemon"
+stop=
+trap 'stop=1; kill -TERM "$daemon" 2>/dev/null' TERM INT
+# libvirtd runs until it ends by itself or this sh is told to stop; if it ends while $T/hold
+# exists (the test killed it on purpose), the same command starts it again once the test removes
+# that file. QEMU, reparented to this sh, runs on meanwhile.
+while :; do
+  LIBVIRT_DRIVER_DIR="$T/drivers" libvirtd --config /etc/libvirt/libvirtd.conf &
+  daemon=$!
+  wait "$daemon"
+  wait "$daemon"
+  [ -z "$stop" ] && [ -e "$T/hold" ] || break
+  while [ -z "$stop" ] && [ -e "$T/hold" ]; do sleep 0.05; done
+  [ -z "$stop" ] || break
+done
 """
 
 LIBVIRTD_CONF = """# private test daemon: root only, no polkit, no TCP
@@ -224,6 +244,66 @@ class Libvirtd:
                 except OSError:
                     pass
         return out
+
+    def procs(self):
+        """{pid: (ppid, comm, argv)} of the processes in the daemon's PID namespace (host PIDs)."""
+        out = {}
+        for pid in self.leftovers():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z":
+                continue  # a zombie is dead already
+            out[pid] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")], argv)
+        return out
+
+    def daemon_pid(self):
+        """The libvirtd that the namespace's PID 1 runs (None when there is none)."""
+        return next((pid for pid, (ppid, comm, _) in self.procs().items()
+                     if ppid == self.init_pid and comm == "libvirtd"), None)
+
+    def qemu_pid(self, name):
+        """The QEMU process of domain `name` (its -name guest=NAME,...), or None."""
+        for pid, (_, comm, argv) in self.procs().items():
+            if comm.startswith("qemu") and any(a == f"guest={name}" or a.startswith(f"guest={name},") for a in argv):
+                return pid
+        return None
+
+    def kill_daemon(self, wait=5):
+        """SIGKILL to libvirtd only (QEMU runs on); PID 1 holds it down until restart_daemon().
+        Returns the killed PID."""
+        pid = self.daemon_pid()
+        if pid is None:
+            raise RuntimeError("no libvirtd is running in the namespace: " + repr(self.procs()))
+        open(os.path.join(self.dir, "hold"), "w").close()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + wait
+        while pid in self.procs():
+            if time.time() > deadline:
+                raise RuntimeError(f"libvirtd {pid} is still there {wait}s after SIGKILL")
+            time.sleep(0.02)
+        return pid
+
+    def restart_daemon(self, wait=30):
+        """Lets PID 1 start libvirtd again (the same command and config); returns once virsh
+        reaches it."""
+        try:
+            os.unlink(os.path.join(self.dir, "hold"))
+        except FileNotFoundError:
+            pass
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the namespace ended (exit {self.proc.returncode}): " + self.tail())
+            if self.daemon_pid() is not None and self.virsh("uri", check=False).returncode == 0:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"libvirtd did not answer within {wait}s of its restart: " + self.tail())
 
     def stop(self, timeout=10):
         """SIGTERM to the namespace's PID 1 (stops libvirtd; its end kills QEMU); SIGKILL if it overstays."""
@@ -353,6 +433,202 @@ def check_termination(c, lab, daemon, owner, label, since, uuid):
     return term.get("audit-id")
 
 
+def terminated_events(lab, vm_id):
+    """The workload.terminated events of `vm_id` in the agent's outbox (its database, read-only)."""
+    db = sqlite3.connect(f"file:{os.path.join(lab.state, 'state.db')}?mode=ro", uri=True)
+    try:
+        evs = [json.loads(e) for (e,) in db.execute("SELECT event FROM outbox ORDER BY seq")]
+    finally:
+        db.close()
+    return [e for e in evs if e.get("type") == "workload.terminated" and (e.get("data") or {}).get("vmId") == vm_id]
+
+
+def spot_terminations(lab, owner):
+    """The workload.terminate audit records that name the spot VM, in chain order."""
+    return [r for r in lab.audit_all(token=owner)
+            if r.get("action") == "workload.terminate" and SPOT in (r.get("vmIds") or [])]
+
+
+def observed(lab, admin, after=None, wait="10s"):
+    """GET .../state (a long poll when `after` is given): (revision, {vmId: state}, answer)."""
+    q = "" if after is None else f"?after={after}&wait={wait}"
+    r = lab.get(lab.npath("/state" + q), token=admin, timeout=30)
+    j = r.json if r.status == 200 and isinstance(r.json, dict) else {}
+    return j.get("revision"), {w.get("vmId"): w.get("state") for w in j.get("workloads") or []}, r
+
+
+def outside_stop(c, lab, daemon, agent_up):
+    """B: `virsh destroy` from outside the agent shows in GET .../state through libvirt's
+    lifecycle events, without waiting for the rescan (30 s here)."""
+    admin = lab.admin()
+    if domstate(daemon, SPOT_NAME) != "running":
+        daemon.virsh("start", SPOT_NAME)
+    # The start is itself an event: wait until the agent's view has the spot VM running.
+    deadline = time.time() + 10
+    rev, states, r = observed(lab, admin)
+    c.status("B: GET state as the admin", r, 200)
+    while states.get(SPOT) != "running" and time.time() < deadline and rev is not None:
+        rev, states, r = observed(lab, admin, after=rev, wait="2s")
+    c.eq("B: the agent's view has the spot VM running (after virsh start)", states.get(SPOT), "running")
+    before = rev
+    t0 = time.time()
+    daemon.virsh("destroy", SPOT_NAME)
+    t1 = time.time()
+    deadline = t1 + 10
+    seen, polls = None, []
+    while time.time() < deadline and rev is not None:
+        rev, states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
+        polls.append((r.status, rev, states.get(SPOT), round(time.time() - t1, 2)))
+        if r.status != 200:
+            break
+        if states.get(SPOT) == "shutoff":
+            seen = time.time()
+            break
+    delay = None if seen is None else seen - t1
+    since_start = time.time() - agent_up
+    print(f"# B: virsh destroy took {t1 - t0:.2f}s; GET state showed the spot VM shutoff "
+          f"{'never (10 s)' if delay is None else f'{delay:.2f}s'} after it returned "
+          f"(agent up {since_start:.1f}s, rescan every 30s)", flush=True)
+    c.check(f"B: an outside virsh destroy shows as shutoff in GET state within 2 s "
+            f"({'not within 10 s' if delay is None else f'{delay:.2f}s'})",
+            delay is not None and delay <= 2.0,
+            f"long polls (status, revision, spot state, s after destroy): {polls}; agent log: {lab.tail(800)}")
+    c.check("B: ... by an event, not the 30 s rescan (the agent is up less than 30 s)", since_start < 29,
+            f"{since_start:.1f}s")
+    c.check("B: the revision moved", isinstance(rev, int) and isinstance(before, int) and rev > before,
+            f"{before!r} -> {rev!r}")
+    c.eq("B: the on-demand VM runs in the agent's view", states.get(ONDEMAND), "running")
+    c.eq("virsh: the on-demand VM still runs after B", domstate(daemon, ONDEMAND_NAME), "running")
+
+
+def cut_short(c, lab, daemon, owner, left, uuid):
+    """A: libvirtd is killed (SIGKILL, QEMU runs on) in the middle of a terminate-spot with an
+    8 s grace: 503 hypervisor-unavailable, the write-ahead record and nothing more; libvirtd
+    starts again, re-attaches to QEMU, and the agent finishes the termination as itself at its
+    next refresh (rescan every 2 s here)."""
+    grace = 8
+    if domstate(daemon, SPOT_NAME) != "running":
+        daemon.virsh("start", SPOT_NAME)
+    c.eq("A: virsh: the spot VM runs", domstate(daemon, SPOT_NAME), "running")
+    c.eq("A: virsh: the on-demand VM runs", domstate(daemon, ONDEMAND_NAME), "running")
+    qemu = {n: daemon.qemu_pid(n) for n in (SPOT_NAME, ONDEMAND_NAME)}
+    c.check("A: the QEMU processes of both VMs are found", all(qemu.values()), f"{qemu}; {daemon.procs()}")
+    recs0 = spot_terminations(lab, owner)
+    evs0 = terminated_events(lab, SPOT)
+
+    answer = {}
+
+    def post():
+        try:
+            answer["r"] = lab.call("POST", lab.npath("/terminate-spot"), token=owner,
+                                   body={"gracePeriodSeconds": grace}, timeout=60)
+        except Exception as e:  # reported by the check below
+            answer["error"] = f"{type(e).__name__}: {e}"
+        answer["at"] = time.time()
+
+    since = time.time()
+    t = threading.Thread(target=post, daemon=True)
+    t.start()
+    # Kill once the termination is under way: its write-ahead record is there, 1.5 s in.
+    ahead = None
+    while time.time() < since + 5 and ahead is None:
+        ahead = next((r for r in spot_terminations(lab, owner)[len(recs0):]), None)
+        if ahead is None:
+            time.sleep(0.1)
+    c.check("A: the write-ahead workload.terminate record is there while the call runs", ahead is not None,
+            f"answer so far: {answer}")
+    time.sleep(max(0.0, since + 1.5 - time.time()))
+    c.check("A: the call is still waiting out the grace when libvirtd is killed", t.is_alive(), answer)
+    killed_at = time.time()
+    killed = daemon.kill_daemon()
+    print(f"# A: libvirtd (pid {killed}) killed {killed_at - since:.2f}s after the POST", flush=True)
+    t.join(60)
+    r = answer.get("r")
+    took = answer.get("at", time.time()) - since
+    print(f"# A: terminate-spot answered {took:.2f}s after the POST, {took - (killed_at - since):.2f}s after "
+          f"the kill (grace {grace}s): {r!r}", flush=True)
+    if r is None:
+        c.check("A: terminate-spot answered", False, answer.get("error", "no answer within 60 s"))
+        r = L.Resp(0, {}, b"")
+    c.problem("A: terminate-spot cut short by libvirtd's death: 503 hypervisor-unavailable", r, 503,
+              "hypervisor-unavailable")
+    c.check(f"A: ... answered before the {grace} s grace ended ({took:.2f}s after the POST)", took < grace,
+            f"{took:.2f}s; agent log: {lab.tail(800)}")
+    j = r.json if isinstance(r.json, dict) else {}
+    c.eq("A: 503 body: terminated is empty", j.get("terminated"), [])
+    c.eq("A: 503 body: leftRunning is the on-demand VM (not-spot)", j.get("leftRunning"), [left])
+    alive = {n: daemon.procs().get(p) is not None for n, p in qemu.items()}
+    c.eq("A: QEMU of both VMs runs on without libvirtd", alive, {SPOT_NAME: True, ONDEMAND_NAME: True})
+
+    recs = spot_terminations(lab, owner)[len(recs0):]
+    c.check("A: the audit holds the write-ahead record and no outcome yet",
+            len(recs) == 1 and ahead is not None and recs[0].get("id") == ahead.get("id"), recs)
+    ahead = recs[0] if recs else (ahead or {})
+    c.eq("A: write-ahead record: actor, result",
+         ({k: (ahead.get("actor") or {}).get(k) for k in ("org", "via")}, ahead.get("result")),
+         ({"org": L.OWNER, "via": "https"}, "ok"))
+    c.eq("A: outbox: no new workload.terminated event", terminated_events(lab, SPOT)[len(evs0):], [])
+
+    # Down through a refresh or two (every 2 s): still pending, nothing recorded, QEMU untouched.
+    time.sleep(2.5)
+    c.eq("A: after 2.5 s without libvirtd: still no outcome record",
+         len(spot_terminations(lab, owner)[len(recs0):]), 1)
+    c.eq("A: after 2.5 s without libvirtd: still no event", terminated_events(lab, SPOT)[len(evs0):], [])
+    c.check("A: the spot VM's QEMU still runs", daemon.procs().get(qemu[SPOT_NAME]) is not None, daemon.procs())
+
+    restarted_at = time.time()
+    daemon.restart_daemon()
+    up = time.time()
+    print(f"# A: libvirtd answered again {up - restarted_at:.2f}s after its restart "
+          f"(down {up - killed_at:.1f}s)", flush=True)
+    c.check("A: libvirtd restarted (a new PID)", daemon.daemon_pid() not in (None, killed), daemon.daemon_pid())
+    states = {n: domstate(daemon, n) for n in (SPOT_NAME, ONDEMAND_NAME)}
+    c.eq("A: the restarted libvirtd re-attached to both QEMUs (virsh domstate)", states,
+         {SPOT_NAME: "running", ONDEMAND_NAME: "running"})
+    c.eq("A: ... the same QEMU processes", {n: daemon.qemu_pid(n) for n in qemu}, qemu)
+
+    # The agent reconnects at its next refresh and finishes the termination itself, with the
+    # original record and grace (SeaBIOS ignores the shutdown: destroyed after 8 s).
+    deadline = up + 2 + grace + 8
+    done_at, outcome, evs = None, [], []
+    while time.time() < deadline:
+        outcome = spot_terminations(lab, owner)[len(recs0) + 1:]
+        evs = terminated_events(lab, SPOT)[len(evs0):]
+        if outcome and evs and domstate(daemon, SPOT_NAME) == "shut off":
+            done_at = time.time()
+            break
+        time.sleep(0.25)
+    print(f"# A: the agent finished the termination {'never' if done_at is None else f'{done_at - up:.1f}s'} "
+          f"after libvirtd came back (rescan 2 s + grace {grace} s)", flush=True)
+    c.check(f"A: the agent finished the termination within {deadline - up:.0f} s of libvirtd's return",
+            done_at is not None, f"outcome records {outcome}; events {evs}; spot VM "
+            f"{domstate(daemon, SPOT_NAME)!r}; agent log: {lab.tail(1500)}")
+    c.eq("virsh: the spot VM is shut off (A)", domstate(daemon, SPOT_NAME), "shut off")
+    c.eq("virsh: the on-demand VM still runs (A)", domstate(daemon, ONDEMAND_NAME), "running")
+    c.check("A: exactly one outcome record", len(outcome) == 1, outcome)
+    rec = outcome[0] if outcome else {}
+    c.eq("A: outcome record: actor (the agent), result, requestId",
+         (rec.get("actor"), rec.get("result"), rec.get("requestId")),
+         ({"sub": "gpunode-agent", "org": None, "roles": [], "via": "agent"}, "ok", None))
+    c.check("A: outcome record says the agent finished it", "finished by the agent" in (rec.get("detail") or ""),
+            rec.get("detail"))
+    c.check("A: exactly one new workload.terminated event", len(evs) == 1, evs)
+    ev = (evs[0] if evs else {}).get("data") or {}
+    c.eq("A: the event: by the owner's org, auditId the write-ahead record's, reason, domain",
+         {k: ev.get(k) for k in ("vmId", "domainUuid", "by", "auditId", "reason")},
+         {"vmId": SPOT, "domainUuid": uuid[SPOT_NAME], "by": L.OWNER, "auditId": ahead.get("id"),
+          "reason": "capacity-reclaim"})
+    named = check_termination(c, lab, daemon, owner, "A", since, uuid)
+    c.eq("A: the termination element names the write-ahead record", named, ahead.get("id"))
+    c.check("A: the on-demand VM's QEMU is the same process throughout",
+            daemon.qemu_pid(ONDEMAND_NAME) == qemu[ONDEMAND_NAME], daemon.procs())
+    r = lab.get(lab.npath("/workloads"), token=owner)
+    ws = by_vm((r.json or {}).get("workloads", [])) if r.status == 200 else {}
+    c.eq("A: workloads: spot shutoff (capacity-reclaim), on-demand running",
+         {vm: (ws.get(vm, {}).get("state"), ws.get(vm, {}).get("terminationReason")) for vm in (SPOT, ONDEMAND)},
+         {SPOT: ("shutoff", "capacity-reclaim"), ONDEMAND: ("running", None)})
+
+
 def body(c, agent, daemon):
     kind = define_and_start(daemon, [(SPOT_NAME, SPOT, "spot"), (ONDEMAND_NAME, ONDEMAND, "on-demand")])
     print(f"# libvirtd {daemon.uri}; guests are type='{kind}'", flush=True)
@@ -365,6 +641,7 @@ def body(c, agent, daemon):
         assert "uri: test:///default" in text, "lab.config_text() no longer names test:///default"
         lab.write_config(text.replace("uri: test:///default", f'uri: "{daemon.uri}"'))
         lab.start()
+        agent_up = time.time()
         owner = lab.token(org=L.OWNER)
 
         # -- what the owner sees ---------------------------------------------------------------
@@ -420,8 +697,22 @@ def body(c, agent, daemon):
         second = check_termination(c, lab, daemon, owner, "grace 2", since, uuid)
         c.check("grace 2: a new audit record, not the first one", second is not None and second != first,
                 f"{first!r} then {second!r}")
+
+        # -- B: an outside stop is seen through libvirt's events (rescan every 30 s) ----------
+        outside_stop(c, lab, daemon, agent_up)
         rc, _ = lab.stop()
         c.eq("the agent stops cleanly on SIGTERM", rc, 0)
+
+        # -- A: libvirtd dies mid-termination and comes back (rescan every 2 s) ---------------
+        assert "rescan_interval: 30s" in text, "lab.config_text() no longer sets rescan_interval: 30s"
+        lab.write_config(text.replace("uri: test:///default", f'uri: "{daemon.uri}"')
+                         .replace("rescan_interval: 30s", "rescan_interval: 2s"))
+        if domstate(daemon, SPOT_NAME) != "running":
+            daemon.virsh("start", SPOT_NAME)
+        lab.start()
+        cut_short(c, lab, daemon, owner, left, uuid)
+        rc, _ = lab.stop()
+        c.eq("the agent (rescan 2 s) stops cleanly on SIGTERM", rc, 0)
 
 
 def main():
