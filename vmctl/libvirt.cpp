@@ -284,9 +284,10 @@ class Libvirt final : public Hypervisor {
     // namespaces, the hostdevs normalised by libvirt, in one snapshot.
     CString xml{virDomainGetXMLDesc(handle, 0)};
     if (!xml) return std::unexpected(fail());
-    domain.pci_addresses = hostdev_pci_addresses(xml.get());
-    domain.label = parse_workload(xml.get());
-    domain.termination = parse_termination(xml.get());
+    auto facts = parse_domain_xml(xml.get());  // one parse for all three
+    domain.pci_addresses = std::move(facts.pci_addresses);
+    domain.label = std::move(facts.label);
+    domain.termination = std::move(facts.termination);
     return domain;
   }
 

@@ -121,13 +121,9 @@ std::string element_xml(const TerminationRecord& r, bool with_namespace) {
   return out;
 }
 
-}  // namespace
-
-std::vector<std::string> hostdev_pci_addresses(std::string_view domain_xml) {
+std::vector<std::string> addresses_of(const xmlDoc* doc) {
   std::vector<std::string> out;
-  Doc doc = parse(domain_xml);
-  if (!doc) return out;
-  const xmlNode* root = xmlDocGetRootElement(doc.get());
+  const xmlNode* root = xmlDocGetRootElement(doc);
   if (!is_element(root, "domain")) return out;
   const xmlNode* devices = first_child(root, "devices");
   if (devices == nullptr) return out;
@@ -143,10 +139,8 @@ std::vector<std::string> hostdev_pci_addresses(std::string_view domain_xml) {
   return out;
 }
 
-std::optional<WorkloadLabel> parse_workload(std::string_view xml) {
-  Doc doc = parse(xml);
-  if (!doc) return std::nullopt;
-  const xmlNode* element = find_metadata_element(doc.get(), "workload", workload_ns);
+std::optional<WorkloadLabel> workload_of(const xmlDoc* doc) {
+  const xmlNode* element = find_metadata_element(doc, "workload", workload_ns);
   if (element == nullptr) return std::nullopt;
   auto vm_id = attr(element, "vm-id");
   auto org = attr(element, "org");
@@ -157,13 +151,34 @@ std::optional<WorkloadLabel> parse_workload(std::string_view xml) {
   return WorkloadLabel{std::move(*vm_id), std::move(*org), *tier};
 }
 
-std::optional<TerminationRecord> parse_termination(std::string_view xml) {
-  Doc doc = parse(xml);
-  if (!doc) return std::nullopt;
-  const xmlNode* element = find_metadata_element(doc.get(), "termination", termination_ns);
+std::optional<TerminationRecord> termination_of(const xmlDoc* doc) {
+  const xmlNode* element = find_metadata_element(doc, "termination", termination_ns);
   if (element == nullptr) return std::nullopt;
   return TerminationRecord{attr(element, "reason").value_or(""), attr(element, "at").value_or(""),
                            attr(element, "by").value_or(""), attr(element, "audit-id").value_or("")};
+}
+
+}  // namespace
+
+std::vector<std::string> hostdev_pci_addresses(std::string_view domain_xml) {
+  Doc doc = parse(domain_xml);
+  return doc ? addresses_of(doc.get()) : std::vector<std::string>{};
+}
+
+std::optional<WorkloadLabel> parse_workload(std::string_view xml) {
+  Doc doc = parse(xml);
+  return doc ? workload_of(doc.get()) : std::nullopt;
+}
+
+std::optional<TerminationRecord> parse_termination(std::string_view xml) {
+  Doc doc = parse(xml);
+  return doc ? termination_of(doc.get()) : std::nullopt;
+}
+
+DomainXmlFacts parse_domain_xml(std::string_view domain_xml) {
+  Doc doc = parse(domain_xml);
+  if (!doc) return {};
+  return DomainXmlFacts{addresses_of(doc.get()), workload_of(doc.get()), termination_of(doc.get())};
 }
 
 std::string termination_xml(const TerminationRecord& record) { return element_xml(record, true); }

@@ -158,6 +158,8 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
     const std::string who = agent ? "finished by the agent: " : "";
     if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
       unavailable = result.error().message;  // stays pending: finished once libvirt answers again
+      say(LogLevel::warning, fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to finish: {}", vm_id, d.uuid,
+                                         result.error().message));
       continue;
     }
     if (result && result->terminated) {
@@ -169,7 +171,8 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
                                                   {"auditId", vm.record.audit_id}, {"reason", "capacity-reclaim"}}});
       row.state = "done";
       terminated.emplace_back(json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
-      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({})", vm_id, d.uuid, vm.record.by, result->detail));
+      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id, d.uuid, vm.record.by, who,
+                                      result->detail));
     } else {
       const std::string why = result ? result->detail : result.error().message;
       ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "failed",

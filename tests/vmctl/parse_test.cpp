@@ -158,3 +158,24 @@ TEST_CASE("vocabularies") {
   CHECK(parse_tier("reserved") == Tier::reserved);
   CHECK_FALSE(parse_tier("").has_value());
 }
+
+TEST_CASE("parse_domain_xml: one parse gives what the three parsers give") {
+  const std::vector<std::string> docs{
+      R"(<domain><metadata><w:workload xmlns:w="urn:gpunode:workload:1" vm-id="vm-1" org="o" tier="spot"/>)"
+      R"(<t:termination xmlns:t="urn:gpunode:termination:1" reason="capacity-reclaim" at="a" by="b" audit-id="aud_1"/></metadata>)"
+      R"(<devices><hostdev type='pci'><source><address domain='0x0000' bus='0x41' slot='0' function='0'/></source></hostdev>)"
+      R"(<hostdev type='pci'><source><address bus='65' slot='0' function='1'/></source></hostdev></devices></domain>)",
+      R"(<domain><devices/></domain>)",
+      R"(<domain><metadata><workload xmlns="urn:gpunode:workload:1" vm-id="" org="o" tier="spot"/></metadata></domain>)",
+      "not xml at all",
+      "",
+  };
+  for (const auto& d : docs) {
+    CAPTURE(d);
+    const auto facts = parse_domain_xml(d);
+    CHECK(facts.pci_addresses == hostdev_pci_addresses(d));
+    CHECK(facts.label == parse_workload(d));
+    CHECK(facts.termination == parse_termination(d));
+  }
+  CHECK(parse_domain_xml(docs[0]).pci_addresses == std::vector<std::string>{"0000:41:00.0", "0000:41:00.1"});
+}

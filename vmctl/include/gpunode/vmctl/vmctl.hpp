@@ -115,6 +115,13 @@ std::optional<WorkloadLabel> parse_workload(std::string_view xml);
 // The termination record, read the same way (namespace urn:gpunode:termination:1). nullopt when
 // missing or when the text is not XML; missing attributes are empty strings.
 std::optional<TerminationRecord> parse_termination(std::string_view xml);
+// The three above from one parse of a domain's XML (what list() needs for each domain).
+struct DomainXmlFacts {
+  std::vector<std::string> pci_addresses;
+  std::optional<WorkloadLabel> label;
+  std::optional<TerminationRecord> termination;
+};
+DomainXmlFacts parse_domain_xml(std::string_view domain_xml);
 // The §5 element: <termination xmlns="urn:gpunode:termination:1" reason=".." at=".." by=".." audit-id=".."/>
 std::string termination_xml(const TerminationRecord& record);
 // The same element without the xmlns attribute: what virDomainSetMetadata takes (it adds the namespace).
