@@ -59,16 +59,39 @@ def say(*a):
 
 
 def proc_status(pid):
-    """VmRSS, VmHWM (KiB) and Threads from /proc/PID/status."""
+    """VmRSS, VmHWM, RssAnon, RssFile (KiB) and Threads from /proc/PID/status; Pss from smaps_rollup."""
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
+            if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 out[k] = int(v.split()[0])
             elif k == "Threads":
                 out[k] = int(v.strip())
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    out["Pss"] = int(line.split()[1])
+    except OSError:
+        out["Pss"] = 0
     return out
+
+
+def rss_floor(build):
+    """{mode: {VmRSS, RssAnon, RssFile, Pss}} of tests/bench/rss_floor: the mandated libraries alone."""
+    exe = os.path.join(build, "tests", "bench", "rss_floor")
+    out = {}
+    for mode in ("linked", "initialised"):
+        try:
+            out[mode] = json.loads(subprocess.run([exe, mode], capture_output=True, text=True, check=True).stdout)
+        except (OSError, subprocess.CalledProcessError, ValueError):
+            return None
+    return out
+
+
+def mem(s):
+    return f"{mib(s['VmRSS'])} (anon {mib(s['RssAnon'])}, files {mib(s['RssFile'])}, PSS {mib(s['Pss'])})"
 
 
 def mib(kib):
@@ -206,12 +229,14 @@ def main():
         f"{os.getloadavg()[0]:.2f}, kernel {os.uname().release} ==")
     lab = labmod.Lab(agent)
     try:
+        # The production URI, as rss_floor uses it (without a libvirtd here, the attempt is the cost).
+        lab.write_config(lab.config_text().replace("uri: test:///default", "uri: qemu:///system"))
         lab.start()
         pid = lab.pid
         time.sleep(1.0)
         idle0 = proc_status(pid)
         say(f"agent pid {pid}, {idle0['Threads']} threads; state dir on {fs_of(lab.state)}")
-        say(f"idle after start-up: VmRSS {mib(idle0['VmRSS'])}, VmHWM {mib(idle0['VmHWM'])}")
+        say(f"idle after start-up: VmRSS {mem(idle0)}, VmHWM {mib(idle0['VmHWM'])}")
 
         token_file = os.path.join(lab.dir, "admin.token")
         with open(token_file, "w") as f:
@@ -236,7 +261,7 @@ def main():
 
         time.sleep(1.0)
         idle1 = proc_status(pid)
-        say(f"idle after the load: VmRSS {mib(idle1['VmRSS'])}, VmHWM {mib(idle1['VmHWM'])}")
+        say(f"idle after the load: VmRSS {mem(idle1)}, VmHWM {mib(idle1['VmHWM'])}")
         rc, took = lab.stop()
         say(f"agent stopped (exit {rc}, {took:.2f} s)")
 
@@ -257,6 +282,7 @@ def main():
         lab.close()
 
     # ---- the table ----
+    floor = rss_floor(build)
     ratio1 = c["p50_us"] / r1["p50_us"] if r1["p50_us"] else float("nan")
     ratio3 = c["p50_us"] / r3["p50_us"] if r3["p50_us"] else float("nan")
     rows = [
@@ -278,8 +304,10 @@ def main():
         # a POST is the reservation's work and its commit.
         ("POST p50 - /healthz p50 (the commit's share)", f"{c['p50_us'] - h['one_conn']['p50_us']:.0f} µs",
          f"{(c['p50_us'] - h['one_conn']['p50_us']) / r3['p50_us']:.2f}x a bare 3-row commit" if r3["p50_us"] else ""),
-        ("agent RSS idle after start", f"{mib(idle0['VmRSS'])} (HWM {mib(idle0['VmHWM'])})", ""),
-        ("agent RSS idle after load", f"{mib(idle1['VmRSS'])} (HWM {mib(idle1['VmHWM'])})", ""),
+        ("agent RSS idle after start", mem(idle0),
+         f"libvirt+OpenSSL+SQLite linked only: {mem(floor['linked'])}" if floor else "(rss_floor not built)"),
+        ("agent RSS idle after load", mem(idle1),
+         f"... and initialised:               {mem(floor['initialised'])}" if floor else ""),
     ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
