@@ -145,7 +145,8 @@ struct NodeService::Impl {
     std::optional<std::string> request_id;
     std::optional<std::string> reservation_id;  // reclaim
     std::vector<BatchVm> vms;
-    json::array left_running;                   // decided before the run
+    json::array left_running;  // decided before the run
+    json::array terminating;   // domains whose termination was already underway
     std::optional<IdempotencyDraft> idempotency;
   };
   std::map<std::uint64_t, Batch> batches;

@@ -76,8 +76,20 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
 // Writes the terminations ahead (each one's audit record, whose id goes into the domain's
 // termination record, and its pending row) together with `base` (a reclaim's change), then
 // hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
-ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason) {
-  for (const auto& l : plan.left_running) b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
+ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in, std::chrono::seconds grace, const std::optional<std::string>& reason) {
+  for (const auto& l : plan_in.left_running) b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
+  // A domain whose termination another call (or the agent) has already started is not started
+  // again: it is listed as `terminating`, and that other termination reports it.
+  spot::Plan plan = plan_in;
+  std::set<std::string> underway;
+  for (const auto& [seq, row] : pending) underway.insert(row.domain_uuid);
+  std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
+    if (!underway.contains(vm->domain.uuid)) return false;
+    const auto& d = vm->domain;
+    b.terminating.emplace_back(json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)}, {"domainUuid", d.uuid},
+                                            {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}});
+    return true;
+  });
   if (plan.terminate.empty()) {
     if (!base.upserts.empty() || !base.audits.empty()) {
       if (auto ok = commit(base); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed");
@@ -112,12 +124,14 @@ ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Pla
 }
 
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left) const {
+  json::object out{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
+  if (!b.terminating.empty()) out["terminating"] = b.terminating;  // only then: the contract's keys otherwise
   if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
     const auto& x = reservations.at(*b.reservation_id);
-    return with_header(json_response(json::object{{"reservation", to_json(x)}, {"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}}),
-                       "ETag", etag_of_version(x.version));
+    out["reservation"] = to_json(x);
+    return with_header(json_response(out), "ETag", etag_of_version(x.version));
   }
-  return json_response(json::object{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}});
+  return json_response(out);
 }
 
 void NodeService::Impl::store_idempotency(IdempotencyDraft d, const ApiResponse& resp) {

@@ -889,3 +889,47 @@ TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never term
   lab.refresh();  // not pending: not tried again behind the caller's back
   CHECK(lab.audits("workload.terminate").size() == 2);
 }
+
+TEST_CASE("terminate-spot: a termination underway is not started twice; Idempotency-Key replays the answer") {
+  Lab lab;
+  lab.hypervisor_->domains = {
+      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
+  };
+  const auto owner = lab.token(kOwner);
+  ApiRequest q;
+  q.method = "POST";
+  q.path = Lab::path("/terminate-spot");
+  q.body = fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1);
+  q.headers.emplace_back("authorization", "Bearer " + owner);
+  q.request_id = "req-first";
+  auto first = lab.service_->handle(q);  // started, not run yet (its domain waits out a grace)
+  REQUIRE(first.work != 0);
+  auto second = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}");
+  REQUIRE(second.status == 200);
+  auto b = Lab::body(second);
+  CHECK(names_of(b.at("terminated")) == std::vector<std::string>{"spot-b"});
+  REQUIRE(b.as_object().contains("terminating"));
+  CHECK(names_of(b.at("terminating")) == std::vector<std::string>{"spot-a"});
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // only the first call stops it
+  auto w = lab.service_->work(first.work);
+  auto out = lab.service_->finish(first.work, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w->jobs, [](auto) { return true; }),
+                                  lab.hypervisor_->list());
+  CHECK(out.status == 200);
+  CHECK(names_of(Lab::body(out).at("terminated")) == std::vector<std::string>{"spot-a"});
+  CHECK(lab.events("workload.terminated").size() == 2);  // one per VM, never two for one
+
+  // The same key and body replay the first answer; another body with the key is 422.
+  lab.hypervisor_->find("uuid-a")->state = "running";
+  const std::vector<std::pair<std::string, std::string>> key{{"idempotency-key", "k-1"}};
+  auto r1 = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}", key);
+  REQUIRE(r1.status == 200);
+  CHECK(names_of(Lab::body(r1).at("terminated")) == std::vector<std::string>{"spot-a"});
+  lab.hypervisor_->find("uuid-a")->state = "running";
+  auto r2 = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}", key);
+  CHECK(r2.status == 200);
+  CHECK(r2.body == r1.body);
+  CHECK(r2.header("Idempotent-Replayed") == "true");
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // replayed, not done again
+  CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"reason":"x"})", key)) == "idempotency-key-reuse");
+}
