@@ -56,6 +56,16 @@ inline Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nul
 
 inline ApiResponse forbidden(std::string_view detail) { return problem(403, "forbidden", detail); }
 
+// 422 unknown-unit naming each of `ids` that `current` does not hold (release, reclaim).
+inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current, const std::vector<std::string>& ids) {
+  std::vector<FieldProblem> unknown;
+  for (const auto& u : ids) {
+    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
+  }
+  if (unknown.empty()) return std::nullopt;
+  return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
+}
+
 inline ApiResponse with_header(ApiResponse resp, std::string name, std::string value) {
   resp.headers.emplace_back(std::move(name), std::move(value));
   return resp;

@@ -339,11 +339,7 @@ ApiResponse NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, con
   }
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid reclaim request", f.problems());
   if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are reclaimed only in an active reservation");
-  std::vector<FieldProblem> unknown;
-  for (const auto& u : *ids) {
-    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
-  }
-  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
+  if (auto unknown = units_not_held(current, *ids)) return *unknown;
   // Without a list of the workloads, every reclaimed unit is taken to carry spot workloads: it
   // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
   // needs the list: 503 and nothing changed.

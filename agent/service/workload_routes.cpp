@@ -207,11 +207,7 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
   }
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid release request", f.problems());
   if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are released only from an active reservation");
-  std::vector<FieldProblem> unknown;
-  for (const auto& u : *ids) {
-    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
-  }
-  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
+  if (auto unknown = units_not_held(current, *ids)) return *unknown;
   r::Reservation x = current;
   std::vector<std::string> newly;
   for (const auto& u : *ids) {

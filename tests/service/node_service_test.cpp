@@ -81,6 +81,15 @@ class Lab {
 
   ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
                    const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
+    // Terminations run at once on this thread, with a clock-free sleep that only counts.
+    return service_->handle_now(request(method, target, tok, body, std::move(headers)), [this](std::chrono::milliseconds d) {
+      slept_ += d;
+      return true;
+    });
+  }
+
+  static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok,
+                            const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
     ApiRequest q;
     q.method = method;
     auto qm = target.find('?');
@@ -96,11 +105,7 @@ class Lab {
     }
     if (!body.empty()) q.headers.emplace_back("content-type", "application/json");
     for (auto& h : headers) q.headers.push_back(h);
-    // Terminations run at once on this thread, with a clock-free sleep that only counts.
-    return service_->handle_now(q, [this](std::chrono::milliseconds d) {
-      slept_ += d;
-      return true;
-    });
+    return q;
   }
 
   static json::value body(const ApiResponse& r) {
@@ -572,6 +577,12 @@ std::vector<std::string> names_of(const json::value& list) {
   return out;
 }
 
+// spot-a on U1 (org-b) and spot-b on U2 (org-c), both running.
+std::vector<gpunode::vmctl::Domain> two_spot_vms() {
+  return {vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+          vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot})};
+}
+
 const json::object* entry(const json::value& list, const std::string& name) {
   for (const auto& x : list.as_array()) {
     if (x.at("name").as_string() == name) return &x.as_object();
@@ -799,10 +810,7 @@ TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
 
 TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent dies) are finished by the agent") {
   Lab lab;
-  lab.hypervisor_->domains = {
-      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
-      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
-  };
+  lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
   const std::string ts = Lab::path("/terminate-spot");
 
@@ -838,12 +846,7 @@ TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent d
   CHECK(lab.events("workload.terminated").size() == 1);  // finished once
 
   // The agent dies between writing the termination ahead and running it: a restart finishes it.
-  ApiRequest q;
-  q.method = "POST";
-  q.path = ts;
-  q.body = fmt::format(R"({{"unitIds":["{}"]}})", U2);
-  q.headers.emplace_back("authorization", "Bearer " + owner);
-  q.request_id = "req-crash";
+  const ApiRequest q = Lab::request("POST", ts, owner, fmt::format(R"({{"unitIds":["{}"]}})", U2));
   auto parked = lab.service_->handle(q);
   REQUIRE(parked.status == 0);
   REQUIRE(parked.work != 0);
@@ -892,17 +895,9 @@ TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never term
 
 TEST_CASE("terminate-spot: a termination underway is not started twice; Idempotency-Key replays the answer") {
   Lab lab;
-  lab.hypervisor_->domains = {
-      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
-      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
-  };
+  lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
-  ApiRequest q;
-  q.method = "POST";
-  q.path = Lab::path("/terminate-spot");
-  q.body = fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1);
-  q.headers.emplace_back("authorization", "Bearer " + owner);
-  q.request_id = "req-first";
+  const ApiRequest q = Lab::request("POST", Lab::path("/terminate-spot"), owner, fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1));
   auto first = lab.service_->handle(q);  // started, not run yet (its domain waits out a grace)
   REQUIRE(first.work != 0);
   auto second = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}");
