@@ -142,6 +142,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
   std::shared_ptr<vmctl::Hypervisor> hypervisor = vmctl::make_libvirt(cfg.libvirt.uri);
   node->set_hypervisor(hypervisor);
+  node->set_list_off_thread(true);  // the state thread never waits for libvirt
 
   asio::io_context net;
   asio::io_context core;
@@ -149,6 +150,9 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   // Terminations wait for domains to stop (a grace of up to 300 s): they run here, never on `core`
   // or `net`. The workload refresh lists the domains here too.
   asio::thread_pool vm_pool(4);
+  // Lists of the domains (for requests and the refresh) have a thread of their own, so that they
+  // never queue behind terminations waiting out a grace period.
+  asio::thread_pool list_pool(1);
   std::atomic<bool> stopping = false;
   const vmctl::Sleeper sleeper = [&stopping](std::chrono::milliseconds d) {
     for (auto left = d; left.count() > 0; left -= std::chrono::milliseconds(50)) {
@@ -177,7 +181,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
       };
   // The workloads as libvirt lists them: vacated reclaiming units, terminations to finish.
   std::function<void()> refresh_workloads = [&] {
-    asio::post(vm_pool, [&] {
+    asio::post(list_pool, [&] {
       auto list = hypervisor->list();
       if (!list) return;  // logged by the routes that need it; tried again at the next refresh
       asio::post(core, [&, list = std::move(*list)] {
@@ -242,6 +246,17 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
   std::int64_t announced_revision = node->revision();
   std::function<void(service::ApiRequest, http::Reply)> answer = [&](service::ApiRequest a, http::Reply reply) {
     service::ApiResponse r = node->handle(a);
+    if (r.status == 0 && r.needs_workloads) {  // list the domains off this thread, then again
+      asio::post(list_pool, [&, a = std::move(a), reply = std::move(reply)]() mutable {
+        auto listing = std::make_shared<const service::WorkloadListing>(service::WorkloadListing{hypervisor->list()});
+        asio::post(core, [&, a = std::move(a), reply = std::move(reply), listing = std::move(listing)]() mutable {
+          a.workloads = std::move(listing);
+          answer(std::move(a), std::move(reply));
+          on_change();
+        });
+      });
+      return;
+    }
     if (r.status == 0 && r.work != 0) {  // terminations first, off this thread
       if (auto w = node->work(r.work)) {
         run_work(std::move(*w), [reply = std::move(reply)](service::ApiResponse done) mutable {
@@ -363,6 +378,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
 
   stopping = true;
   vm_pool.join();  // terminations stop waiting at once (their domains are finished at the next start)
+  list_pool.join();
   asio::post(core, [&] {
     term_timer.cancel();
     rescan_timer.cancel();

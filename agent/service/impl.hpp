@@ -138,6 +138,8 @@ struct NodeService::Impl {
   std::string audit_last_hash;
   std::string inventory_digest;
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
+  bool list_off_thread = false;
+  const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs
   // Terminations written pending and not decided yet, by audit seq (loaded on open: cut short by a
   // crash); those a running batch holds are in `in_flight`.
   std::map<std::int64_t, TerminationRow> pending;

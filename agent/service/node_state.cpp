@@ -485,12 +485,16 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
 
 ApiResponse NodeService::handle(const ApiRequest& request) {
   impl_->apply_terms();  // never answer with a term the clock has passed
-  return impl_->conditional(request, impl_->route(request));
+  impl_->listing = request.workloads.get();
+  ApiResponse out = impl_->conditional(request, impl_->route(request));
+  impl_->listing = nullptr;
+  return out;
 }
 
 std::optional<reservations::Time> NodeService::tick() { return impl_->apply_terms(); }
 void NodeService::rescan() { impl_->scan(false); }
 void NodeService::set_hypervisor(std::shared_ptr<vmctl::Hypervisor> hypervisor) { impl_->hypervisor = std::move(hypervisor); }
+void NodeService::set_list_off_thread(bool off) { impl_->list_off_thread = off; }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
   impl_->verifier = std::move(verifier);
   impl_->token_cache.clear();
@@ -513,6 +517,11 @@ std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Doma
 
 ApiResponse NodeService::handle_now(const ApiRequest& request, const vmctl::Sleeper& sleep) {
   ApiResponse resp = handle(request);
+  if (resp.status == 0 && resp.needs_workloads && impl_->hypervisor) {
+    ApiRequest again = request;
+    again.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{impl_->hypervisor->list()});
+    resp = handle(again);
+  }
   if (resp.status != 0 || resp.work == 0) return resp;
   auto w = work(resp.work);
   std::vector<vmctl::TerminationOutcome> outcomes;

@@ -344,7 +344,7 @@ ApiResponse NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, con
   // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
   // needs the list: 503 and nothing changed.
   auto ws = workloads_now();
-  if (!ws && terminate) return ws.error();
+  if (!ws && (terminate || ws.error().needs_workloads)) return ws.error();
   const std::set<std::string> named(ids->begin(), ids->end());
   const auto occupied = ws ? spot::spot_occupied(*ws) : named;
   auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };

@@ -30,7 +30,17 @@ std::map<std::string, std::string> NodeService::Impl::unit_of_address() const {
 
 std::expected<std::vector<NodeService::Impl::Workload>, ApiResponse> NodeService::Impl::workloads_now() {
   if (!hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
-  auto list = hypervisor->list();
+  std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list;
+  if (listing != nullptr) {
+    list = listing->domains;
+  } else if (list_off_thread) {
+    ApiResponse ask;  // listed off this thread, then handled again
+    ask.status = 0;
+    ask.needs_workloads = true;
+    return std::unexpected(std::move(ask));
+  } else {
+    list = hypervisor->list();
+  }
   if (!list) {
     say(LogLevel::warning, "hypervisor: " + list.error().message);
     return std::unexpected(problem(503, "hypervisor-unavailable", fmt::format("the hypervisor cannot be reached: {}", list.error().message)));

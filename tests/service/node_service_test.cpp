@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/store/audit_chain.hpp"
@@ -927,4 +928,35 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   CHECK(r2.header("Idempotent-Replayed") == "true");
   CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // replayed, not done again
   CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"reason":"x"})", key)) == "idempotency-key-reuse");
+}
+
+TEST_CASE("with the list off the state thread, a request that needs workloads asks for them and changes nothing until then") {
+  Lab lab;
+  lab.hypervisor_->domains = two_spot_vms();
+  lab.service_->set_list_off_thread(true);
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  lab.hypervisor_->calls.clear();
+  for (const auto& [method, target, body] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"GET", Lab::path("/workloads"), ""},
+           {"POST", Lab::path("/terminate-spot"), "{}"},
+           {"POST", Lab::path("/reservations"), fmt::format(R"({{"unitIds":["{}"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"}})", U1)}}) {
+    CAPTURE(target);
+    auto q = Lab::request(method, target, admin, body);
+    const auto before = lab.service_->revision();
+    auto asked = lab.service_->handle(q);
+    CHECK(asked.status == 0);
+    CHECK(asked.needs_workloads);
+    CHECK(lab.service_->revision() == before);
+    CHECK(lab.hypervisor_->calls.empty());  // the state thread never called libvirt
+    q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{lab.hypervisor_->list()});
+    auto answered = lab.service_->handle(q);
+    CHECK((answered.status != 0 || answered.work != 0));  // answered, or terminations to run
+    CHECK_FALSE(answered.needs_workloads);
+    lab.hypervisor_->calls.clear();
+  }
+  // A listing that failed is the hypervisor being unavailable.
+  auto q = Lab::request("GET", Lab::path("/workloads"), admin);
+  q.workloads = std::make_shared<const WorkloadListing>(
+      WorkloadListing{std::unexpected(gpunode::vmctl::VmError{gpunode::vmctl::VmError::Kind::unavailable, "gone"})});
+  CHECK(code_of(lab.service_->handle(q)) == "hypervisor-unavailable");
 }

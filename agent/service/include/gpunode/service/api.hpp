@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,6 +12,8 @@
 #include <boost/json/fwd.hpp>
 
 namespace gpunode::service {
+
+struct WorkloadListing;  // gpunode/service/node_service.hpp
 
 struct ApiRequest {
   enum class Via { https, admin_socket };
@@ -22,6 +25,9 @@ struct ApiRequest {
   Via via = Via::https;
   std::optional<std::uint32_t> peer_uid;  // SO_PEERCRED on the admin socket
   std::string request_id;
+  // The domains as listed for this request, off the state thread (set when an answer asked for
+  // them with needs_workloads).
+  std::shared_ptr<const WorkloadListing> workloads;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view lower_name) const;
   // The decoded value of a query parameter (first occurrence).
@@ -35,6 +41,9 @@ struct ApiResponse {
   // Not sent: with status 0, a batch of terminations the service started (NodeService::work),
   // to be run off the state thread and answered by NodeService::finish.
   std::uint64_t work = 0;
+  // Not sent: with status 0, the request needs the domains listed first (see
+  // NodeService::set_list_off_thread); handle it again with ApiRequest::workloads set.
+  bool needs_workloads = false;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
 };

@@ -36,6 +36,11 @@ struct ServiceOptions {
   std::chrono::seconds shutdown_grace{0};  // libvirt.shutdown_grace: terminate-spot's default grace
 };
 
+// The domains as the hypervisor listed them for one request (or why it could not).
+struct WorkloadListing {
+  std::expected<std::vector<vmctl::Domain>, vmctl::VmError> domains;
+};
+
 // Terminations to run with the hypervisor, off the state thread (they wait for domains to stop).
 struct Work {
   std::uint64_t batch = 0;
@@ -90,6 +95,11 @@ class NodeService {
   // Where the workloads are (libvirt in the daemon, a fake in tests). Without one, routes that
   // need workloads answer 503 hypervisor-unavailable.
   void set_hypervisor(std::shared_ptr<vmctl::Hypervisor> hypervisor);
+  // With true, handle() never calls the hypervisor itself: a request that needs the workloads is
+  // answered with status 0 and needs_workloads, and the caller lists them off this thread and
+  // handles the request again with ApiRequest::workloads set (nothing was changed the first
+  // time). The daemon does this so that its state thread never waits for libvirt.
+  void set_list_off_thread(bool off);
 
   // SIGHUP: what can be reloaded.
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
