@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -110,17 +111,17 @@ class Libvirt final : public Hypervisor {
     // on an active persistent domain and refuses LIVE on an inactive one. A domain that stops
     // between the check and the write is retried once with fresh flags.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      auto flags = definition_flags(domain->get());
+      auto flags = definition_flags(*domain);
       if (!flags) return std::unexpected(flags.error());
-      if (virDomainSetMetadata(domain->get(), VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(),
+      if (virDomainSetMetadata(*domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(),
                                ns.c_str(), *flags) == 0)
         return {};
       virErrorPtr last = virGetLastError();
       const bool retry = attempt == 0 && last != nullptr && last->code == VIR_ERR_OPERATION_INVALID &&
                          (*flags & VIR_DOMAIN_AFFECT_LIVE) != 0;
-      if (!retry) return std::unexpected(fail());
+      if (!retry) return std::unexpected(fail_on(uuid));
     }
-    return std::unexpected(fail());
+    return std::unexpected(fail_on(uuid));
   }
 
   std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
@@ -130,14 +131,14 @@ class Libvirt final : public Hypervisor {
     if (!domain) return std::unexpected(domain.error());
     const std::string ns{termination_ns};
     const unsigned flags = which == Definition::live ? VIR_DOMAIN_AFFECT_LIVE : VIR_DOMAIN_AFFECT_CONFIG;
-    CString text{virDomainGetMetadata(domain->get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
+    CString text{virDomainGetMetadata(*domain, VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
     if (!text) {
       virErrorPtr last = virGetLastError();
       if (last != nullptr && last->code == VIR_ERR_NO_DOMAIN_METADATA) {
         virResetLastError();
         return std::optional<TerminationRecord>{};
       }
-      return std::unexpected(fail());
+      return std::unexpected(fail_on(uuid));
     }
     return parse_termination(text.get());
   }
@@ -155,7 +156,7 @@ class Libvirt final : public Hypervisor {
     if (!domain) return std::unexpected(domain.error());
     int state = 0;
     int reason = 0;
-    if (virDomainGetState(domain->get(), &state, &reason, 0) < 0) return std::unexpected(fail());
+    if (virDomainGetState(*domain, &state, &reason, 0) < 0) return std::unexpected(fail_on(uuid));
     return std::string{state_name(state)};
   }
 
@@ -212,6 +213,7 @@ class Libvirt final : public Hypervisor {
   }
 
   void drop() {
+    handles_.clear();  // they belong to the connection
     if (conn_ != nullptr && lifecycle_id_ >= 0) (void)virConnectDomainEventDeregisterAny(conn_, lifecycle_id_);
     if (conn_ != nullptr && on_change_) (void)virConnectUnregisterCloseCallback(conn_, on_close);
     lifecycle_id_ = -1;
@@ -236,16 +238,29 @@ class Libvirt final : public Hypervisor {
     return VmError{VmError::Kind::failed, std::move(message)};
   }
 
-  std::expected<DomainHandle, VmError> lookup(const std::string& uuid) {
+  // A domain's handle, looked up once per connection (a lookup is a round trip to libvirtd, and a
+  // termination makes several calls on one domain). A handle whose domain went away makes the
+  // next call fail with VIR_ERR_NO_DOMAIN, which is `not_found` as a fresh lookup would be; it is
+  // then forgotten. Caller holds mu_.
+  std::expected<virDomainPtr, VmError> lookup(const std::string& uuid) {
     auto conn = connection();
     if (!conn) return std::unexpected(conn.error());
+    if (auto it = handles_.find(uuid); it != handles_.end()) return it->second.get();
     DomainHandle domain{virDomainLookupByUUIDString(*conn, uuid.c_str())};
     if (!domain) {
       VmError error = fail();
       error.message += " (uuid " + uuid + ")";
       return std::unexpected(std::move(error));
     }
-    return domain;
+    if (handles_.size() >= kMaxHandles) handles_.clear();
+    return handles_.emplace(uuid, std::move(domain)).first->second.get();
+  }
+
+  // After a failed call on a cached handle: a domain that is gone is forgotten.
+  VmError fail_on(const std::string& uuid) {
+    VmError e = fail();
+    if (e.kind == VmError::Kind::not_found) handles_.erase(uuid);
+    return e;
   }
 
   std::expected<unsigned, VmError> definition_flags(virDomainPtr domain) {
@@ -264,7 +279,7 @@ class Libvirt final : public Hypervisor {
     std::lock_guard lock{mu_};
     auto domain = lookup(uuid);
     if (!domain) return std::unexpected(domain.error());
-    if (call(domain->get()) < 0) return std::unexpected(fail());
+    if (call(*domain) < 0) return std::unexpected(fail_on(uuid));
     return {};
   }
 
@@ -296,6 +311,8 @@ class Libvirt final : public Hypervisor {
   virConnectPtr conn_ = nullptr;
   std::atomic<bool> connected_{false};
   std::shared_ptr<std::function<void()>> on_change_;
+  static constexpr std::size_t kMaxHandles = 4096;
+  std::map<std::string, DomainHandle> handles_;
   int lifecycle_id_ = -1;
 };
 
