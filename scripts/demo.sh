@@ -61,16 +61,25 @@ terminal, from $top:
   api \$OWNER \$N/units
   api \$OWNER \$N/workloads
 
-  # reserve two units for org-acme as the platform admin: the spot VM on u-0000-23-00-0 is
-  # allowed (listed in spotWorkloads), org-acme's own VM on u-0000-43-00-0 too; u-0000-24-00-0
-  # would be refused (409 unit-occupied: an unlabelled VM runs there)
+  # reserve two units for org-acme (which also manages the reservation) as the platform admin:
+  # the spot VM on u-0000-23-00-0 is allowed (listed in spotWorkloads), org-acme's own VM on
+  # u-0000-43-00-0 too; u-0000-24-00-0 would be refused (409 unit-occupied: an unlabelled VM runs there)
   api \$ADMIN -X POST \$N/reservations -H 'Content-Type: application/json' \\
-      -d '{"unitIds": ["u-0000-23-00-0", "u-0000-43-00-0"], "audienceOrgIds": ["org-acme"], "endsAt": "$ends"}'
+      -d '{"unitIds": ["u-0000-23-00-0", "u-0000-43-00-0"], "audienceOrgIds": ["org-acme"], "managingOrgIds": ["org-acme"], "endsAt": "$ends"}'
 
   # org-acme sees its reservation and its reserved capacity; an outsider gets 404, as for a node that does not exist
   api \$ACME \$N/reservations
   api \$ACME https://127.0.0.1:$port/v1/orgs/org-acme/reserved-capacity
   api \$OUTSIDER \$N/units -i
+
+  # the spot market: org-acme lends u-0000-23-00-0 to spot (any org may now place spot VMs
+  # there), then takes it back, terminating the spot VM on it (capacity reclaim, audited)
+  RID=\$(api \$ACME \$N/reservations | python3 -c 'import json, sys; print(json.load(sys.stdin)["reservations"][0]["id"])')
+  api \$ACME -X POST \$N/reservations/\$RID/release -H 'Content-Type: application/json' -d '{"unitIds": ["u-0000-23-00-0"]}'
+  api \$OPER "\$N/capacity?org=org-outsider"
+  api \$ACME -X POST \$N/reservations/\$RID/reclaim -H 'Content-Type: application/json' \\
+      -d '{"unitIds": ["u-0000-23-00-0"], "terminateSpot": true}'
+  api \$OWNER \$N/workloads
 
   # operators: the admin socket needs no token, and the audit log is hash-chained
   curl -s --unix-socket build/demo/admin.sock http://localhost/v1/nodes/$node/audit; echo
