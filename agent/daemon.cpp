@@ -180,11 +180,32 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
         });
       };
   // The workloads as libvirt lists them: vacated reclaiming units, terminations to finish.
-  std::function<void()> refresh_workloads = [&] {
+  // While libvirt cannot be reached, the refresh is retried after 1 s, 2 s, 4 s... up to the rescan
+  // interval, so that after a libvirtd restart the agent reconnects (and hears events again, and
+  // finishes cut-short terminations) within seconds rather than at the next rescan.
+  asio::steady_timer retry_timer(core);
+  auto retry_delay = std::chrono::milliseconds(1000);
+  bool retry_armed = false;
+  std::function<void()> refresh_workloads;
+  refresh_workloads = [&] {
     asio::post(list_pool, [&] {
       auto list = hypervisor->list();
-      if (!list) return;  // logged by the routes that need it; tried again at the next refresh
+      if (!list) {
+        log.log(LogLevel::warning, "workload refresh: " + list.error().message);
+        asio::post(core, [&] {
+          if (retry_armed || stopping) return;
+          retry_armed = true;
+          retry_timer.expires_after(retry_delay);
+          retry_delay = std::min(retry_delay * 2, std::chrono::milliseconds(cfg.discovery.rescan_interval));
+          retry_timer.async_wait([&](const boost::system::error_code& e) {
+            retry_armed = false;
+            if (!e && !stopping) refresh_workloads();
+          });
+        });
+        return;
+      }
       asio::post(core, [&, list = std::move(*list)] {
+        retry_delay = std::chrono::milliseconds(1000);
         if (auto w = node->observe_workloads(list)) run_work(std::move(*w), nullptr);
         on_change();
       });
@@ -383,6 +404,7 @@ int run_daemon(const std::string& config_file, const std::string& pci_ids_file, 
     term_timer.cancel();
     rescan_timer.cancel();
     event_timer.cancel();
+    retry_timer.cancel();
     core_work.reset();
   });
   core_thread.join();
