@@ -16,8 +16,11 @@ sent SIGTERM at the end, SIGKILL if it overstays, and if this script dies the pa
 signal takes it down.
 
 Then libvirt goes away and comes back. B: an outside `virsh destroy` shows in GET .../state (a
-long poll) within 2 s, through libvirt's lifecycle events, not the 30 s rescan. A (the agent
-restarted with a 2 s rescan): libvirtd alone is SIGKILLed 1.5 s into a terminate-spot with an 8 s
+long poll) within 2 s, through libvirt's lifecycle events, not the 30 s rescan. C (the same agent,
+up less than 25 s): libvirtd alone is SIGKILLed and started again; once the agent has reconnected
+(GET workloads, 503 until it has), an outside `virsh start` and then `virsh destroy` must show in
+GET .../state, the destroy within 2 s: the events are registered again on the new connection.
+A (the agent restarted with a 2 s rescan): libvirtd alone is SIGKILLed 1.5 s into a terminate-spot with an 8 s
 grace (QEMU runs on, reparented to the namespace's `sh`): 503 hypervisor-unavailable before the
 grace ends, the write-ahead audit record and nothing more; the `sh` holds libvirtd down while
 TMP/hold exists and then starts it again with the same command (it re-attaches to the running
@@ -501,6 +504,131 @@ def outside_stop(c, lab, daemon, agent_up):
     c.eq("virsh: the on-demand VM still runs after B", domstate(daemon, ONDEMAND_NAME), "running")
 
 
+def refresh_failures(lab, start):
+    """When (epoch seconds, at the latest) the agent's failed workload refreshes were logged after
+    byte `start` of its log ("<RFC 3339> warning workload refresh: ..."); a stamp in whole seconds
+    counts as the end of its second."""
+    out = []
+    for line in lab.log()[start:].splitlines():
+        if "workload refresh:" not in line:
+            continue
+        stamp = line.split()[0]
+        try:
+            out.append(L.parse_time(stamp) + (0.0 if "." in stamp else 1.0))
+        except (AssertionError, ValueError, TypeError, IndexError):
+            pass
+    return out
+
+
+def resubscribed(c, lab, daemon, owner, agent_up):
+    """C: libvirtd alone is killed (SIGKILL, QEMU runs on) and started again; once the agent has
+    reconnected (GET workloads, retried while it answers 503), an outside `virsh start` and then
+    `virsh destroy` show in GET .../state through lifecycle events on the new connection, not the
+    30 s rescan."""
+    admin = lab.admin()
+    qemu = daemon.qemu_pid(ONDEMAND_NAME)
+    log_at = len(lab.log())
+    killed_at = time.time()
+    killed = daemon.kill_daemon()
+    time.sleep(0.5)  # down for a moment: the agent's refresh on the close callback fails meanwhile
+    daemon.restart_daemon()
+    up = time.time()
+    print(f"# C: libvirtd (pid {killed}) killed, answered again {up - killed_at:.2f}s later", flush=True)
+    c.check("C: libvirtd restarted (a new PID)", daemon.daemon_pid() not in (None, killed), daemon.daemon_pid())
+    c.check("C: the on-demand VM's QEMU ran on through the restart", daemon.qemu_pid(ONDEMAND_NAME) == qemu,
+            daemon.procs())
+
+    # The agent reconnects on the next call that lists the domains (503 until it has).
+    polls, r = [], None
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        r = lab.get(lab.npath("/workloads"), token=owner)
+        polls.append((r.status, round(time.time() - up, 2)))
+        if r.status == 200:
+            break
+        time.sleep(0.1)
+    print(f"# C: GET workloads after the restart (status, s after libvirtd answered): {polls}", flush=True)
+    c.status("C: GET workloads as the owner answers 200 once the agent has reconnected", r, 200)
+    ws = by_vm((r.json or {}).get("workloads", [])) if r is not None and r.status == 200 else {}
+    c.eq("C: workloads after the reconnect: spot shutoff, on-demand running",
+         {vm: ws.get(vm, {}).get("state") for vm in (SPOT, ONDEMAND)}, {SPOT: "shutoff", ONDEMAND: "running"})
+
+    # The agent retries a failed refresh by itself (1 s after the first failure, doubling). Let
+    # the retry that follows the last failure run first, so that what the agent sees below can
+    # only have come through an event (or the rescan, 30 s after its start).
+    fails = refresh_failures(lab, log_at)
+    settle = up + 0.5
+    if fails:
+        settle = max(settle, fails[-1] + min(2 ** (len(fails) - 1), 30) + 0.5)
+    settle = min(settle, up + 8)
+    print(f"# C: {len(fails)} failed refresh(es) logged while libvirtd was down; starting the spot VM "
+          f"{max(0.0, settle - up):.2f}s after libvirtd answered", flush=True)
+    time.sleep(max(0.0, settle - time.time()))
+
+    rev, states, r = observed(lab, admin)
+    c.status("C: GET state as the admin", r, 200)
+    if domstate(daemon, SPOT_NAME) != "running":
+        daemon.virsh("start", SPOT_NAME)
+    started = time.time()
+    deadline = started + 10
+    while states.get(SPOT) != "running" and time.time() < deadline and rev is not None:
+        got, now_states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
+        if r.status == 304:  # the wait ended with nothing new
+            continue
+        if r.status != 200:
+            break
+        rev, states = got, now_states
+    run_delay = time.time() - started if states.get(SPOT) == "running" else None
+    print(f"# C: GET state showed the spot VM running "
+          f"{'never (10 s)' if run_delay is None else f'{run_delay:.2f}s'} after virsh start returned", flush=True)
+    c.check("C: an outside virsh start after libvirtd's restart shows as running in GET state within 10 s "
+            f"({'not within 10 s' if run_delay is None else f'{run_delay:.2f}s'})", run_delay is not None,
+            f"the agent's view still has the spot VM {states.get(SPOT)!r} at revision {rev!r}: no lifecycle "
+            f"event on the agent's new connection?; agent log: {lab.tail(800)}")
+    if run_delay is None:
+        # Not heard: a listing puts the running VM into the agent's view, so that the destroy
+        # below is still measured.
+        lab.get(lab.npath("/workloads"), token=owner)
+        rev, states, r = observed(lab, admin)
+    measurable = states.get(SPOT) == "running"
+    before = rev
+
+    t0 = time.time()
+    daemon.virsh("destroy", SPOT_NAME)
+    t1 = time.time()
+    deadline = t1 + 5
+    seen, polls = None, []
+    while measurable and time.time() < deadline and rev is not None:
+        got, now_states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
+        polls.append((r.status, got, now_states.get(SPOT), round(time.time() - t1, 2)))
+        if r.status == 304:  # the wait ended with nothing new
+            continue
+        if r.status != 200:
+            break
+        rev, states = got, now_states
+        if states.get(SPOT) == "shutoff":
+            seen = time.time()
+            break
+    delay = None if seen is None else seen - t1
+    since_start = time.time() - agent_up
+    print(f"# C: virsh destroy took {t1 - t0:.2f}s; GET state showed the spot VM shutoff "
+          f"{'never (5 s)' if delay is None else f'{delay:.2f}s'} after it returned "
+          f"(agent up {since_start:.1f}s, rescan every 30s)", flush=True)
+    c.check("C: the agent's view had the spot VM running before the destroy", measurable,
+            f"spot state {states.get(SPOT)!r}: the destroy could not be measured")
+    c.check("C: after libvirtd restarted, an outside virsh destroy shows as shutoff in GET state within 2 s "
+            f"({'not within 5 s' if delay is None else f'{delay:.2f}s'}; lifecycle events must be "
+            "registered again on the agent's new connection)",
+            delay is not None and delay <= 2.0,
+            f"long polls (status, revision, spot state, s after destroy): {polls}; agent log: {lab.tail(800)}")
+    c.check("C: ... by an event, not the 30 s rescan (the agent is up less than 25 s)", since_start < 25,
+            f"{since_start:.1f}s")
+    c.check("C: the revision moved", isinstance(rev, int) and isinstance(before, int) and rev > before,
+            f"{before!r} -> {rev!r}")
+    c.eq("C: the on-demand VM runs in the agent's view", states.get(ONDEMAND), "running")
+    c.eq("virsh: the on-demand VM still runs after C", domstate(daemon, ONDEMAND_NAME), "running")
+
+
 def cut_short(c, lab, daemon, owner, left, uuid):
     """A: libvirtd is killed (SIGKILL, QEMU runs on) in the middle of a terminate-spot with an
     8 s grace: 503 hypervisor-unavailable, the write-ahead record and nothing more; libvirtd
@@ -700,6 +828,15 @@ def body(c, agent, daemon):
 
         # -- B: an outside stop is seen through libvirt's events (rescan every 30 s) ----------
         outside_stop(c, lab, daemon, agent_up)
+
+        # -- C: events are heard again after libvirtd restarts (rescan every 30 s) -------------
+        if time.time() - agent_up > 8:  # C must be measured well before the rescan
+            rc, _ = lab.stop()
+            c.eq("the agent stops cleanly on SIGTERM (before C)", rc, 0)
+            lab.start()
+            agent_up = time.time()
+            print("# C: the agent was restarted (up too long for C)", flush=True)
+        resubscribed(c, lab, daemon, owner, agent_up)
         rc, _ = lab.stop()
         c.eq("the agent stops cleanly on SIGTERM", rc, 0)
 
