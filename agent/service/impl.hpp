@@ -261,8 +261,8 @@ struct NodeService::Impl {
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
   ApiResponse start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
-  ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left) const;
-  void store_idempotency(IdempotencyDraft d, const ApiResponse& resp);
+  ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
+                           const std::vector<reservations::Reservation>& upserts) const;
   std::optional<Work> work_of(std::uint64_t id) const;
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);

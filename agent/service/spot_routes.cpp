@@ -91,12 +91,10 @@ ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Pla
     return true;
   });
   if (plan.terminate.empty()) {
-    if (!base.upserts.empty() || !base.audits.empty()) {
-      if (auto ok = commit(base); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed");
-    }
-    ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running));
-    if (b.idempotency) store_idempotency(std::move(*b.idempotency), out);
-    return out;
+    ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running), base.upserts);
+    base.idempotency = std::move(b.idempotency);
+    if (base.upserts.empty() && base.audits.empty() && !base.idempotency) return out;  // a no-op
+    return commit_response(base, std::move(out));  // the change and its idempotent answer: one commit
   }
   std::int64_t seq = audit_seq + static_cast<std::int64_t>(base.audits.size());
   const std::string at = r::format_time(base.at);
@@ -123,22 +121,18 @@ ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Pla
   return parked;
 }
 
-ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left) const {
+ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
+                                            const std::vector<r::Reservation>& upserts) const {
   json::object out{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
   if (!b.terminating.empty()) out["terminating"] = b.terminating;  // only then: the contract's keys otherwise
   if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
-    const auto& x = reservations.at(*b.reservation_id);
+    // The reservation as the answer's commit leaves it: from `upserts` when it changes there.
+    auto changed = std::find_if(upserts.begin(), upserts.end(), [&](const r::Reservation& u) { return u.id == *b.reservation_id; });
+    const auto& x = changed != upserts.end() ? *changed : reservations.at(*b.reservation_id);
     out["reservation"] = to_json(x);
     return with_header(json_response(out), "ETag", etag_of_version(x.version));
   }
   return json_response(out);
-}
-
-void NodeService::Impl::store_idempotency(IdempotencyDraft d, const ApiResponse& resp) {
-  d.response = resp;
-  Change ch{Caller{}, std::nullopt, now(), {}, {}, {}, {}, {}, std::move(d), {}};
-  // Only the idempotency row: commit() also moves the revision, which is harmless.
-  if (auto ok = commit(ch); !ok) say(LogLevel::warning, "the idempotent answer could not be stored");
 }
 
 std::optional<Work> NodeService::Impl::work_of(std::uint64_t id) const {
@@ -202,17 +196,19 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
     note_workloads(ws);
     vacate(ws, ch);
   }
-  if (!ch.audits.empty() || !ch.upserts.empty()) {
-    if (auto ok = commit(ch); !ok) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
-  }
-  if (unavailable) {
+  const bool changes = !ch.audits.empty() || !ch.upserts.empty();
+  if (unavailable) {  // not a final answer: not kept for Idempotency-Key replays
+    if (changes && !commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
     json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
     return problem(503, "hypervisor-unavailable",
                    fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are finished by the agent once it answers", *unavailable),
                    {}, &extra);
   }
-  ApiResponse out = answer_batch(b, std::move(terminated), std::move(left));
-  if (b.idempotency) store_idempotency(std::move(*b.idempotency), out);
+  ApiResponse out = answer_batch(b, std::move(terminated), std::move(left), ch.upserts);
+  ch.idempotency = std::move(b.idempotency);
+  if (!changes && !ch.idempotency) return out;
+  if (ch.idempotency) ch.idempotency->response = out;  // the outcome and its idempotent answer: one commit
+  if (!commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
   return out;
 }
 

@@ -60,6 +60,14 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, **kw).stdout
 
 
+def remove_tree(path, what):
+    """Removes a test's temp dir, unless GPUNODE_INTEG_KEEP is set (then says where it is)."""
+    if os.environ.get("GPUNODE_INTEG_KEEP"):
+        print(f"# {what} kept at {path}", flush=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -385,10 +393,7 @@ log:
             if self.running():
                 self.kill()
         finally:
-            if os.environ.get("GPUNODE_INTEG_KEEP"):
-                print(f"# lab kept at {self.dir}", flush=True)
-            else:
-                shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(self.dir, "lab")
 
     def __enter__(self):
         return self

@@ -336,10 +336,7 @@ class Libvirtd:
         try:
             self.stop()
         finally:
-            if os.environ.get("GPUNODE_INTEG_KEEP"):
-                print(f"# libvirtd dir kept at {self.dir}", flush=True)
-            else:
-                shutil.rmtree(self.dir, ignore_errors=True)
+            L.remove_tree(self.dir, "libvirtd dir")
 
 
 def domain_xml(name, vm_id, tier, kind):
@@ -460,6 +457,22 @@ def observed(lab, admin, after=None, wait="10s"):
     return j.get("revision"), {w.get("vmId"): w.get("state") for w in j.get("workloads") or []}, r
 
 
+def wait_for_spot(lab, admin, rev, states, want, deadline, since):
+    """Long-polls GET .../state from revision `rev` until the spot VM is `want` or `deadline` passes
+    (a 304 is a wait that ended with nothing new: poll again). Returns (rev, states, seconds after
+    `since` when it was seen or None, [(status, revision, spot state, s after since)])."""
+    polls = []
+    while states.get(SPOT) != want and time.time() < deadline and rev is not None:
+        got, now_states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
+        polls.append((r.status, got, now_states.get(SPOT), round(time.time() - since, 2)))
+        if r.status == 304:
+            continue
+        if r.status != 200:
+            break
+        rev, states = got, now_states
+    return rev, states, (time.time() - since if states.get(SPOT) == want else None), polls
+
+
 def outside_stop(c, lab, daemon, agent_up):
     """B: `virsh destroy` from outside the agent shows in GET .../state through libvirt's
     lifecycle events, without waiting for the rescan (30 s here)."""
@@ -470,24 +483,13 @@ def outside_stop(c, lab, daemon, agent_up):
     deadline = time.time() + 10
     rev, states, r = observed(lab, admin)
     c.status("B: GET state as the admin", r, 200)
-    while states.get(SPOT) != "running" and time.time() < deadline and rev is not None:
-        rev, states, r = observed(lab, admin, after=rev, wait="2s")
+    rev, states, _, _ = wait_for_spot(lab, admin, rev, states, "running", deadline, time.time())
     c.eq("B: the agent's view has the spot VM running (after virsh start)", states.get(SPOT), "running")
     before = rev
     t0 = time.time()
     daemon.virsh("destroy", SPOT_NAME)
     t1 = time.time()
-    deadline = t1 + 10
-    seen, polls = None, []
-    while time.time() < deadline and rev is not None:
-        rev, states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
-        polls.append((r.status, rev, states.get(SPOT), round(time.time() - t1, 2)))
-        if r.status != 200:
-            break
-        if states.get(SPOT) == "shutoff":
-            seen = time.time()
-            break
-    delay = None if seen is None else seen - t1
+    rev, states, delay, polls = wait_for_spot(lab, admin, rev, states, "shutoff", t1 + 10, t1)
     since_start = time.time() - agent_up
     print(f"# B: virsh destroy took {t1 - t0:.2f}s; GET state showed the spot VM shutoff "
           f"{'never (10 s)' if delay is None else f'{delay:.2f}s'} after it returned "
@@ -570,15 +572,7 @@ def resubscribed(c, lab, daemon, owner, agent_up):
     if domstate(daemon, SPOT_NAME) != "running":
         daemon.virsh("start", SPOT_NAME)
     started = time.time()
-    deadline = started + 10
-    while states.get(SPOT) != "running" and time.time() < deadline and rev is not None:
-        got, now_states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
-        if r.status == 304:  # the wait ended with nothing new
-            continue
-        if r.status != 200:
-            break
-        rev, states = got, now_states
-    run_delay = time.time() - started if states.get(SPOT) == "running" else None
+    rev, states, run_delay, _ = wait_for_spot(lab, admin, rev, states, "running", started + 10, started)
     print(f"# C: GET state showed the spot VM running "
           f"{'never (10 s)' if run_delay is None else f'{run_delay:.2f}s'} after virsh start returned", flush=True)
     c.check("C: an outside virsh start after libvirtd's restart shows as running in GET state within 10 s "
@@ -596,20 +590,9 @@ def resubscribed(c, lab, daemon, owner, agent_up):
     t0 = time.time()
     daemon.virsh("destroy", SPOT_NAME)
     t1 = time.time()
-    deadline = t1 + 5
-    seen, polls = None, []
-    while measurable and time.time() < deadline and rev is not None:
-        got, now_states, r = observed(lab, admin, after=rev, wait=f"{max(1, int(deadline - time.time()))}s")
-        polls.append((r.status, got, now_states.get(SPOT), round(time.time() - t1, 2)))
-        if r.status == 304:  # the wait ended with nothing new
-            continue
-        if r.status != 200:
-            break
-        rev, states = got, now_states
-        if states.get(SPOT) == "shutoff":
-            seen = time.time()
-            break
-    delay = None if seen is None else seen - t1
+    delay, polls = None, []
+    if measurable:
+        rev, states, delay, polls = wait_for_spot(lab, admin, rev, states, "shutoff", t1 + 5, t1)
     since_start = time.time() - agent_up
     print(f"# C: virsh destroy took {t1 - t0:.2f}s; GET state showed the spot VM shutoff "
           f"{'never (5 s)' if delay is None else f'{delay:.2f}s'} after it returned "
