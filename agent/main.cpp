@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "gpunode/config/config.hpp"
+#include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/json.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/discovery/rules.hpp"
@@ -50,6 +51,11 @@ int cmd_discover(const std::string& config_file, const std::string& host_root_fl
     config = std::move(loaded.config);
   }
   const std::string host_root = host_root_flag.empty() ? config.discovery.host_root : host_root_flag;
+  // A mistyped root must never read as a host whose GPUs all went away (CONTRACT §7).
+  if (auto root_ok = disc::check_host_root(host_root); !root_ok) {
+    fmt::print(stderr, "error: {}\n", root_ok.error());
+    return kExitInvalid;
+  }
   const disc::Policy policy = gpunode::agent::policy_from(config);
 
   auto names = disc::PciIds::load(GPUNODE_PCI_IDS, policy.gpu_vendors);

@@ -10,18 +10,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True   # keep the source tree clean
+from checks import Checks  # noqa: E402
+
 AGENT, MKHOST, HOSTFILE = sys.argv[1:4]
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok   {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}")
+check = Checks()
 
 
 def run(*args):
@@ -93,13 +87,31 @@ with tempfile.TemporaryDirectory(prefix="gpunode-cli-") as tmp:
     check("discover refuses an invalid config with its problems (exit 1)", rc == 1 and f"{bad}:7:20:" in err and out == "",
           (rc, out[:100], err))
 
-    rc, out, err = run("discover", "--config", good, "--host-root", os.path.join(tmp, "nowhere"), "--json")
-    check("--host-root overrides the config; a missing tree is an empty host with a warning",
-          rc == 0 and json.loads(out) == {"nodeId": "node-7f3a", "units": []} and "cannot list" in err, (rc, out, err))
+    # CONTRACT §7 "The host root": a mistyped root must never look like a host whose GPUs all
+    # went away; a PCI bus without a GPU is a host.
+    nowhere = os.path.join(tmp, "nowhere")
+    hint = "does not exist: is discovery.host_root (or --host-root) the host's root?"
+    rc, out, err = run("discover", "--config", good, "--host-root", nowhere, "--json")
+    check("--host-root overrides the config; a root without sys/bus/pci: exit 1, the path named, nothing on stdout",
+          rc == 1 and out == "" and f"{nowhere}/sys/bus/pci {hint}" in err, (rc, out, err))
+    rc, out, err = run("discover", "--host-root", nowhere)
+    check("the table refuses a wrong root the same way", rc == 1 and out == "" and f"{nowhere}/sys/bus/pci {hint}" in err,
+          (rc, out, err))
+    no_bus = os.path.join(tmp, "no-bus")
+    os.makedirs(os.path.join(no_bus, "sys", "kernel", "iommu_groups"))
+    os.makedirs(os.path.join(no_bus, "proc"))
+    wrong_root = write("wrong-root.yaml", f"discovery:\n  host_root: {no_bus}\n")
+    rc, out, err = run("discover", "--config", wrong_root, "--json")
+    check("discovery.host_root from the config without sys/bus/pci: exit 1, the path named",
+          rc == 1 and out == "" and f"{no_bus}/sys/bus/pci {hint}" in err, (rc, out, err))
+    bus_only = os.path.join(tmp, "bus-only")
+    os.makedirs(os.path.join(bus_only, "sys", "bus", "pci", "devices"))
+    rc, out, err = run("discover", "--config", good, "--host-root", bus_only, "--json")
+    check("a PCI bus without a GPU is a host with no units (exit 0)",
+          rc == 0 and json.loads(out) == {"nodeId": "node-7f3a", "units": []}, (rc, out, err))
 
     rc, out, err = run("discover", "--host-root", root)
     check("the table names the units and says how many are reservable", rc == 0 and "u-0000-" in out and
           "reservable" in out, (rc, out[:200]))
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.finish()
