@@ -2,12 +2,45 @@
 # make demo: the agent on the bundled demo host (tests/fixtures/hosts/demo_node.py: an 8-GPU
 # server with a mix of classes), with a self-signed TLS certificate, a demo token issuer and a
 # throwaway state directory under build/demo. Prints how to call it, then runs it (Ctrl-C stops).
+# While a demo agent runs (it holds build/demo/state/lock), a second `make demo` refuses and deletes
+# nothing.
 set -euo pipefail
 agent=$(cd "$(dirname "${1:?usage: demo.sh PATH/TO/gpunode-agent}")" && pwd)/$(basename "$1")
 top=$(cd "$(dirname "$0")/.." && pwd)
 demo="$top/build/demo"
 port=${DEMO_PORT:-8443}
 node=demo-node
+state="$demo/state"
+
+# One agent per state directory (CONTRACT §7): a demo agent that is still running holds an flock
+# on $state/lock (with its pid in the file) and answers on $demo/admin.sock. Its state is live:
+# refuse, deleting nothing, and say how to stop it.
+refuse_if_running() {
+  local why="" rc=0 pid="" running_port=""
+  if [[ -e "$state/lock" ]]; then
+    flock --nonblock --conflict-exit-code 75 "$state/lock" true 2>/dev/null || rc=$?
+    case $rc in
+      0) ;;
+      75) why="an agent holds $state/lock"
+          pid=$(head -c 32 "$state/lock" | tr -dc 0-9) ;;
+      *) why="cannot check the lock $state/lock (flock exit $rc)" ;;
+    esac
+  fi
+  if [[ -z $why && -S "$demo/admin.sock" ]] &&
+    python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$demo/admin.sock" 2>/dev/null; then
+    why="an agent answers on $demo/admin.sock"
+  fi
+  [[ -z $why ]] && return 0
+  [[ -r "$demo/agent.yaml" ]] && running_port=$(sed -n 's/^  listen: "127\.0\.0\.1:\([0-9]*\)"$/\1/p' "$demo/agent.yaml")
+  {
+    echo "make demo: the demo's state directory $state is in use: $why."
+    echo "  That agent${pid:+ (pid $pid)} serves https://127.0.0.1:${running_port:-?} and $demo/admin.sock;"
+    echo "  starting again would delete its live state, so nothing was touched."
+    echo "  Stop it first (Ctrl-C in its terminal${pid:+, or: kill $pid}), then run make demo again."
+  } >&2
+  exit 1
+}
+refuse_if_running
 
 rm -rf "$demo"
 mkdir -p "$demo"
@@ -36,7 +69,7 @@ admin:
 libvirt:
   uri: test://$top/tests/fixtures/libvirt/demo_node.xml
 state:
-  dir: $demo/state
+  dir: $state
 YAML
 "$agent" check-config --config "$demo/agent.yaml" >/dev/null
 
