@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <type_traits>
@@ -204,7 +205,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         ctx_(std::move(ctx)),
         stream_(std::forward<Args>(stream_args)...),
         ex_(stream_.get_executor()),
-        handler_timer_(ex_) {}
+        answer_wait_(ex_) {}
 
   ~Session() override {
     if (registered_) st_->remove(id_);
@@ -247,7 +248,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void close_now() {
     closed_ = true;
     phase_ = Phase::closing;
-    handler_timer_.cancel();
+    answer_wait_.cancel();
     lowest().close();
   }
 
@@ -386,15 +387,14 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     req.request_id = id && sane_request_id(*id) ? std::string(*id) : generate_request_id();
     request_id_ = req.request_id;
 
+    // While the handler works nothing is pending on the socket (so no socket timeout runs) and
+    // the Reply holds the session only weakly: this wait, with no deadline, is what keeps the
+    // session alive until the answer (send) or a close (close_now) cancels it. It is not a
+    // timeout: the handler owns the request's deadline. A pending wait, unlike a reference held
+    // by the session itself, goes with the io_context, so a Reply that outlives it finds no one.
+    answer_wait_.expires_at(net::steady_timer::time_point::max());
+    answer_wait_.async_wait([self = this->shared_from_this()](beast::error_code) {});
     auto token = std::make_shared<std::atomic<bool>>(false);
-    handler_timer_.expires_after(limits().handler_timeout);
-    handler_timer_.async_wait([self = this->shared_from_this(), token](beast::error_code ec) {
-      if (ec || token->exchange(true)) return;
-      self->st_->log(fmt::format("http: {} {} {}: no answer within {}s (request {})", self->peer_.address,
-                                 self->method_, self->path_, self->limits().handler_timeout.count(),
-                                 self->request_id_));
-      self->send(problem(503, "timeout", "Request timed out", "the request was not answered in time"));
-    });
     // Holds only a weak pointer (never the executor): a handler may keep a Reply past the
     // connection, even past the io_context.
     Reply reply = [weak = this->weak_from_this(), token](Response r) {
@@ -419,7 +419,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void send(Response r) {
     if (closed_) return;
-    handler_timer_.cancel();
+    answer_wait_.cancel();
     unsigned status = r.status;
     if (status < 200 || status > 599) {
       st_->log(fmt::format("http: handler answered status {} on {} {}; sending 500", status, method_, path_));
@@ -509,7 +509,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::shared_ptr<ssl::context> ctx_;  // keeps the context this connection started with
   Stream stream_;
   const net::any_io_executor ex_;  // the connection's strand
-  net::steady_timer handler_timer_;
+  net::steady_timer answer_wait_;  // no deadline: holds the session while its handler works
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
@@ -582,6 +582,46 @@ bool unix_socket_alive(const std::string& path) {
   return alive;
 }
 
+// The admin socket's directory (CONTRACT §7): made mode 0750 if missing, and given to the admin
+// group so that its members can reach the socket. Only the last level is made: a missing parent
+// (a mistyped admin.socket) is an error. One that exists is left as it is.
+std::expected<void, std::string> make_socket_dir(const std::string& path, std::optional<gid_t> group) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) return {};
+  if (::mkdir(dir.c_str(), 0700) != 0) {  // 0700 until it has its group, then 0750
+    if (errno == EEXIST) return {};
+    return std::unexpected(fmt::format("admin socket {}: cannot create its directory {}: {}", path, dir.string(),
+                                       std::strerror(errno)));
+  }
+  if (group && ::chown(dir.c_str(), static_cast<uid_t>(-1), *group) != 0) {
+    return std::unexpected(fmt::format("admin socket {}: cannot give its directory {} to group {}: {}", path,
+                                       dir.string(), *group, std::strerror(errno)));
+  }
+  if (::chmod(dir.c_str(), 0750) != 0) {
+    return std::unexpected(fmt::format("admin socket {}: cannot chmod its directory {}: {}", path, dir.string(),
+                                       std::strerror(errno)));
+  }
+  return {};
+}
+
+// The peer's supplementary groups from the socket (SO_PEERGROUPS, Linux 4.13): its credentials
+// when it connected, with no NSS lookup. ERANGE says the buffer was short and sets `len` to the
+// size needed; the groups cannot change on a connected socket, so one retry at that size is enough
+// (a few more are allowed all the same).
+std::expected<std::vector<gid_t>, std::string> peer_groups(int fd) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) return std::unexpected(std::string(std::strerror(errno)));
+    groups.resize(std::max<std::size_t>(len / sizeof(gid_t), groups.size() * 2));
+  }
+  return std::unexpected(std::string("the group list kept growing"));
+}
+
 }  // namespace
 
 namespace detail {
@@ -652,6 +692,12 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
     peer.uid = cred.uid;
     peer.gid = cred.gid;
     peer.pid = cred.pid;
+    if (auto groups = peer_groups(socket.native_handle())) {
+      peer.groups = std::move(*groups);
+    } else {
+      log(fmt::format("admin socket {}: cannot read the supplementary groups of peer uid={} pid={}: {}", l->path,
+                      cred.uid, cred.pid, groups.error()));
+    }
     try {
       ok = !l->filter || l->filter(peer);
     } catch (...) {
@@ -709,10 +755,12 @@ std::expected<void, std::string> Server::listen_tls(std::string_view listen, std
   return {};
 }
 
-std::expected<void, std::string> Server::listen_unix(const std::string& path, unsigned mode, PeerFilter filter) {
+std::expected<void, std::string> Server::listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
+                                                     PeerFilter filter) {
   if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return std::unexpected(fmt::format("admin socket {}: path empty or too long", path));
   }
+  if (auto made = make_socket_dir(path, group); !made) return std::unexpected(made.error());
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return std::unexpected(fmt::format("admin socket {}: exists and is not a socket", path));
@@ -735,6 +783,13 @@ std::expected<void, std::string> Server::listen_unix(const std::string& path, un
   };
   if (l->acceptor->open(unix_proto(), ec); ec) return failed("socket", ec.message());
   if (l->acceptor->bind(unix_proto::endpoint(path), ec); ec) return failed("bind", ec.message());
+  // Nobody can connect before listen(), so the socket is the group's and has its mode first.
+  // (fchown on the socket's descriptor would change the socket, not the file that names it.)
+  if (group && ::chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) {
+    auto why = std::string(std::strerror(errno));
+    ::unlink(path.c_str());
+    return failed(fmt::format("cannot give it to group {}", *group), why);
+  }
   // chmod after bind: the mode does not depend on the umask.
   if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0 || ::lstat(path.c_str(), &st) != 0) {
     auto why = std::string(std::strerror(errno));

@@ -10,8 +10,11 @@
 // - malformed request        -> 400 problem `invalid-request`, then close
 //   (after these three answers the server half-closes where it can and reads and drops what the
 //   client still sends, up to read_timeout capped at 5 s, so the client gets to read the answer)
-// - handler silent for Limits::handler_timeout -> 503 problem `timeout` (a later reply is dropped)
 // - handler throws           -> 500 problem `internal`
+// - no deadline on a request being handled: the handler owns each request's deadline (a long
+//   poll's wait, a termination's grace; CONTRACT §7 "Deadlines") and answers every request
+//   exactly once. The connection waits for that answer as long as it takes (read_timeout does not
+//   run meanwhile); a close or a shutdown's drain drops the answer.
 // - every response: X-Request-Id (the client's if sane, else generated), Content-Type (the
 //   handler's, default application/json), Content-Length; no Server header. 204 and 304 carry no
 //   body, no Content-Type and no Content-Length.
@@ -21,9 +24,13 @@
 //   `100 Continue` and reads the body (an oversized Content-Length gets 413 instead).
 // - timeouts: idle_timeout while waiting for the first byte of a request, read_timeout for
 //   reading one whole request (and for the TLS handshake), write_timeout for each write and for
-//   the TLS shutdown. A connection that runs past one is closed without an answer.
-// - the admin socket: SO_PEERCRED is read right after accept; a peer the PeerFilter refuses is
-//   closed at once without an HTTP answer and logged.
+//   the TLS shutdown. A connection that runs past one is closed without an answer. These guard
+//   the socket only, never a handler.
+// - the admin socket (CONTRACT §7): created mode 0660 (whatever the umask), owned by the process
+//   and by the admin group when one is given; its directory created 0750 (and given to that group)
+//   if missing. SO_PEERCRED and SO_PEERGROUPS are read right after accept, so the PeerFilter
+//   decides from the socket alone (no NSS lookup on an I/O thread); a peer it refuses is closed
+//   at once without an HTTP answer and logged.
 #pragma once
 
 #include <sys/types.h>
@@ -49,8 +56,12 @@ struct Peer {
   enum class Kind { tcp, unix_socket } kind = Kind::tcp;
   std::string address;  // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
   std::optional<uid_t> uid;  // SO_PEERCRED, admin socket only
-  std::optional<gid_t> gid;
+  std::optional<gid_t> gid;  // the peer's effective (primary) group
   std::optional<pid_t> pid;
+  // SO_PEERGROUPS, admin socket only: the peer's supplementary groups as the kernel holds them
+  // (its credentials when it connected), in the kernel's order. Empty on TCP, or when the kernel
+  // cannot say (then logged): a filter must not read that as anything but "no groups".
+  std::vector<gid_t> groups;
 };
 
 struct Request {
@@ -96,7 +107,7 @@ struct Limits {
   std::chrono::seconds read_timeout{30};
   std::chrono::seconds write_timeout{30};
   std::chrono::seconds idle_timeout{60};
-  std::chrono::seconds handler_timeout{30};
+  // No handler timeout: each request's deadline is its handler's (see the top of this file).
 };
 
 struct TlsFiles {
@@ -110,7 +121,9 @@ struct TlsFiles {
 // client_ca, verify_peer|fail_if_no_peer_cert against it. Errors name the file and the reason.
 std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files);
 
-// Admin socket: false refuses the peer (closed at once, no HTTP answer, logged).
+// Admin socket: false refuses the peer (closed at once, no HTTP answer, logged). Called on an I/O
+// thread right after accept: it must not block, so no NSS lookups (getgrnam, getgrouplist): the
+// peer's groups are in Peer::gid and Peer::groups; resolve group names before listening.
 using PeerFilter = std::function<bool(const Peer&)>;
 
 namespace detail {
@@ -128,8 +141,13 @@ class Server {
 
   // "host:port", "[v6]:port" ("0.0.0.0:8443", "[::]:8443"; port 0 picks one, see tls_port()).
   std::expected<void, std::string> listen_tls(std::string_view listen, std::shared_ptr<boost::asio::ssl::context> tls);
-  // Unlinks a stale socket first (only if it is a socket), binds, chmods to `mode`, listens.
-  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode, PeerFilter filter);
+  // The admin socket (CONTRACT §7: `mode` 0660). Creates the socket's directory mode 0750 if
+  // missing (only the last level; chowned to `group` when given), unlinks a stale socket first
+  // (only if it is a socket and nobody answers on it), binds, gives the socket to `group` when
+  // given (its owner stays this process's uid), chmods it to `mode`, listens. Errors name the
+  // socket, the step and the reason (and the group id for a failed chown).
+  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
+                                               PeerFilter filter);
   // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
   void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
   std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)
