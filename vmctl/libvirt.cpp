@@ -1,12 +1,22 @@
 // The libvirt adapter: the C API behind the Hypervisor interface (CONTRACT §5).
+//
+// Threads. Calls come from the daemon's worker threads, several at once (a listing and the
+// terminations of a reclaim), and libvirt's callbacks from its event-loop thread. A virConnectPtr
+// is safe for concurrent calls, so every call runs on its own reference to the current connection,
+// taken under the adapter's mutex and used without it: the mutex is never held across a libvirt
+// call, and a slow listing holds back no termination (nor the other way round). What the mutex
+// guards, and which threads touch it, is listed at Libvirt's members.
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
-#include <memory>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
@@ -46,6 +56,7 @@ struct DomainFree {
   void operator()(virDomainPtr domain) const { virDomainFree(domain); }
 };
 using DomainHandle = std::unique_ptr<std::remove_pointer_t<virDomainPtr>, DomainFree>;
+using SharedDomain = std::shared_ptr<std::remove_pointer_t<virDomainPtr>>;
 
 struct CFree {
   void operator()(char* text) const { std::free(text); }  // NOLINT: libvirt returns malloc'd strings
@@ -69,20 +80,91 @@ bool connection_error(int code) {
   }
 }
 
+// The watchers of every adapter of the process, by id. libvirt's callbacks get the id as their
+// opaque value, never a pointer: deregistering a callback does not wait for a run in progress
+// (libvirt drops its own lock while it dispatches), and a driver without close callbacks (the test
+// driver) accepts one and never frees its opaque, so a late callback finds no entry rather than
+// freed memory. The mutex is held while a watcher runs, so set() returns only once a run of the
+// function it replaces has finished, and that function never starts again. Nothing here calls
+// into libvirt and the adapter never deregisters under this mutex, so a close callback (which
+// libvirt runs holding its own close lock) waiting for it cannot deadlock. Never destroyed: the
+// event-loop thread outlives static destructors.
+class Watchers {
+ public:
+  static Watchers& get() {
+    static auto* const all = new Watchers;  // NOLINT: leaked on purpose (see above)
+    return *all;
+  }
+  std::uintptr_t make_id() {
+    std::lock_guard lock{mu_};
+    return next_id_++;
+  }
+  // Replaces the function of `id` (an empty one removes it).
+  void set(std::uintptr_t id, std::function<void()> on_change) {
+    std::function<void()> old;  // destroyed after the unlock
+    std::lock_guard lock{mu_};
+    if (auto it = by_id_.find(id); it != by_id_.end()) {
+      old = std::move(it->second);
+      by_id_.erase(it);
+    }
+    if (on_change) by_id_.emplace(id, std::move(on_change));
+  }
+  // On libvirt's event-loop thread.
+  void notify(void* opaque) {
+    std::lock_guard lock{mu_};
+    if (auto it = by_id_.find(reinterpret_cast<std::uintptr_t>(opaque)); it != by_id_.end()) it->second();
+  }
+
+ private:
+  std::mutex mu_;
+  std::uintptr_t next_id_ = 1;
+  std::map<std::uintptr_t, std::function<void()>> by_id_;
+};
+
+int on_lifecycle(virConnectPtr, virDomainPtr, int, int, void* opaque) {
+  Watchers::get().notify(opaque);
+  return 0;
+}
+void on_close(virConnectPtr, int, void* opaque) { Watchers::get().notify(opaque); }
+
+// One open connection, shared by the calls that use it: the last of them to let go closes it (and
+// deregisters its callbacks), so a reconnect never closes a connection under a call in progress.
+struct Connection {
+  virConnectPtr ptr;
+  int lifecycle_id = -1;
+  bool close_registered = false;
+  // Domain handles by uuid, looked up once per connection (a lookup is a round trip to libvirtd,
+  // and a termination makes several calls on one domain). Guarded by Libvirt::mu_.
+  std::map<std::string, SharedDomain> handles;
+
+  explicit Connection(virConnectPtr conn) : ptr(conn) {}
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection() {
+    handles.clear();  // each holds a reference to the connection
+    if (lifecycle_id >= 0) (void)virConnectDomainEventDeregisterAny(ptr, lifecycle_id);
+    if (close_registered) (void)virConnectUnregisterCloseCallback(ptr, on_close);
+    virConnectClose(ptr);
+    virResetLastError();
+  }
+};
+using ConnRef = std::shared_ptr<Connection>;
+
 class Libvirt final : public Hypervisor {
  public:
   explicit Libvirt(std::string uri) : uri_(std::move(uri)) { init_libvirt(); }
-  ~Libvirt() override { drop(); }
+  // Nothing else may call the adapter now. The watcher goes first: once it is gone no callback
+  // runs it; then the connection closes with the members.
+  ~Libvirt() override { Watchers::get().set(watcher_id_, {}); }
   Libvirt(const Libvirt&) = delete;
   Libvirt& operator=(const Libvirt&) = delete;
 
   std::expected<std::vector<Domain>, VmError> list() override {
-    std::lock_guard lock{mu_};
     auto conn = connection();
     if (!conn) return std::unexpected(conn.error());
     virDomainPtr* raw = nullptr;
-    const int n = virConnectListAllDomains(*conn, &raw, 0);
-    if (n < 0) return std::unexpected(fail());
+    const int n = virConnectListAllDomains((*conn)->ptr, &raw, 0);
+    if (n < 0) return std::unexpected(fail(*conn));
     std::vector<DomainHandle> handles;
     handles.reserve(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) handles.emplace_back(raw[i]);
@@ -90,7 +172,7 @@ class Libvirt final : public Hypervisor {
     std::vector<Domain> out;
     out.reserve(handles.size());
     for (const auto& handle : handles) {
-      auto domain = describe(handle.get());
+      auto domain = describe(*conn, handle.get());
       if (!domain) {
         if (domain.error().kind == VmError::Kind::not_found) continue;  // undefined since the listing
         return std::unexpected(domain.error());
@@ -101,9 +183,10 @@ class Libvirt final : public Hypervisor {
   }
 
   std::expected<void, VmError> record_termination(const std::string& uuid, const TerminationRecord& record) override {
-    std::lock_guard lock{mu_};
-    auto domain = lookup(uuid);
-    if (!domain) return std::unexpected(domain.error());
+    auto target = lookup(uuid);
+    if (!target) return std::unexpected(target.error());
+    const ConnRef& conn = target->conn;
+    virDomainPtr domain = target->domain.get();
     const std::string element = termination_element(record);
     const std::string ns{termination_ns};
     const std::string prefix{termination_prefix};
@@ -111,34 +194,33 @@ class Libvirt final : public Hypervisor {
     // on an active persistent domain and refuses LIVE on an inactive one. A domain that stops
     // between the check and the write is retried once with fresh flags.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      auto flags = definition_flags(*domain);
+      auto flags = definition_flags(conn, domain);
       if (!flags) return std::unexpected(flags.error());
-      if (virDomainSetMetadata(*domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(),
-                               ns.c_str(), *flags) == 0)
+      if (virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(), ns.c_str(),
+                               *flags) == 0)
         return {};
       virErrorPtr last = virGetLastError();
       const bool retry = attempt == 0 && last != nullptr && last->code == VIR_ERR_OPERATION_INVALID &&
                          (*flags & VIR_DOMAIN_AFFECT_LIVE) != 0;
-      if (!retry) return std::unexpected(fail_on(uuid));
+      if (!retry) return std::unexpected(fail_on(conn, uuid));
     }
-    return std::unexpected(fail_on(uuid));
+    return std::unexpected(fail_on(conn, uuid));
   }
 
   std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
                                                                        Definition which) override {
-    std::lock_guard lock{mu_};
-    auto domain = lookup(uuid);
-    if (!domain) return std::unexpected(domain.error());
+    auto target = lookup(uuid);
+    if (!target) return std::unexpected(target.error());
     const std::string ns{termination_ns};
     const unsigned flags = which == Definition::live ? VIR_DOMAIN_AFFECT_LIVE : VIR_DOMAIN_AFFECT_CONFIG;
-    CString text{virDomainGetMetadata(*domain, VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
+    CString text{virDomainGetMetadata(target->domain.get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
     if (!text) {
       virErrorPtr last = virGetLastError();
       if (last != nullptr && last->code == VIR_ERR_NO_DOMAIN_METADATA) {
         virResetLastError();
         return std::optional<TerminationRecord>{};
       }
-      return std::unexpected(fail_on(uuid));
+      return std::unexpected(fail_on(target->conn, uuid));
     }
     return parse_termination(text.get());
   }
@@ -151,123 +233,157 @@ class Libvirt final : public Hypervisor {
   }
 
   std::expected<std::string, VmError> state(const std::string& uuid) override {
-    std::lock_guard lock{mu_};
-    auto domain = lookup(uuid);
-    if (!domain) return std::unexpected(domain.error());
+    auto target = lookup(uuid);
+    if (!target) return std::unexpected(target.error());
     int state = 0;
     int reason = 0;
-    if (virDomainGetState(*domain, &state, &reason, 0) < 0) return std::unexpected(fail_on(uuid));
+    if (virDomainGetState(target->domain.get(), &state, &reason, 0) < 0)
+      return std::unexpected(fail_on(target->conn, uuid));
     return std::string{state_name(state)};
   }
 
   bool connected() const override { return connected_.load(); }
 
+  // Swapping one function for another keeps the connection (its callbacks reach whatever function
+  // the watcher id has now). Starting or stopping to watch drops it: the next call opens one that
+  // is (or is not) subscribed, and the old one closes, deregistering its callbacks, once the calls
+  // still using it are done. When this returns, the replaced function has finished and never runs
+  // again, whatever libvirt still delivers.
   void watch(std::function<void()> on_change) override {
+    const bool watching = static_cast<bool>(on_change);
+    if (watching) start_event_loop();  // before the connection that is to hear events opens
+    Watchers::get().set(watcher_id_, std::move(on_change));
+    ConnRef old;  // released after the unlock
     std::lock_guard lock{mu_};
-    drop();  // unsubscribes the old watcher; the next call connects and subscribes the new one
-    if (!on_change) {
-      on_change_.reset();
-      return;
-    }
-    start_event_loop();
-    on_change_ = std::make_shared<std::function<void()>>(std::move(on_change));
-  }
-
- private:
-  static void notify(void* opaque) {
-    const auto& fn = *static_cast<std::function<void()>*>(opaque);
-    if (fn) fn();
-  }
-  static int on_lifecycle(virConnectPtr, virDomainPtr, int, int, void* opaque) {
-    notify(opaque);
-    return 0;
-  }
-  static void on_close(virConnectPtr, int, void* opaque) { notify(opaque); }
-
-  // Events, close callback and keepalive on a fresh connection (when watched). Caller holds mu_.
-  void subscribe() {
-    if (!on_change_) return;
-    void* opaque = on_change_.get();  // kept alive by on_change_ for the life of the adapter
-    lifecycle_id_ = virConnectDomainEventRegisterAny(conn_, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                                     VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
-    (void)virConnectRegisterCloseCallback(conn_, on_close, opaque, nullptr);
-    (void)virConnectSetKeepAlive(conn_, 5, 3);  // not every driver has keepalive (test:/// has not)
-    virResetLastError();
-  }
-
-  // The open connection, opening one if there is none or the old one died. Caller holds mu_.
-  std::expected<virConnectPtr, VmError> connection() {
-    if (conn_ != nullptr && virConnectIsAlive(conn_) != 1) drop();
-    if (conn_ == nullptr) {
-      conn_ = virConnectOpen(uri_.c_str());
-      if (conn_ == nullptr) {
-        virErrorPtr last = virGetLastError();
-        std::string message = last != nullptr && last->message != nullptr ? last->message : "cannot connect";
-        virResetLastError();
-        return std::unexpected(VmError{VmError::Kind::unavailable, uri_ + ": " + message});
-      }
-      connected_ = true;
-      subscribe();
-    }
-    return conn_;
-  }
-
-  void drop() {
-    handles_.clear();  // they belong to the connection
-    if (conn_ != nullptr && lifecycle_id_ >= 0) (void)virConnectDomainEventDeregisterAny(conn_, lifecycle_id_);
-    if (conn_ != nullptr && on_change_) (void)virConnectUnregisterCloseCallback(conn_, on_close);
-    lifecycle_id_ = -1;
-    virResetLastError();
-    if (conn_ != nullptr) virConnectClose(conn_);
-    conn_ = nullptr;
+    if (watched_ == watching) return;
+    watched_ = watching;
+    old = std::exchange(conn_, nullptr);
     connected_ = false;
   }
 
-  // The error of the libvirt call that just failed, classified; a dead connection is dropped so
-  // that the next call opens a fresh one. Caller holds mu_.
-  VmError fail() {
+ private:
+  struct Target {
+    ConnRef conn;  // keeps the connection open while `domain` is used
+    SharedDomain domain;
+  };
+
+  // A fresh connection with, when watched, lifecycle events, a close callback and keepalive.
+  // Round trips: called without mu_.
+  std::expected<ConnRef, VmError> open(bool watched) {
+    virConnectPtr raw = virConnectOpen(uri_.c_str());
+    if (raw == nullptr) {
+      virErrorPtr last = virGetLastError();
+      std::string message = last != nullptr && last->message != nullptr ? last->message : "cannot connect";
+      virResetLastError();
+      return std::unexpected(VmError{VmError::Kind::unavailable, uri_ + ": " + message});
+    }
+    auto conn = std::make_shared<Connection>(raw);
+    if (watched) {
+      void* opaque = reinterpret_cast<void*>(watcher_id_);
+      conn->lifecycle_id = virConnectDomainEventRegisterAny(raw, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                            VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
+      conn->close_registered = virConnectRegisterCloseCallback(raw, on_close, opaque, nullptr) == 0;
+      (void)virConnectSetKeepAlive(raw, 5, 3);  // not every driver has keepalive (test:/// has not)
+      virResetLastError();
+    }
+    return conn;
+  }
+
+  // The current connection, opening one if there is none or it died. Two calls that find none at
+  // once both open one; the first to come back installs its own, the other closes its spare.
+  std::expected<ConnRef, VmError> connection() {
+    ConnRef current;
+    bool watched = false;
+    {
+      std::lock_guard lock{mu_};
+      current = conn_;
+      watched = watched_;
+    }
+    if (current != nullptr) {
+      if (virConnectIsAlive(current->ptr) == 1) return current;
+      forget(current);
+    }
+    auto fresh = open(watched);
+    if (!fresh) return std::unexpected(fresh.error());
+    ConnRef spare;  // closed after the unlock
+    std::lock_guard lock{mu_};
+    if (watched_ != watched) return *fresh;  // watch() changed its mind meanwhile: for this call only
+    if (conn_ != nullptr) {
+      spare = std::move(*fresh);
+      return conn_;
+    }
+    conn_ = *fresh;
+    connected_ = true;
+    return conn_;
+  }
+
+  // `conn` stops being the current connection (if it still is); it closes when its last user is done.
+  void forget(const ConnRef& conn) {
+    ConnRef dropped;  // released after the unlock
+    std::lock_guard lock{mu_};
+    if (conn_ != conn) return;
+    dropped = std::exchange(conn_, nullptr);
+    connected_ = false;
+  }
+
+  // The error of the libvirt call on `conn` that just failed, classified (before any other libvirt
+  // call resets it); a dead connection is forgotten so that the next call opens a fresh one.
+  VmError fail(const ConnRef& conn) {
     virErrorPtr last = virGetLastError();
     const int code = last != nullptr ? last->code : VIR_ERR_INTERNAL_ERROR;
     std::string message = last != nullptr && last->message != nullptr ? last->message : "unknown libvirt error";
     virResetLastError();
-    if (connection_error(code) || (conn_ != nullptr && virConnectIsAlive(conn_) != 1)) {
-      drop();
+    if (connection_error(code) || virConnectIsAlive(conn->ptr) != 1) {
+      forget(conn);
       return VmError{VmError::Kind::unavailable, std::move(message)};
     }
     if (code == VIR_ERR_NO_DOMAIN) return VmError{VmError::Kind::not_found, std::move(message)};
     return VmError{VmError::Kind::failed, std::move(message)};
   }
 
-  // A domain's handle, looked up once per connection (a lookup is a round trip to libvirtd, and a
-  // termination makes several calls on one domain). A handle whose domain went away makes the
-  // next call fail with VIR_ERR_NO_DOMAIN, which is `not_found` as a fresh lookup would be; it is
-  // then forgotten. Caller holds mu_.
-  std::expected<virDomainPtr, VmError> lookup(const std::string& uuid) {
+  // A domain's handle on the current connection, from the connection's cache or looked up (the
+  // lookup without mu_; a handle another call cached meanwhile wins). A handle whose domain went
+  // away makes the next call fail with VIR_ERR_NO_DOMAIN, which is `not_found` as a fresh lookup
+  // would be; it is then forgotten.
+  std::expected<Target, VmError> lookup(const std::string& uuid) {
     auto conn = connection();
     if (!conn) return std::unexpected(conn.error());
-    if (auto it = handles_.find(uuid); it != handles_.end()) return it->second.get();
-    DomainHandle domain{virDomainLookupByUUIDString(*conn, uuid.c_str())};
-    if (!domain) {
-      VmError error = fail();
+    {
+      std::lock_guard lock{mu_};
+      if (auto it = (*conn)->handles.find(uuid); it != (*conn)->handles.end()) return Target{*conn, it->second};
+    }
+    virDomainPtr raw = virDomainLookupByUUIDString((*conn)->ptr, uuid.c_str());
+    if (raw == nullptr) {
+      VmError error = fail(*conn);
       error.message += " (uuid " + uuid + ")";
       return std::unexpected(std::move(error));
     }
-    if (handles_.size() >= kMaxHandles) handles_.clear();
-    return handles_.emplace(uuid, std::move(domain)).first->second.get();
+    SharedDomain found{raw, DomainFree{}};
+    std::map<std::string, SharedDomain> evicted;  // freed after the unlock, like `found` if unused
+    std::lock_guard lock{mu_};
+    auto& handles = (*conn)->handles;
+    if (handles.size() >= kMaxHandles) evicted.swap(handles);
+    return Target{*conn, handles.try_emplace(uuid, found).first->second};
   }
 
   // After a failed call on a cached handle: a domain that is gone is forgotten.
-  VmError fail_on(const std::string& uuid) {
-    VmError e = fail();
-    if (e.kind == VmError::Kind::not_found) handles_.erase(uuid);
+  VmError fail_on(const ConnRef& conn, const std::string& uuid) {
+    VmError e = fail(conn);
+    if (e.kind != VmError::Kind::not_found) return e;
+    SharedDomain dropped;  // freed after the unlock
+    std::lock_guard lock{mu_};
+    if (auto it = conn->handles.find(uuid); it != conn->handles.end()) {
+      dropped = std::move(it->second);
+      conn->handles.erase(it);
+    }
     return e;
   }
 
-  std::expected<unsigned, VmError> definition_flags(virDomainPtr domain) {
+  std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, virDomainPtr domain) {
     const int active = virDomainIsActive(domain);
-    if (active < 0) return std::unexpected(fail());
+    if (active < 0) return std::unexpected(fail(conn));
     const int persistent = virDomainIsPersistent(domain);
-    if (persistent < 0) return std::unexpected(fail());
+    if (persistent < 0) return std::unexpected(fail(conn));
     unsigned flags = 0;
     if (active == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
     if (persistent == 1) flags |= VIR_DOMAIN_AFFECT_CONFIG;
@@ -276,29 +392,28 @@ class Libvirt final : public Hypervisor {
 
   template <typename Call>
   std::expected<void, VmError> act(const std::string& uuid, Call call) {
-    std::lock_guard lock{mu_};
-    auto domain = lookup(uuid);
-    if (!domain) return std::unexpected(domain.error());
-    if (call(*domain) < 0) return std::unexpected(fail_on(uuid));
+    auto target = lookup(uuid);
+    if (!target) return std::unexpected(target.error());
+    if (call(target->domain.get()) < 0) return std::unexpected(fail_on(target->conn, uuid));
     return {};
   }
 
-  std::expected<Domain, VmError> describe(virDomainPtr handle) {
+  std::expected<Domain, VmError> describe(const ConnRef& conn, virDomainPtr handle) {
     Domain domain;
     char uuid[VIR_UUID_STRING_BUFLEN];
-    if (virDomainGetUUIDString(handle, uuid) < 0) return std::unexpected(fail());
+    if (virDomainGetUUIDString(handle, uuid) < 0) return std::unexpected(fail(conn));
     domain.uuid = uuid;
     const char* name = virDomainGetName(handle);
-    if (name == nullptr) return std::unexpected(fail());
+    if (name == nullptr) return std::unexpected(fail(conn));
     domain.name = name;
     int state = 0;
     int reason = 0;
-    if (virDomainGetState(handle, &state, &reason, 0) < 0) return std::unexpected(fail());
+    if (virDomainGetState(handle, &state, &reason, 0) < 0) return std::unexpected(fail(conn));
     domain.state = state_name(state);
     // The current definition: live when active, else persistent. It holds the metadata with its
     // namespaces, the hostdevs normalised by libvirt, in one snapshot.
     CString xml{virDomainGetXMLDesc(handle, 0)};
-    if (!xml) return std::unexpected(fail());
+    if (!xml) return std::unexpected(fail(conn));
     auto facts = parse_domain_xml(xml.get());  // one parse for all three
     domain.pci_addresses = std::move(facts.pci_addresses);
     domain.label = std::move(facts.label);
@@ -306,14 +421,24 @@ class Libvirt final : public Hypervisor {
     return domain;
   }
 
-  std::string uri_;
+  const std::string uri_;
+  // This adapter's entry in Watchers: what its connections' callbacks carry; fixed for its life.
+  const std::uintptr_t watcher_id_ = Watchers::get().make_id();
+  // Shared state, guarded by mu_, which is held only to read or swap it, never across a libvirt
+  // call (and never while a handle or connection is released: that is a libvirt call too):
+  //   conn_     the current connection. Every call (any worker thread) copies it; a call that finds
+  //             none or a dead one opens and installs a fresh one; a call whose error says it died,
+  //             and watch() when it starts or stops watching, clear it.
+  //   watched_  whether new connections subscribe to events: written by watch(), read by the call
+  //             that opens a connection.
+  //   Connection::handles, of every connection: read and filled by the calls that look a domain
+  //             up, pruned by those that find it gone.
+  // libvirt's event-loop thread touches none of it: its callbacks reach Watchers only, by id.
   std::mutex mu_;
-  virConnectPtr conn_ = nullptr;
-  std::atomic<bool> connected_{false};
-  std::shared_ptr<std::function<void()>> on_change_;
+  ConnRef conn_;
+  bool watched_ = false;
+  std::atomic<bool> connected_{false};  // read by connected() without mu_
   static constexpr std::size_t kMaxHandles = 4096;
-  std::map<std::string, DomainHandle> handles_;
-  int lifecycle_id_ = -1;
 };
 
 }  // namespace

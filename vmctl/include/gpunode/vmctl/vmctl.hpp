@@ -65,7 +65,7 @@ std::string_view to_string(VmError::Kind kind);  // "unavailable", "not-found", 
 enum class Definition { live, persistent };
 
 // The hypervisor adapter. Every call blocks: the daemon runs them on a worker thread, never on an
-// I/O thread. An instance may be used from several threads (calls are serialised inside).
+// I/O thread. An instance may be used from several threads at once; its calls may run concurrently.
 class Hypervisor {
  public:
   virtual ~Hypervisor() = default;
@@ -85,16 +85,19 @@ class Hypervisor {
   virtual bool connected() const = 0;
   // Asks to be told when a domain starts, stops, is defined or undefined, and when the connection
   // closes: `on_change` runs on a thread of the adapter, must be quick, and must not call back
-  // into the adapter. Call it before the first call; an empty function stops watching (do that
-  // before whatever `on_change` refers to goes away). The default watches nothing (a caller still
-  // refreshes on its own schedule).
+  // into the adapter. Call it before the first call; an empty function stops watching. When
+  // watch() returns (and when the adapter is destroyed) the function it replaced has finished and
+  // never runs again, so what it refers to may go away right after. The default watches nothing (a
+  // caller still refreshes on its own schedule).
   virtual void watch(std::function<void()> on_change) { (void)on_change; }
 };
 
 // libvirt through its C API. `uri` as in config ("qemu:///system", "test:///abs/node.xml").
-// Connects lazily on the first call. A call that fails because the connection died (or finds it
-// dead) drops it and answers `unavailable`; the next call opens a fresh one, so a libvirtd restart
-// is survived. libvirt's default error printer is replaced; its messages come back in VmError.
+// Connects lazily on the first call. Calls share one connection and run on it concurrently (a
+// listing does not hold back a termination). A call that fails because the connection died (or
+// finds it dead) drops it and answers `unavailable`; the next call opens a fresh one, so a
+// libvirtd restart is survived; a dropped connection closes once the calls still on it are done.
+// libvirt's default error printer is replaced; its messages come back in VmError.
 // watch() starts libvirt's event loop on a thread of its own (once per process) and, on every
 // connection it opens, registers for domain lifecycle events, a close callback and keepalive
 // probes (5 s, 3 misses), so a libvirtd that hangs fails calls within ~20 s instead of forever.
