@@ -18,7 +18,7 @@
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "daemon.hpp"
 #include "discover_table.hpp"
-#include "policy.hpp"
+#include "gpunode/daemon/policy.hpp"
 
 namespace {
 
@@ -56,7 +56,7 @@ int cmd_discover(const std::string& config_file, const std::string& host_root_fl
     fmt::print(stderr, "error: {}\n", root_ok.error());
     return kExitInvalid;
   }
-  const disc::Policy policy = gpunode::agent::policy_from(config);
+  const disc::Policy policy = gpunode::daemon::policy_from(config);
 
   auto names = disc::PciIds::load(GPUNODE_PCI_IDS, policy.gpu_vendors);
   if (!names) fmt::print(stderr, "warning: no GPU names: {}\n", names.error());

@@ -4,9 +4,8 @@
 // - Only SubjectPublicKeyInfo `PUBLIC KEY` PEM blocks are keys. A private key is refused rather
 //   than reduced to its public half: a signing key has no business on the node. Several blocks in
 //   one file are all loaded (a rollover file holds the old and the new key).
-// - Duplicate keys: Boost.JSON keeps the last of two equal keys, so the text is first run through
-//   a boost::json::basic_parser whose handler records each object's keys as the parser unescapes
-//   them ("a" and "\u0061" collide) and fails on a repeat; only then is it parsed into a value.
+// - Duplicate keys ("a" and "\u0061" collide), lone surrogates and out-of-range numbers are
+//   malformed: the header and payload are parsed by gpunode::json::parse_strict.
 // - The signature is checked before the payload is parsed, so unauthenticated bytes reach the JSON
 //   parser only through the (small) header.
 // - A signature that is not 64 bytes is `bad_signature` (both algs sign 64 bytes); a base64url
@@ -16,6 +15,7 @@
 // - A `kid` selects by RFC 7638 thumbprint only; an issuer's free-form kid names are not
 //   understood, and such a token is `unknown_key` (refused, never "try all keys").
 #include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/json/strict.hpp"
 
 #include <fmt/format.h>
 #include <openssl/bio.h>
@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <array>
-#include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 #include <cerrno>
@@ -137,97 +136,23 @@ std::string b64url_encode(const unsigned char* data, std::size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON: a first pass that refuses duplicate keys, then a non-throwing parse.
+// JSON: strict (gpunode::json): no duplicate keys, no lone surrogates, numbers in range.
 
 constexpr std::size_t kMaxJsonDepth = 16;
-
-class DuplicateKeyHandler {
- public:
-  static constexpr std::size_t max_object_size = std::size_t(-1);
-  static constexpr std::size_t max_array_size = std::size_t(-1);
-  static constexpr std::size_t max_key_size = std::size_t(-1);
-  static constexpr std::size_t max_string_size = std::size_t(-1);
-
-  bool duplicate = false;
-
-  bool on_document_begin(boost::json::error_code&) { return true; }
-  bool on_document_end(boost::json::error_code&) { return true; }
-  bool on_array_begin(boost::json::error_code&) {
-    scopes_.emplace_back();
-    return true;
-  }
-  bool on_array_end(std::size_t, boost::json::error_code&) {
-    scopes_.pop_back();
-    return true;
-  }
-  bool on_object_begin(boost::json::error_code&) {
-    scopes_.emplace_back();
-    return true;
-  }
-  bool on_object_end(std::size_t, boost::json::error_code&) {
-    scopes_.pop_back();
-    return true;
-  }
-  bool on_string_part(boost::json::string_view, std::size_t, boost::json::error_code&) { return true; }
-  bool on_string(boost::json::string_view, std::size_t, boost::json::error_code&) { return true; }
-  bool on_key_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
-    key_.append(s.data(), s.size());
-    return true;
-  }
-  bool on_key(boost::json::string_view s, std::size_t, boost::json::error_code& ec) {
-    key_.append(s.data(), s.size());
-    const bool fresh = scopes_.back().insert(std::move(key_)).second;
-    key_.clear();
-    if (!fresh) {
-      duplicate = true;
-      ec = boost::json::make_error_code(boost::json::error::syntax);
-      return false;
-    }
-    return true;
-  }
-  bool on_number_part(boost::json::string_view, boost::json::error_code&) { return true; }
-  bool on_int64(std::int64_t, boost::json::string_view, boost::json::error_code&) { return true; }
-  bool on_uint64(std::uint64_t, boost::json::string_view, boost::json::error_code&) { return true; }
-  bool on_double(double, boost::json::string_view, boost::json::error_code&) { return true; }
-  bool on_bool(bool, boost::json::error_code&) { return true; }
-  bool on_null(boost::json::error_code&) { return true; }
-  bool on_comment_part(boost::json::string_view, boost::json::error_code&) { return true; }
-  bool on_comment(boost::json::string_view, boost::json::error_code&) { return true; }
-
- private:
-  std::vector<std::set<std::string>> scopes_;  // arrays push an empty set that is never used
-  std::string key_;
-};
-
-boost::json::parse_options json_options() {
-  boost::json::parse_options opt;
-  opt.max_depth = kMaxJsonDepth;  // strict RFC 8259 otherwise: no comments, commas, invalid UTF-8
-  return opt;
-}
 
 // The JSON object in `text`, or why not. `what` is "header" or "payload".
 std::expected<boost::json::object, AuthError> parse_json_object(std::string_view text,
                                                                 std::string_view what) {
-  {
-    boost::json::basic_parser<DuplicateKeyHandler> scanner(json_options());
-    boost::json::error_code ec;
-    const std::size_t used = scanner.write_some(false, text.data(), text.size(), ec);
-    if (scanner.handler().duplicate) {
-      return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} repeats a JSON key", what)});
-    }
-    if (ec || used != text.size()) {
-      return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not valid JSON", what)});
-    }
+  auto v = gpunode::json::parse_strict(text, kMaxJsonDepth);
+  if (!v) {
+    const bool repeated = v.error().what.starts_with("a key is repeated");
+    return std::unexpected(AuthError{Rejection::malformed, repeated ? fmt::format("the {} repeats a JSON key", what)
+                                                                    : fmt::format("the {} is not valid JSON", what)});
   }
-  boost::json::error_code ec;
-  boost::json::value v =
-      boost::json::parse(boost::json::string_view(text.data(), text.size()), ec, {}, json_options());
-  if (ec)
-    return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not valid JSON", what)});
-  if (!v.is_object()) {
+  if (!v->is_object()) {
     return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not a JSON object", what)});
   }
-  return std::move(v.as_object());  // is_object() checked: cannot throw
+  return std::move(v->as_object());  // is_object() checked: cannot throw
 }
 
 std::string_view as_sv(const boost::json::string& s) {

@@ -91,11 +91,16 @@ std::vector<FieldError> validate_create(const CreateRequest& q, Time now) {
   if (!q.ends_at) {
     errors.push_back({"endsAt", "is required"});
   } else {
-    if (*q.ends_at <= starts) errors.push_back({"endsAt", "must be after startsAt"});
+    // Without a startsAt the term starts now: "in the future" says all there is to say.
+    if (q.starts_at && *q.ends_at <= starts) errors.push_back({"endsAt", "must be after startsAt"});
     if (*q.ends_at <= now) errors.push_back({"endsAt", "must be in the future"});
   }
-  if (q.note.size() > kMaxNote) errors.push_back({"note", fmt::format("must be at most {} characters", kMaxNote)});
+  if (code_points(q.note) > kMaxNote) errors.push_back({"note", fmt::format("must be at most {} characters", kMaxNote)});
   return errors;
+}
+
+std::size_t code_points(std::string_view utf8) {
+  return static_cast<std::size_t>(std::count_if(utf8.begin(), utf8.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
 bool is_owner(const Caller& caller, const NodeView& node) { return caller.org && *caller.org == node.owner_org; }

@@ -15,8 +15,10 @@
 
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "gpunode/service/node_service.hpp"
+#include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/spot_plan.hpp"
 #include "gpunode/store/database.hpp"
+#include "authenticator.hpp"
 
 namespace gpunode::service {
 namespace r = gpunode::reservations;
@@ -27,12 +29,6 @@ namespace detail {
 
 inline r::Time to_time(std::chrono::system_clock::time_point t) {
   return std::chrono::time_point_cast<std::chrono::seconds>(t);
-}
-
-inline json::array strings_json(const std::vector<std::string>& list) {
-  json::array a;
-  for (const auto& s : list) a.emplace_back(s);
-  return a;
 }
 
 // rsv_ + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids sort
@@ -124,7 +120,6 @@ struct NodeService::Impl {
   using TerminationRow = detail::TerminationRow;
 
   ServiceOptions opt;
-  std::shared_ptr<const auth::TokenVerifier> verifier;
   const discovery::PciIds* names = nullptr;
   Clock clock;
   LogSink log;
@@ -137,8 +132,7 @@ struct NodeService::Impl {
   std::int64_t revision = 0, audit_seq = 0, event_seq = 0;
   std::string audit_last_hash;
   std::string inventory_digest;
-  std::shared_ptr<vmctl::Hypervisor> hypervisor;
-  bool list_off_thread = false;
+  bool has_hypervisor = false;
   const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs
   // Terminations written pending and not decided yet, by audit seq (loaded on open: cut short by a
   // crash); those a running batch holds are in `in_flight`.
@@ -166,8 +160,7 @@ struct NodeService::Impl {
   // The workloads as last listed (GET .../state shows them; a change moves the revision).
   json::array observed_workloads;
   std::string observed_digest;
-  static constexpr std::size_t kTokenCacheSize = 4096;
-  mutable std::unordered_map<std::string, auth::Claims> token_cache;
+  Authenticator authenticator{nullptr};
 
   Impl(ServiceOptions o, store::Database d) : opt(std::move(o)), db(std::move(d)) {}
 
@@ -204,24 +197,24 @@ struct NodeService::Impl {
   std::optional<r::Time> apply_terms();
 
   // request plumbing
-  std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q) const;
+  std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
   static std::string caller_key(const Caller& c);
   std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft);
   ApiResponse commit_response(Change& c, ApiResponse resp);
 
   // ---- reservation_routes.cpp --------------------------------------------------------------------
-  ApiResponse route(const ApiRequest& q);
+  Outcome route(const ApiRequest& q);
   ApiResponse method_not_allowed(std::string allow);
-  ApiResponse node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
+  Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
   ApiResponse list_units(const Caller& c);
   std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) const;
   ApiResponse list_reservations(const ApiRequest& q, const Caller& c);
   std::optional<ApiResponse> check_units(const std::vector<std::string>& ids);
   std::optional<ApiResponse> check_overlap(const r::Reservation& candidate);
-  ApiResponse create(const ApiRequest& q, const Caller& c);
-  ApiResponse amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+  Outcome create(const ApiRequest& q, const Caller& c);
+  Outcome amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
   ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current);
-  ApiResponse state(const ApiRequest& q, const Caller& c);
+  Outcome state(const ApiRequest& q, const Caller& c);
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
   ApiResponse conditional(const ApiRequest& q, ApiResponse resp) const;
@@ -230,12 +223,12 @@ struct NodeService::Impl {
   using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
 
   std::map<std::string, std::string> unit_of_address() const;
-  std::expected<std::vector<Workload>, ApiResponse> workloads_now();
+  std::expected<std::vector<Workload>, Outcome> workloads_now();
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
   static json::value opt_str(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
   static json::object workload_json(const Workload& w);
-  ApiResponse workloads(const Caller& c);
-  std::optional<ApiResponse> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
+  Outcome workloads(const Caller& c);
+  std::optional<Outcome> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
                                              json::array& spot);
 
   // entitlement (CONTRACT §4 capacity and admission)
@@ -260,15 +253,15 @@ struct NodeService::Impl {
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
-  ApiResponse start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
+  Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts) const;
   std::optional<Work> work_of(std::uint64_t id) const;
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
-  ApiResponse terminate_spot(const ApiRequest& q, const Caller& c);
-  ApiResponse reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+  Outcome terminate_spot(const ApiRequest& q, const Caller& c);
+  Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
 };
 
 }  // namespace gpunode::service

@@ -389,31 +389,14 @@ std::optional<r::Time> NodeService::Impl::apply_terms() {
 }
 
 // ---- request plumbing ------------------------------------------------------------------------
-std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequest& q) const {
-  if (q.via == ApiRequest::Via::admin_socket) {
-    const std::string sub = fmt::format("local:{}", q.peer_uid.value_or(0));
-    return Caller{r::Caller{sub, std::nullopt, {"platform-admin"}, "admin-socket"}};
+std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequest& q) {
+  std::string why;
+  auto who = authenticator.authenticate(q, clock(), why);
+  if (!who) {
+    say(LogLevel::info, fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
+    return std::unexpected(std::move(who.error()));
   }
-  if (!verifier) return std::unexpected(with_header(problem(401, "unauthenticated", "no token keys are configured"), "WWW-Authenticate", "Bearer"));
-  const std::string header(q.header("authorization").value_or(""));
-  const auto wall = clock();
-  // A token whose signature was verified once is not verified again (an Ed25519 verify costs
-  // ~100 µs); its times are checked on every use. The cache goes with the keys on reload.
-  if (auto hit = token_cache.find(header); hit != token_cache.end()) {
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(wall.time_since_epoch()).count();
-    const auto& cl = hit->second;
-    if (secs <= cl.exp + 60 && (!cl.nbf || secs + 60 >= *cl.nbf)) return Caller{r::Caller{cl.sub, cl.org, cl.roles, "https"}};
-    token_cache.erase(hit);
-  }
-  auto claims = verifier->verify(header, wall);
-  if (!claims) {
-    say(LogLevel::info, fmt::format("REQUEST={} unauthenticated: {} ({})", q.request_id, auth::to_string(claims.error().why), claims.error().detail));
-    return std::unexpected(with_header(problem(401, "unauthenticated", fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why))),
-                                       "WWW-Authenticate", "Bearer error=\"invalid_token\""));
-  }
-  if (token_cache.size() >= kTokenCacheSize) token_cache.clear();
-  token_cache.emplace(header, *claims);
-  return Caller{r::Caller{claims->sub, claims->org, claims->roles, "https"}};
+  return Caller{std::move(*who)};
 }
 
 std::string NodeService::Impl::caller_key(const Caller& c) {
@@ -473,7 +456,7 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
   if (!db) return std::unexpected(db.error().message);
   if (auto m = db->migrate(migrations()); !m) return std::unexpected(m.error().message);
   auto impl = std::make_unique<Impl>(std::move(options), std::move(*db));
-  impl->verifier = std::move(verifier);
+  impl->authenticator.set_verifier(std::move(verifier));
   impl->names = names;
   impl->clock = std::move(clock);
   impl->log = std::move(log);
@@ -483,21 +466,23 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
   return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
 }
 
-ApiResponse NodeService::handle(const ApiRequest& request) {
+Outcome NodeService::handle(const ApiRequest& request) {
   impl_->apply_terms();  // never answer with a term the clock has passed
   impl_->listing = request.workloads.get();
-  ApiResponse out = impl_->conditional(request, impl_->route(request));
-  impl_->listing = nullptr;
+  struct Clear {
+    Impl& impl;
+    ~Clear() { impl.listing = nullptr; }
+  } clear{*impl_};
+  Outcome out = impl_->route(request);
+  if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = impl_->conditional(request, std::move(*resp));
   return out;
 }
 
 std::optional<reservations::Time> NodeService::tick() { return impl_->apply_terms(); }
 void NodeService::rescan() { impl_->scan(false); }
-void NodeService::set_hypervisor(std::shared_ptr<vmctl::Hypervisor> hypervisor) { impl_->hypervisor = std::move(hypervisor); }
-void NodeService::set_list_off_thread(bool off) { impl_->list_off_thread = off; }
+void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
-  impl_->verifier = std::move(verifier);
-  impl_->token_cache.clear();
+  impl_->authenticator.set_verifier(std::move(verifier));
 }
 void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->opt.policy.unsellable = std::move(unsellable);
@@ -506,38 +491,11 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
 }
 std::int64_t NodeService::revision() const { return impl_->revision; }
 
-std::optional<Work> NodeService::work(std::uint64_t batch) const { return impl_->work_of(batch); }
-
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   return impl_->finish(batch, std::move(outcomes), after);
 }
 
 std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Domain>& domains) { return impl_->observe(domains); }
-
-ApiResponse NodeService::handle_now(const ApiRequest& request, const vmctl::Sleeper& sleep) {
-  ApiResponse resp = handle(request);
-  if (resp.status == 0 && resp.needs_workloads && impl_->hypervisor) {
-    ApiRequest again = request;
-    again.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{impl_->hypervisor->list()});
-    resp = handle(again);
-  }
-  if (resp.status != 0 || resp.work == 0) return resp;
-  auto w = work(resp.work);
-  std::vector<vmctl::TerminationOutcome> outcomes;
-  if (w && impl_->hypervisor) outcomes = vmctl::terminate_spot_all(*impl_->hypervisor, w->jobs, sleep);
-  auto after = impl_->hypervisor ? impl_->hypervisor->list() : std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
-  return finish(resp.work, std::move(outcomes), after);
-}
-
-void NodeService::refresh_now(const vmctl::Sleeper& sleep) {
-  if (!impl_->hypervisor) return;
-  auto list = impl_->hypervisor->list();
-  if (!list) return;
-  auto w = observe_workloads(*list);
-  if (!w) return;
-  auto outcomes = vmctl::terminate_spot_all(*impl_->hypervisor, w->jobs, sleep);
-  (void)finish(w->batch, std::move(outcomes), impl_->hypervisor->list());
-}
 
 }  // namespace gpunode::service

@@ -3,16 +3,14 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include "gpunode/json/strict.hpp"
+
 namespace gpunode::service {
 namespace r = gpunode::reservations;
 
 namespace {
 
-boost::json::array strings_json(const std::vector<std::string>& list) {
-  boost::json::array a;
-  for (const auto& s : list) a.emplace_back(s);
-  return a;
-}
+constexpr std::size_t kMaxBodyDepth = 64;  // CONTRACT §7 JSON bodies
 
 boost::json::value opt_time(const std::optional<r::Time>& t) {
   if (!t) return nullptr;
@@ -30,6 +28,13 @@ std::optional<std::vector<std::string>> string_list(const boost::json::value* v)
 }
 
 }  // namespace
+
+boost::json::array strings_json(const std::vector<std::string>& list) {
+  boost::json::array a;
+  a.reserve(list.size());
+  for (const auto& s : list) a.emplace_back(s);
+  return a;
+}
 
 boost::json::object to_json(const r::Reservation& x) {
   boost::json::object o;
@@ -103,18 +108,16 @@ std::expected<r::Reservation, std::string> reservation_from_json(const boost::js
   return x;
 }
 
-std::expected<boost::json::object, std::vector<FieldProblem>> parse_object(const std::string& body, bool empty_ok) {
+std::expected<boost::json::object, ApiResponse> parse_object(const std::string& body, bool empty_ok) {
+  auto bad = [](const std::string& what) { return std::unexpected(problem(400, "invalid-request", "the body " + what, {{"body", what}})); };
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) {
     if (empty_ok) return boost::json::object{};
-    return std::unexpected(std::vector<FieldProblem>{{"body", "a JSON object is required"}});
+    return bad("must be a JSON object; it is empty");
   }
-  boost::system::error_code ec;
-  boost::json::parse_options opts;
-  opts.max_depth = 32;
-  boost::json::value v = boost::json::parse(body, ec, {}, opts);
-  if (ec) return std::unexpected(std::vector<FieldProblem>{{"body", fmt::format("not valid JSON: {}", ec.message())}});
-  if (!v.is_object()) return std::unexpected(std::vector<FieldProblem>{{"body", "must be a JSON object"}});
-  return std::move(v.get_object());
+  auto v = json::parse_strict(body, kMaxBodyDepth);
+  if (!v) return bad("is not valid JSON: " + v.error().to_string());
+  if (!v->is_object()) return bad("must be a JSON object");
+  return std::move(v->get_object());
 }
 
 Fields::Fields(const boost::json::object& o, std::vector<std::string> known) : o_(o) {

@@ -37,6 +37,12 @@ bool etag_matches(std::string_view header, std::string_view etag) {
   return false;
 }
 
+// rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
+bool is_reservation_id(std::string_view s) {
+  if (s.size() != 30 || !s.starts_with("rsv_")) return false;
+  return std::all_of(s.begin() + 4, s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u'); });
+}
+
 std::vector<std::string> split_path(std::string_view path) {
   std::vector<std::string> out;
   std::size_t pos = 0;
@@ -54,9 +60,12 @@ std::vector<std::string> split_path(std::string_view path) {
 }  // namespace
 
 // ---- routes ------------------------------------------------------------------------------------
-ApiResponse NodeService::Impl::route(const ApiRequest& q) {
+Outcome NodeService::Impl::route(const ApiRequest& q) {
   if (q.path == "/healthz") {
     if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
+    // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
+    // nodes by, no version to pick exploits by); the admin socket's peers are admins.
+    if (q.via != ApiRequest::Via::admin_socket) return json_response(json::object{{"status", "ok"}});
     return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", revision}});
   }
   auto caller = authenticate(q);
@@ -79,7 +88,7 @@ ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
   return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
 }
 
-ApiResponse NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
+Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
   if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
   const std::size_t n = seg.size();
   if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(c) : method_not_allowed("GET");
@@ -110,7 +119,9 @@ ApiResponse NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, 
 }
 
 ApiResponse NodeService::Impl::list_units(const Caller& c) {
-  if (!r::may_list_units(c.who, node(), all_reservations())) return forbidden("units are listed for operators, the owner and managing orgs");
+  // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
+  // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
+  if (!r::may_list_units(c.who, node(), all_reservations())) return not_found();
   return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
 }
 
@@ -137,6 +148,10 @@ ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Call
   auto page = paging(q);
   if (!page) return page.error();
   const auto& [limit, token] = *page;
+  if (!token.empty() && !is_reservation_id(token)) {
+    return problem(400, "invalid-request", "pageToken is not one this node gave: pass the nextPageToken of the previous page",
+                   {{"pageToken", "must be a nextPageToken from this list"}});
+  }
   json::array list;
   std::string last;
   bool more = false;
@@ -167,7 +182,10 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
     if (u != nullptr) {
       for (const auto& rs : u->reasons) reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
     } else {
-      reasons = absent_units.at(id)["notReservableReasons"].as_array();
+      // Stored JSON: read without throwing or inserting; an absent unit is never reservable.
+      const auto& doc = absent_units.find(id)->second;
+      if (const auto* rs = doc.if_contains("notReservableReasons"); rs != nullptr && rs->is_array()) reasons = rs->get_array();
+      if (reasons.empty()) reasons.emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
     }
     if (!reasons.empty()) not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
   }
@@ -187,12 +205,12 @@ std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation
                  fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {}, &extra);
 }
 
-ApiResponse NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
+Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   if (!c.who.admin()) return forbidden("only a platform admin reserves units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid reservation request", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
   r::CreateRequest req;
   req.unit_ids = f.strings("unitIds").value_or(std::vector<std::string>{});
@@ -240,7 +258,7 @@ ApiResponse NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   return out;
 }
 
-ApiResponse NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
   if (!c.who.admin()) return forbidden("only a platform admin amends reservations");
   const auto ct = q.header("content-type").value_or("");
   if (!ct.starts_with("application/merge-patch+json") && !ct.starts_with("application/json")) {
@@ -253,7 +271,7 @@ ApiResponse NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const
   }
   if (current.ended()) return problem(409, "reservation-ended", "an ended reservation cannot be amended");
   auto body = parse_object(q.body, false);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid amendment", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
   r::Reservation x = current;
   const r::Time t = now();
@@ -314,10 +332,10 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, true);
-  if (!body) return problem(400, "invalid-request", "the body is not valid", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"reason"});
   auto reason = f.string("reason", true);
-  if (reason && reason->size() > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (reason && r::code_points(*reason) > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not valid", f.problems());
   if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
   const r::Time t = now();
@@ -336,10 +354,10 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
 }
 
 // GET .../state[?after=REV&wait=30s]: units, reservations, workloads and the revision. A long
-// poll whose revision has not passed REV yet is answered with status 0 and the wait in
-// X-Gpunode-Wait-Ms: the daemon parks it and asks again when the revision moves or the wait
-// ends (then with X-Gpunode-Waited, which makes it a 304).
-ApiResponse NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
+// poll whose revision has not passed REV yet is parked until its deadline (counted from when it
+// arrived): the driver handles it again when the revision moves, or at the deadline with
+// wait_over, which makes it a 304.
+Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
   if (!(c.who.admin() || c.who.operator_role())) return forbidden("the node's state is for platform admins and operators");
   std::optional<std::int64_t> after;
   if (auto a = q.query_param("after")) {
@@ -360,16 +378,14 @@ ApiResponse NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
   }
   const std::string etag = fmt::format("\"{}\"", revision);
   if (after && revision <= *after) {
-    if (q.header("x-gpunode-waited") || wait.count() == 0) {
+    const auto deadline = q.received + wait;
+    if (q.wait_over || wait.count() == 0) {
       ApiResponse not_modified;
       not_modified.status = 304;
       not_modified.headers.emplace_back("ETag", etag);
       return not_modified;
     }
-    ApiResponse park;
-    park.status = 0;
-    park.headers.emplace_back("X-Gpunode-Wait-Ms", std::to_string(wait.count()));
-    return park;
+    return Park{*after, deadline};
   }
   json::array rs;
   for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
@@ -384,10 +400,10 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
   if (!page) return page.error();
   const auto& [limit, token] = *page;
   std::int64_t after = 0;
-  for (const auto& cursor : {q.query_param("after").value_or(""), token}) {
+  for (const auto& [name, cursor] : {std::pair{"after", q.query_param("after").value_or("")}, std::pair{"pageToken", token}}) {
     if (cursor.empty()) continue;
     auto seq = store::parse_audit_id(cursor);
-    if (!seq) return problem(400, "invalid-request", "after and pageToken take an audit id such as aud_12", {{"after", "must be an audit id such as aud_12"}});
+    if (!seq) return problem(400, "invalid-request", fmt::format("{} must be an audit id such as aud_12", name), {{name, "must be an audit id such as aud_12"}});
     after = std::max(after, static_cast<std::int64_t>(*seq));
   }
   auto st = db.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");

@@ -76,7 +76,7 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
 // Writes the terminations ahead (each one's audit record, whose id goes into the domain's
 // termination record, and its pending row) together with `base` (a reclaim's change), then
 // hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
-ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in, std::chrono::seconds grace, const std::optional<std::string>& reason) {
+Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in, std::chrono::seconds grace, const std::optional<std::string>& reason) {
   for (const auto& l : plan_in.left_running) b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
   // A domain whose termination another call (or the agent) has already started is not started
   // again: it is listed as `terminating`, and that other termination reports it.
@@ -102,7 +102,8 @@ ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Pla
     const auto& d = vm->domain;
     ++seq;
     vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
-    base.audits.push_back(AuditDraft{"workload.terminate", holder_of(vm->unit_ids), vm->unit_ids, {d.label->vm_id}, "ok",
+    // Written ahead: `pending` (CONTRACT §7); the second record of the same vmIds gives the outcome.
+    base.audits.push_back(AuditDraft{"workload.terminate", holder_of(vm->unit_ids), vm->unit_ids, {d.label->vm_id}, "pending",
                                      fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
                                                  d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
     json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}, {"by", record.by},
@@ -115,10 +116,7 @@ ApiResponse NodeService::Impl::start_batch(Batch b, Change base, const spot::Pla
   const std::uint64_t id = next_batch++;
   say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"), b.vms.size(), b.caller.by()));
   batches.emplace(id, std::move(b));
-  ApiResponse parked;
-  parked.status = 0;
-  parked.work = id;
-  return parked;
+  return RunBatch{*work_of(id)};
 }
 
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
@@ -262,7 +260,7 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   return work_of(id);
 }
 
-ApiResponse NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
+Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
   const bool manager = std::any_of(reservations.begin(), reservations.end(), [&](const auto& kv) { return !kv.second.ended() && r::manages(c.who, kv.second); });
   if (!(c.who.admin() || r::is_owner(c.who, node()) || manager)) {
     return forbidden("spot workloads are terminated by platform admins, the node's owner and managing orgs");
@@ -270,14 +268,14 @@ ApiResponse NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller&
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, true);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason"});
   auto ids = f.strings("unitIds");
   if (f.has("unitIds") && ids && ids->empty()) f.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
   auto rid = f.string("reservationId");
   auto grace_s = f.integer("gracePeriodSeconds", 0, 300);
   auto reason = f.string("reason");
-  if (reason && reason->size() > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (reason && r::code_points(*reason) > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
   const auto grace = grace_s ? std::chrono::seconds(*grace_s) : opt.shutdown_grace;
 
@@ -319,12 +317,12 @@ ApiResponse NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller&
   return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace, reason);
 }
 
-ApiResponse NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
+Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
   if (!(c.who.admin() || r::manages(c.who, current))) return forbidden("only a platform admin or a managing org reclaims units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid reclaim request", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"unitIds", "terminateSpot"});
   auto ids = f.strings("unitIds");
   const bool terminate = f.boolean("terminateSpot").value_or(false);
@@ -340,7 +338,7 @@ ApiResponse NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, con
   // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
   // needs the list: 503 and nothing changed.
   auto ws = workloads_now();
-  if (!ws && (terminate || ws.error().needs_workloads)) return ws.error();
+  if (!ws && (terminate || std::holds_alternative<NeedsWorkloads>(ws.error()))) return ws.error();
   const std::set<std::string> named(ids->begin(), ids->end());
   const auto occupied = ws ? spot::spot_occupied(*ws) : named;
   auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };

@@ -28,24 +28,15 @@ std::map<std::string, std::string> NodeService::Impl::unit_of_address() const {
   return out;
 }
 
-std::expected<std::vector<NodeService::Impl::Workload>, ApiResponse> NodeService::Impl::workloads_now() {
-  if (!hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
-  std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list;
-  if (listing != nullptr) {
-    list = listing->domains;
-  } else if (list_off_thread) {
-    ApiResponse ask;  // listed off this thread, then handled again
-    ask.status = 0;
-    ask.needs_workloads = true;
-    return std::unexpected(std::move(ask));
-  } else {
-    list = hypervisor->list();
-  }
+std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now() {
+  if (!has_hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
+  if (listing == nullptr) return std::unexpected(NeedsWorkloads{});  // listed off this thread, then handled again
+  const auto& list = listing->domains;
   if (!list) {
     say(LogLevel::warning, "hypervisor: " + list.error().message);
     return std::unexpected(problem(503, "hypervisor-unavailable", fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
   }
-  auto ws = occupants(std::move(*list));
+  auto ws = occupants(*list);
   note_workloads(ws);
   return ws;
 }
@@ -76,7 +67,7 @@ json::object NodeService::Impl::workload_json(const Workload& w) {
                       {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
 }
 
-ApiResponse NodeService::Impl::workloads(const Caller& c) {
+Outcome NodeService::Impl::workloads(const Caller& c) {
   if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("workloads are listed for operators and the owner");
   auto ws = workloads_now();
   if (!ws) return ws.error();
@@ -88,7 +79,7 @@ ApiResponse NodeService::Impl::workloads(const Caller& c) {
 // Occupancy of `checked` units once the term has started: a workload that is not spot, of an
 // org outside the audience (or unlabelled), blocks (409 unit-occupied); spot workloads are
 // allowed and listed.
-std::optional<ApiResponse> NodeService::Impl::check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
+std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
                                                               json::array& spot) {
   if (x.starts_at > t || checked.empty()) return std::nullopt;
   auto ws = workloads_now();
@@ -176,7 +167,7 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
 ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   if (!(c.who.admin() || c.who.operator_role())) return forbidden("admission is answered for platform admins and operators");
   auto body = parse_object(q.body, false);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid admission request", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"orgId", "tier", "unitIds"});
   auto org = f.string("orgId");
   auto tier = f.string("tier");
@@ -209,7 +200,7 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
-  if (!body) return problem(400, "invalid-request", "the body is not a valid release request", body.error());
+  if (!body) return body.error();
   Fields f(*body, {"unitIds"});
   auto ids = f.strings("unitIds");
   if (!ids || ids->empty()) {

@@ -73,7 +73,7 @@ def access_matrix(c, lab, rid):
 
     # per relation, what each route answers (CONTRACT §4 table)
     expect = {
-        "units":    {"admin": 200, "operator": 200, "owner": 200, "manager": 200, "audience": 403, "unrelated": 404},
+        "units":    {"admin": 200, "operator": 200, "owner": 200, "manager": 200, "audience": 404, "unrelated": 404},
         "list":     {"admin": 200, "operator": 200, "owner": 200, "manager": 200, "audience": 200, "unrelated": 404},
         "get":      {"admin": 200, "operator": 200, "owner": 200, "manager": 200, "audience": 200, "unrelated": 404},
         "create":   {"admin": 201, "operator": 403, "owner": 403, "manager": 403, "audience": 403, "unrelated": 404},
@@ -194,6 +194,10 @@ def access_matrix(c, lab, rid):
     c.check(f"X-Request-Id echoed on all {len(rid.sent)} answers", not bad_echo, bad_echo[:5])
     r = lab.get("/healthz")
     c.check("X-Request-Id present when the request sent none", bool(r.h("x-request-id")), r.headers)
+    c.eq("HTTPS /healthz (no auth) names no node and no version", r.json, {"status": "ok"})
+    r = lab.call("GET", "/healthz", unix=True)
+    c.check("admin-socket /healthz has the node id, version and revision",
+            isinstance(r.json, dict) and r.json.get("nodeId") == L.NODE and "version" in r.json and "revision" in r.json, r.json)
     r = lab.get(lab.npath("/units"), None, headers={"X-Request-Id": "integ-401"})
     c.eq("X-Request-Id echoed on a 401", r.h("x-request-id"), "integ-401")
 

@@ -90,7 +90,7 @@ def main(c, agent):
             r = lab.create(admin, unitIds=[GONE], audienceOrgIds=["org-aud"], endsAt=L.rfc3339(time.time() + 86400))
             c.status("create a reservation on the unit that will disappear", r, 201)
             rid = r.json.get("id") if isinstance(r.json, dict) else None
-            before = lab.get("/healthz").json.get("revision")
+            before = lab.call("GET", "/healthz", unix=True).json.get("revision")
 
             # the GPU leaves the host (as on a hot-unplug or a fallen-off-the-bus card)
             os.unlink(os.path.join(lab.root, "sys", "bus", "pci", "devices", "0000:24:00.0"))
@@ -103,7 +103,7 @@ def main(c, agent):
                     "absent" in [x.get("code") for x in g.get("notReservableReasons", [])] and g.get("reservable") is False
                     and g.get("sellable") is False, g)
             c.eq("...and keeps its reservation", g.get("reservationIds"), [rid])
-            after = lab.get("/healthz").json.get("revision")
+            after = lab.call("GET", "/healthz", unix=True).json.get("revision")
             c.check("the revision grew", isinstance(before, int) and isinstance(after, int) and after > before,
                     (before, after))
             recs = lab.audit_all(admin)
@@ -115,7 +115,7 @@ def main(c, agent):
 
             again = lab.call("POST", "/v1/admin/rescan", unix=True)
             c.status("a second rescan with nothing new", again, 200)
-            c.eq("...changes nothing", lab.get("/healthz").json.get("revision"), after)
+            c.eq("...changes nothing", lab.call("GET", "/healthz", unix=True).json.get("revision"), after)
             c.status("rescan over HTTPS is not a route", lab.call("POST", "/v1/admin/rescan", admin), 404)
             state_long_poll(c, lab)
 

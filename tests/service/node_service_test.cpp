@@ -11,6 +11,9 @@
 #include <set>
 #include <tuple>
 
+#include <boost/asio/io_context.hpp>
+
+#include "gpunode/daemon/driver.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/store/audit_chain.hpp"
 #include "gpunode/store/database.hpp"
@@ -52,6 +55,11 @@ class Lab {
   }
 
   void open() {
+    if (driver_) {  // its timers are cancelled and their handlers run before it goes
+      driver_->stop();
+      drain();
+      driver_.reset();
+    }
     service_.reset();
     gpunode::auth::VerifierConfig vc{kIssuer, "gpunode", kNode, std::chrono::seconds(60)};
     auto verifier = gpunode::auth::TokenVerifier::from_pems({key_.public_pem()}, vc);
@@ -67,7 +75,37 @@ class Lab {
                                [this] { return now_; }, nullptr);
     REQUIRE_MESSAGE(s, (s ? "" : s.error()));
     service_ = std::move(*s);
-    service_->set_hypervisor(hypervisor_);
+    // The daemon's driver, with every executor being this thread's io_context: lists and
+    // terminations run in order on this thread, with a clock-free sleep that only counts.
+    gpunode::daemon::Driver::Options dopt;
+    dopt.lists = io_.get_executor();
+    dopt.terminations = io_.get_executor();
+    dopt.sleeper = [this](std::chrono::milliseconds d) {
+      slept_ += d;
+      return true;
+    };
+    driver_ = std::make_unique<gpunode::daemon::Driver>(io_, *service_, hypervisor_, std::move(dopt), nullptr);
+  }
+
+  // Runs whatever the driver posted until nothing is ready (timers are not waited for).
+  void drain() {
+    io_.restart();
+    io_.poll();
+  }
+
+  // The service's decision on a request, with the domains listed now (no driver).
+  Outcome handle_listed(ApiRequest q) {
+    q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{hypervisor_->list()});
+    return service_->handle(q);
+  }
+
+  // One request through the driver; it must be answered without waiting for a timer.
+  ApiResponse call_request(ApiRequest q) {
+    std::optional<ApiResponse> out;
+    driver_->submit(std::move(q), [&out](ApiResponse r) { out = std::move(r); });
+    drain();
+    REQUIRE_MESSAGE(out, "the request was not answered");
+    return std::move(*out);
   }
 
   std::string token(std::optional<std::string> org, std::vector<std::string> roles = {}, long exp_in = 600) {
@@ -82,11 +120,7 @@ class Lab {
 
   ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
                    const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
-    // Terminations run at once on this thread, with a clock-free sleep that only counts.
-    return service_->handle_now(request(method, target, tok, body, std::move(headers)), [this](std::chrono::milliseconds d) {
-      slept_ += d;
-      return true;
-    });
+    return call_request(request(method, target, tok, body, std::move(headers)));
   }
 
   static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok,
@@ -132,7 +166,9 @@ class Lab {
   fs::path state_;
   TestKey key_;
   system_clock::time_point now_;
+  boost::asio::io_context io_;
   std::unique_ptr<NodeService> service_;
+  std::unique_ptr<gpunode::daemon::Driver> driver_;
   std::chrono::milliseconds slept_{0};
   std::chrono::seconds grace_{0};
 
@@ -159,10 +195,8 @@ class Lab {
     return out;
   }
   void refresh() {
-    service_->refresh_now([this](std::chrono::milliseconds d) {
-      slept_ += d;
-      return true;
-    });
+    driver_->refresh();
+    drain();
   }
   std::shared_ptr<gpunode::vmctl::FakeHypervisor> hypervisor_ = std::make_shared<gpunode::vmctl::FakeHypervisor>();
 };
@@ -204,7 +238,7 @@ TEST_CASE("every route by every relation") {
       {"operator", {oper, {200, 200, 200, 200, 200, 403, 403}}},
       {"owner", {owner, {200, 200, 200, 200, 404, 403, 403}}},
       {"manager", {mgr, {200, 200, 200, 403, 404, 403, 403}}},
-      {"audience", {aud, {403, 200, 200, 403, 200, 403, 403}}},
+      {"audience", {aud, {404, 200, 200, 403, 200, 403, 403}}},  // units: 404 (CONTRACT §7 Who reads units)
       {"unrelated", {other, {404, 404, 404, 404, 404, 404, 404}}},
       {"no token", {"", {401, 401, 401, 401, 401, 401, 401}}},
       {"expired token", {expired, {401, 401, 401, 401, 401, 401, 401}}},
@@ -670,7 +704,10 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   CHECK(terminations[0].at("reservationId") == json::value(rid));
   CHECK(terminations[0].at("actor").at("org") == "org-mgr");
   CHECK(std::string(terminations[0].at("detail").as_string()).find("we need it back") != std::string::npos);
+  CHECK(terminations[0].at("result") == "pending");  // one VM stopped once has exactly one `ok` (CONTRACT §7)
   CHECK(terminations[1].at("result") == "ok");
+  CHECK(terminations[1].at("vmIds") == terminations[0].at("vmIds"));
+  CHECK(terminations[1].at("requestId") == terminations[0].at("requestId"));
   auto events = lab.events("workload.terminated");
   REQUIRE(events.size() == 1);
   const auto& data = events[0].at("data");
@@ -848,10 +885,9 @@ TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent d
 
   // The agent dies between writing the termination ahead and running it: a restart finishes it.
   const ApiRequest q = Lab::request("POST", ts, owner, fmt::format(R"({{"unitIds":["{}"]}})", U2));
-  auto parked = lab.service_->handle(q);
-  REQUIRE(parked.status == 0);
-  REQUIRE(parked.work != 0);
-  REQUIRE(lab.service_->work(parked.work)->jobs.size() == 1);
+  auto parked = lab.handle_listed(q);
+  REQUIRE(std::holds_alternative<RunBatch>(parked));
+  REQUIRE(std::get<RunBatch>(parked).work.jobs.size() == 1);
   lab.open();  // "crash": the batch never ran
   CHECK(lab.hypervisor_->find("uuid-b")->state == "running");
   lab.refresh();
@@ -860,8 +896,8 @@ TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent d
 
   // A domain that stopped while the agent was away is reported gone, not stopped again.
   lab.hypervisor_->find("uuid-b")->state = "running";
-  auto parked2 = lab.service_->handle(q);
-  REQUIRE(parked2.work != 0);
+  auto parked2 = lab.handle_listed(q);
+  REQUIRE(std::holds_alternative<RunBatch>(parked2));
   lab.open();
   lab.hypervisor_->domains.erase(lab.hypervisor_->domains.begin() + 1);  // transient, gone
   lab.hypervisor_->calls.clear();
@@ -888,6 +924,7 @@ TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never term
   CHECK(b.at("leftRunning").as_array()[0].at("vmId") == "vm-s");
   auto recs = lab.audits("workload.terminate");
   REQUIRE(recs.size() == 2);
+  CHECK(recs[0].at("result") == "pending");
   CHECK(recs[1].at("result") == "failed");
   CHECK(lab.events("workload.terminated").empty());
   lab.refresh();  // not pending: not tried again behind the caller's back
@@ -899,8 +936,8 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
   const ApiRequest q = Lab::request("POST", Lab::path("/terminate-spot"), owner, fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1));
-  auto first = lab.service_->handle(q);  // started, not run yet (its domain waits out a grace)
-  REQUIRE(first.work != 0);
+  auto first = lab.handle_listed(q);  // started, not run yet (its domain waits out a grace)
+  REQUIRE(std::holds_alternative<RunBatch>(first));
   auto second = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}");
   REQUIRE(second.status == 200);
   auto b = Lab::body(second);
@@ -908,8 +945,8 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   REQUIRE(b.as_object().contains("terminating"));
   CHECK(names_of(b.at("terminating")) == std::vector<std::string>{"spot-a"});
   CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // only the first call stops it
-  auto w = lab.service_->work(first.work);
-  auto out = lab.service_->finish(first.work, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w->jobs, [](auto) { return true; }),
+  const auto& w = std::get<RunBatch>(first).work;
+  auto out = lab.service_->finish(w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
                                   lab.hypervisor_->list());
   CHECK(out.status == 200);
   CHECK(names_of(Lab::body(out).at("terminated")) == std::vector<std::string>{"spot-a"});
@@ -930,10 +967,9 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"reason":"x"})", key)) == "idempotency-key-reuse");
 }
 
-TEST_CASE("with the list off the state thread, a request that needs workloads asks for them and changes nothing until then") {
+TEST_CASE("a request that needs workloads asks for them and changes nothing until then: the service never calls libvirt") {
   Lab lab;
   lab.hypervisor_->domains = two_spot_vms();
-  lab.service_->set_list_off_thread(true);
   const auto admin = lab.token("org-platform", {"platform-admin"});
   lab.hypervisor_->calls.clear();
   for (const auto& [method, target, body] : std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -944,19 +980,19 @@ TEST_CASE("with the list off the state thread, a request that needs workloads as
     auto q = Lab::request(method, target, admin, body);
     const auto before = lab.service_->revision();
     auto asked = lab.service_->handle(q);
-    CHECK(asked.status == 0);
-    CHECK(asked.needs_workloads);
+    CHECK(std::holds_alternative<NeedsWorkloads>(asked));
     CHECK(lab.service_->revision() == before);
     CHECK(lab.hypervisor_->calls.empty());  // the state thread never called libvirt
     q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{lab.hypervisor_->list()});
     auto answered = lab.service_->handle(q);
-    CHECK((answered.status != 0 || answered.work != 0));  // answered, or terminations to run
-    CHECK_FALSE(answered.needs_workloads);
+    CHECK((std::holds_alternative<ApiResponse>(answered) || std::holds_alternative<RunBatch>(answered)));  // answered, or terminations to run
     lab.hypervisor_->calls.clear();
   }
   // A listing that failed is the hypervisor being unavailable.
   auto q = Lab::request("GET", Lab::path("/workloads"), admin);
   q.workloads = std::make_shared<const WorkloadListing>(
       WorkloadListing{std::unexpected(gpunode::vmctl::VmError{gpunode::vmctl::VmError::Kind::unavailable, "gone"})});
-  CHECK(code_of(lab.service_->handle(q)) == "hypervisor-unavailable");
+  auto failed = lab.service_->handle(q);
+  REQUIRE(std::holds_alternative<ApiResponse>(failed));
+  CHECK(code_of(std::get<ApiResponse>(failed)) == "hypervisor-unavailable");
 }

@@ -109,6 +109,12 @@ struct ListenAddress {
 // what is wrong.
 std::expected<ListenAddress, std::string> parse_listen(std::string_view text);
 
+// SIGHUP (CONTRACT §2): the keys whose change the running agent cannot take without a restart,
+// as dotted names in file order ("api.listen", "state.dir"...). What a reload does take: the TLS
+// files, auth (keys, issuer, audience), log level and format, node.unsellable_units, admin's
+// allowed_uids and allowed_group, and the central API's files.
+std::vector<std::string> keys_needing_restart(const Config& running, const Config& fresh);
+
 std::string_view to_string(LogLevel level);
 std::string_view to_string(LogFormat format);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
@@ -17,6 +18,8 @@ namespace gpunode::vmctl {
 // VmError unavailable. `before_call` runs before each call with its name ("list", "record",
 // "termination", "shutdown", "destroy", "state") and may change the fake (e.g. set `unavailable`).
 // `calls` logs "NAME UUID" (or "list") for every call, including failing ones.
+// Every call holds `mu` (a daemon calls it from its list and termination threads at once); a test
+// that changes the fake while a daemon runs holds `mu` too. `before_call` runs under it.
 class FakeHypervisor : public Hypervisor {
  public:
   std::vector<Domain> domains;
@@ -24,15 +27,18 @@ class FakeHypervisor : public Hypervisor {
   bool unavailable = false;
   std::function<void(const std::string& call)> before_call;
   std::vector<std::string> calls;
+  mutable std::mutex mu;
 
   FakeHypervisor() = default;
   explicit FakeHypervisor(std::vector<Domain> initial) : domains(std::move(initial)) {}
 
   std::expected<std::vector<Domain>, VmError> list() override {
+    std::lock_guard lock{mu};
     if (auto e = enter("list", "")) return std::unexpected(*e);
     return domains;
   }
   std::expected<void, VmError> record_termination(const std::string& uuid, const TerminationRecord& record) override {
+    std::lock_guard lock{mu};
     if (auto e = enter("record", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
@@ -41,6 +47,7 @@ class FakeHypervisor : public Hypervisor {
   }
   std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
                                                                        Definition which) override {
+    std::lock_guard lock{mu};
     if (auto e = enter("termination", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
@@ -49,6 +56,7 @@ class FakeHypervisor : public Hypervisor {
     return d->termination;
   }
   std::expected<void, VmError> shutdown(const std::string& uuid) override {
+    std::lock_guard lock{mu};
     if (auto e = enter("shutdown", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
@@ -57,6 +65,7 @@ class FakeHypervisor : public Hypervisor {
     return {};
   }
   std::expected<void, VmError> destroy(const std::string& uuid) override {
+    std::lock_guard lock{mu};
     if (auto e = enter("destroy", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
@@ -65,12 +74,16 @@ class FakeHypervisor : public Hypervisor {
     return {};
   }
   std::expected<std::string, VmError> state(const std::string& uuid) override {
+    std::lock_guard lock{mu};
     if (auto e = enter("state", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
     return d->state;
   }
-  bool connected() const override { return !unavailable; }
+  bool connected() const override {
+    std::lock_guard lock{mu};
+    return !unavailable;
+  }
 
   Domain* find(const std::string& uuid) {
     auto it = std::ranges::find(domains, uuid, &Domain::uuid);

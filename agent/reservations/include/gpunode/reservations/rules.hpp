@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpunode/reservations/model.hpp"
@@ -49,7 +50,10 @@ struct CreateRequest {
   std::string note;
 };
 
-constexpr std::size_t kMaxNote = 1024;
+constexpr std::size_t kMaxNote = 1024;  // note and reason, in characters (CONTRACT §7 Lengths)
+
+// Characters (Unicode code points) of valid UTF-8 text: what the contract's lengths count.
+std::size_t code_points(std::string_view utf8);
 
 // 400 invalid-request checks of a create body (shape and values only: unit existence, overlap
 // and occupancy are checked against the node's state elsewhere).

@@ -1,12 +1,14 @@
 // gpunode/service/api.hpp: the API as plain data, independent of any transport.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <boost/json/fwd.hpp>
@@ -25,8 +27,13 @@ struct ApiRequest {
   Via via = Via::https;
   std::optional<std::uint32_t> peer_uid;  // SO_PEERCRED on the admin socket
   std::string request_id;
-  // The domains as listed for this request, off the state thread (set when an answer asked for
-  // them with needs_workloads).
+  // When the request arrived: a long poll's deadline is counted from here, also when it is
+  // handled again after a change.
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  // Set by the driver when a parked long poll's deadline has come: it is answered now (304).
+  bool wait_over = false;
+  // The domains as listed for this request, off the state thread (set when the service asked for
+  // them with NeedsWorkloads).
   std::shared_ptr<const WorkloadListing> workloads;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view lower_name) const;
@@ -38,12 +45,6 @@ struct ApiResponse {
   unsigned status = 200;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
-  // Not sent: with status 0, a batch of terminations the service started (NodeService::work),
-  // to be run off the state thread and answered by NodeService::finish.
-  std::uint64_t work = 0;
-  // Not sent: with status 0, the request needs the domains listed first (see
-  // NodeService::set_list_off_thread); handle it again with ApiRequest::workloads set.
-  bool needs_workloads = false;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
 };

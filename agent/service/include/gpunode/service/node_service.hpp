@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/config/config.hpp"
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/reservations/rules.hpp"
@@ -47,7 +48,26 @@ struct Work {
   std::vector<vmctl::TerminationJob> jobs;
 };
 
-enum class LogLevel { debug, info, warning, error };
+// What handle() decided for one request (CONTRACT §7 Deadlines: each is answered exactly once,
+// within its own deadline):
+// - ApiResponse: the answer.
+// - NeedsWorkloads: the request needs the domains as libvirt lists them, and nothing was changed;
+//   list them off the state thread and handle it again with ApiRequest::workloads set.
+// - RunBatch: terminations were written ahead; run `work` off the state thread
+//   (vmctl::terminate_spot_all), then finish() gives the answer.
+// - Park: a long poll whose revision has not passed `after`: handle it again when the revision
+//   moves, or with ApiRequest::wait_over at `deadline` (then it is a 304).
+struct NeedsWorkloads {};
+struct RunBatch {
+  Work work;
+};
+struct Park {
+  std::int64_t after = 0;
+  std::chrono::steady_clock::time_point deadline;
+};
+using Outcome = std::variant<ApiResponse, NeedsWorkloads, RunBatch, Park>;
+
+using LogLevel = config::LogLevel;  // one log level enum for the whole agent
 using LogSink = std::function<void(LogLevel, const std::string&)>;
 using Clock = std::function<std::chrono::system_clock::time_point()>;
 
@@ -64,13 +84,10 @@ class NodeService {
   NodeService(const NodeService&) = delete;
   NodeService& operator=(const NodeService&) = delete;
 
-  // The answer to one request. Status 0 means it is not answered yet: either a long poll to park
-  // (X-Gpunode-Wait-Ms), or, with `work` set, terminations to run first: take them with work(),
-  // run them (vmctl::terminate_spot_all), then finish() gives the answer.
-  ApiResponse handle(const ApiRequest& request);
+  // What to do with one request (see Outcome). Never throws for bad input; a request it cannot
+  // answer for a reason of its own (a damaged state file) is a problem response.
+  Outcome handle(const ApiRequest& request);
 
-  // The jobs of a batch handle() or observe_workloads() started; nullopt for an unknown batch.
-  std::optional<Work> work(std::uint64_t batch) const;
   // Records what happened to a batch's domains (`after`: the domains listed once they ran, used to
   // see which reclaiming units are vacated) in one transaction, and answers the request that
   // started it (for a batch of the agent's own, the answer goes nowhere). Domains whose outcome
@@ -81,25 +98,15 @@ class NodeService {
   // reclaiming units without spot workloads leave reclaimingUnitIds, and terminations cut short
   // (by a crash, a stop, or libvirt going away) are finished: the agent's own batch to run, if any.
   std::optional<Work> observe_workloads(const std::vector<vmctl::Domain>& domains);
-  // handle(), running any terminations at once on this thread with the hypervisor given to
-  // set_hypervisor(). For tests and tools; the daemon does not block its state thread like this.
-  ApiResponse handle_now(const ApiRequest& request, const vmctl::Sleeper& sleep);
-  // observe_workloads() with a list taken now, running its batch at once. For tests and tools.
-  void refresh_now(const vmctl::Sleeper& sleep);
-
   // Applies the term transitions that are due. Returns the next instant one is due, if any.
   std::optional<reservations::Time> tick();
   // Scans the host again; a changed answer is stored and becomes an inventory.changed event.
   void rescan();
 
-  // Where the workloads are (libvirt in the daemon, a fake in tests). Without one, routes that
-  // need workloads answer 503 hypervisor-unavailable.
-  void set_hypervisor(std::shared_ptr<vmctl::Hypervisor> hypervisor);
-  // With true, handle() never calls the hypervisor itself: a request that needs the workloads is
-  // answered with status 0 and needs_workloads, and the caller lists them off this thread and
-  // handles the request again with ApiRequest::workloads set (nothing was changed the first
-  // time). The daemon does this so that its state thread never waits for libvirt.
-  void set_list_off_thread(bool off);
+  // Whether there is a hypervisor at all (libvirt in the daemon, a fake in tests). Without one,
+  // routes that need workloads answer 503 hypervisor-unavailable. The service never calls it:
+  // it asks for lists with NeedsWorkloads, and the driver runs terminations.
+  void set_has_hypervisor(bool has);
 
   // SIGHUP: what can be reloaded.
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);

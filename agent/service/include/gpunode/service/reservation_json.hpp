@@ -18,9 +18,12 @@ boost::json::object to_json(const reservations::Reservation& r);
 // The inverse, for what the agent itself stored; an error says which key is wrong.
 std::expected<reservations::Reservation, std::string> reservation_from_json(const boost::json::value& v);
 
-// Parses a request body that must be a JSON object (an empty body is `{}` when allowed).
-// Errors are 400 invalid-request field problems ("body": "not valid JSON: ...").
-std::expected<boost::json::object, std::vector<FieldProblem>> parse_object(const std::string& body, bool empty_ok);
+// Parses a request body that must be a JSON object (an empty body is `{}` when allowed), strictly
+// (gpunode::json::parse_strict, nesting up to 64). The error is the 400 invalid-request to answer,
+// its detail saying what and where ("the body is not valid JSON: line 1, column 22 (byte 21): ...").
+std::expected<boost::json::object, ApiResponse> parse_object(const std::string& body, bool empty_ok);
+
+boost::json::array strings_json(const std::vector<std::string>& list);
 
 // Reads typed members of a request object, collecting a problem per bad or unknown member.
 class Fields {

@@ -7,7 +7,7 @@
 
 #include "gpunode/config/config.hpp"
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 
 class Logger {
  public:
@@ -23,4 +23,4 @@ class Logger {
   std::atomic<config::LogFormat> format_{config::LogFormat::text};
 };
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

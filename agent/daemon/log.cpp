@@ -1,4 +1,4 @@
-#include "log.hpp"
+#include "gpunode/daemon/log.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 namespace {
 
 int syslog_priority(config::LogLevel level) {
@@ -50,4 +50,4 @@ void Logger::log(config::LogLevel level, std::string_view message) const {
   std::fflush(stderr);
 }
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

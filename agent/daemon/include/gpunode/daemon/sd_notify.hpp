@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 
 // Sends `state` ("READY=1", "STOPPING=1", "WATCHDOG=1") when run under systemd; false when not
 // (no NOTIFY_SOCKET) or the send failed.
@@ -16,4 +16,4 @@ bool sd_notify(std::string_view state);
 // The watchdog interval systemd expects pets within, when it watches this process.
 std::optional<std::chrono::microseconds> sd_watchdog_interval();
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

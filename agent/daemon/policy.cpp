@@ -1,8 +1,8 @@
-#include "policy.hpp"
+#include "gpunode/daemon/policy.hpp"
 
 #include <charconv>
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 
 discovery::Policy policy_from(const config::Config& config) {
   discovery::Policy policy;
@@ -20,4 +20,4 @@ discovery::Policy policy_from(const config::Config& config) {
   return policy;
 }
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

@@ -1,4 +1,4 @@
-#include "sd_notify.hpp"
+#include "gpunode/daemon/sd_notify.hpp"
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 
 bool sd_notify(std::string_view state) {
   const char* path = std::getenv("NOTIFY_SOCKET");
@@ -20,10 +20,10 @@ bool sd_notify(std::string_view state) {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path, len);
   if (path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return false;
   const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
-  const ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), addr_len);
+  const ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&addr), addr_len);
   ::close(fd);
   return sent == static_cast<ssize_t>(state.size());
 }
@@ -46,4 +46,4 @@ std::optional<std::chrono::microseconds> sd_watchdog_interval() {
   return std::chrono::microseconds(*usec);
 }
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

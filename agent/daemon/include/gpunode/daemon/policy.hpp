@@ -4,8 +4,8 @@
 #include "gpunode/config/config.hpp"
 #include "gpunode/discovery/model.hpp"
 
-namespace gpunode::agent {
+namespace gpunode::daemon {
 
 discovery::Policy policy_from(const config::Config& config);
 
-}  // namespace gpunode::agent
+}  // namespace gpunode::daemon

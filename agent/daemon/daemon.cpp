@@ -1,0 +1,360 @@
+#include "gpunode/daemon/daemon.hpp"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/config/config.hpp"
+#include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/daemon/log.hpp"
+#include "gpunode/daemon/policy.hpp"
+#include "gpunode/daemon/sd_notify.hpp"
+#include "gpunode/discovery/host_root.hpp"
+#include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/http/server.hpp"
+#include "gpunode/store/state_lock.hpp"
+
+namespace gpunode::daemon {
+namespace asio = boost::asio;
+using config::LogLevel;
+
+namespace {
+
+std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(const config::Config& c) {
+  auto v = auth::TokenVerifier::from_files(c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
+  if (!v) return std::unexpected(v.error());
+  return std::make_shared<const auth::TokenVerifier>(std::move(*v));
+}
+
+http::TlsFiles tls_files(const config::Config& c) { return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca}; }
+
+service::ApiRequest to_api(http::Request&& q) {
+  service::ApiRequest a;
+  a.method = std::move(q.method);
+  a.path = std::move(q.path);
+  a.query = std::move(q.query);
+  a.headers = std::move(q.headers);
+  a.body = std::move(q.body);
+  a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket : service::ApiRequest::Via::https;
+  if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
+  a.request_id = std::move(q.request_id);
+  return a;
+}
+
+// Runs an io_context until it stops, logging whatever a handler throws: the thread's boundary.
+void run_guarded(asio::io_context& io, const Logger& log, const char* loop) {
+  for (;;) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& e) {
+      log.log(LogLevel::error, fmt::format("internal error on the {} thread: {}", loop, e.what()));
+    } catch (...) {
+      log.log(LogLevel::error, fmt::format("internal error on the {} thread", loop));
+    }
+  }
+}
+
+}  // namespace
+
+// Member order is destruction order, reversed: what a later member uses is declared before it.
+struct Daemon::Parts {
+  DaemonOptions opt;
+  Logger log;
+  config::Config cfg;  // as started; immutable after start() (a reload compares against it)
+  std::optional<discovery::PciIds> names;
+  std::optional<store::StateLock> lock;
+  std::unique_ptr<service::NodeService> node;  // core thread only
+  std::shared_ptr<vmctl::Hypervisor> hypervisor;
+  std::shared_ptr<AdminPeers> peers;
+
+  asio::io_context net;
+  asio::io_context core;
+  asio::executor_work_guard<asio::io_context::executor_type> core_work = asio::make_work_guard(core);
+  asio::thread_pool lists{1};
+  asio::thread_pool terminations{4};
+  asio::thread_pool slow{1};
+  // Set once by stop(); read by the termination pool's sleeper and the loops (any thread).
+  std::atomic<bool> stopping = false;
+  std::optional<Driver> driver;  // core thread only, after start()
+  asio::steady_timer term_timer{core};
+  asio::steady_timer rescan_timer{core};
+  // The core loop's last turn seen by the watchdog (steady clock, ns): written on core, read on net.
+  std::atomic<std::int64_t> core_beat{0};
+
+  std::optional<http::Server> server;  // its member functions may be called from any thread
+  asio::signal_set signals{net};
+  asio::steady_timer watchdog{net};
+  std::thread core_thread;
+  bool threads_done = false;
+
+  void say(LogLevel level, const std::string& text) const { log.log(level, text); }
+
+  // ---- core thread ----
+  void arm_terms() {
+    auto next = node->tick();
+    driver->changed();
+    auto wait = std::chrono::milliseconds(1000);  // at the latest every second: "within a second"
+    if (next) {
+      auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*next - std::chrono::system_clock::now());
+      wait = std::clamp(until, std::chrono::milliseconds(50), wait);
+    }
+    term_timer.expires_after(wait);
+    term_timer.async_wait([this](const boost::system::error_code& e) {
+      if (!e) arm_terms();
+    });
+  }
+  void arm_rescan() {
+    rescan_timer.expires_after(cfg.discovery.rescan_interval);
+    rescan_timer.async_wait([this](const boost::system::error_code& e) {
+      if (e) return;
+      node->rescan();
+      driver->changed();
+      if (!stopping) driver->refresh();
+      asio::post(slow, [this] { peers->resolve(); });  // a group created since start counts now
+      arm_rescan();
+    });
+  }
+
+  // ---- net thread ----
+  void arm_watchdog(std::chrono::microseconds interval) {
+    // Pets only while the core loop turns too: a wedged state thread must look dead to systemd.
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    const auto age = std::chrono::nanoseconds(now.count() - core_beat.load());
+    if (age < interval) sd_notify("WATCHDOG=1");
+    else say(LogLevel::warning, fmt::format("watchdog: the core loop has not turned for {} ms; not petting", age.count() / 1000000));
+    asio::post(core, [this] { core_beat = std::chrono::steady_clock::now().time_since_epoch().count(); });
+    watchdog.expires_after(interval / 2);
+    watchdog.async_wait([this, interval](const boost::system::error_code& e) {
+      if (!e) arm_watchdog(interval);
+    });
+  }
+  void wait_signal() {
+    signals.async_wait([this](const boost::system::error_code& e, int sig) {
+      if (e) return;
+      if (sig == SIGHUP) {
+        asio::post(slow, [this] {
+          try {
+            reload_now();
+          } catch (const std::exception& x) {
+            say(LogLevel::error, fmt::format("reload failed: {}", x.what()));
+          }
+        });
+        wait_signal();
+        return;
+      }
+      say(LogLevel::info, fmt::format("signal {}: stopping (draining connections)", sig));
+      stop();
+    });
+  }
+
+  void stop() {
+    if (stopping.exchange(true)) return;
+    sd_notify("STOPPING=1");
+    asio::post(core, [this] { driver->stop(); });  // long polls are answered now (304)
+    asio::post(net, [this] {
+      watchdog.cancel();
+      server->shutdown(std::chrono::seconds(10), [this] {
+        signals.cancel();
+        net.stop();
+      });
+    });
+  }
+
+  bool reload_now() {
+    auto fresh = config::load_file(opt.config_file, config::Purpose::run);
+    if (!fresh.ok()) {
+      for (const auto& p : fresh.problems) say(LogLevel::error, "reload: " + p.to_string());
+      say(LogLevel::error, "reload refused: keeping the running configuration");
+      return false;
+    }
+    auto v = load_verifier(fresh.config);
+    auto t = http::make_tls_context(tls_files(fresh.config));
+    if (!v || !t) {
+      say(LogLevel::error, "reload refused: " + (v ? t.error() : v.error()) + "; keeping the running configuration");
+      return false;
+    }
+    const auto restart = config::keys_needing_restart(cfg, fresh.config);
+    if (!restart.empty()) {
+      say(LogLevel::warning, fmt::format("reload: {} changed and take effect only after a restart: {}", restart.size() == 1 ? "this key" : "these keys",
+                                         fmt::join(restart, ", ")));
+    }
+    server->set_tls_context(*t);
+    log.configure(fresh.config.log.level, fresh.config.log.format);
+    peers->configure(fresh.config.admin);
+    peers->resolve();
+    asio::post(core, [this, v = *v, u = fresh.config.node.unsellable_units]() mutable {
+      node->set_verifier(std::move(v));
+      node->set_unsellable(std::move(u));
+      driver->changed();
+    });
+    say(LogLevel::info, "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers");
+    return true;
+  }
+
+  void join_threads() {
+    if (threads_done) return;
+    threads_done = true;
+    stopping = true;
+    terminations.join();  // terminations stop waiting at once (their domains are finished at the next start)
+    lists.join();
+    slow.join();
+    asio::post(core, [this] {
+      term_timer.cancel();
+      rescan_timer.cancel();
+      if (driver) driver->stop();
+      core_work.reset();
+    });
+    if (core_thread.joinable()) core_thread.join();
+    if (hypervisor) hypervisor->watch({});  // no more events into `core`
+  }
+};
+
+Daemon::Daemon(std::unique_ptr<Parts> parts) : p_(std::move(parts)) {}
+
+Daemon::~Daemon() {
+  if (!p_) return;
+  p_->join_threads();
+  p_->server.reset();
+  p_->driver.reset();
+  p_->node.reset();
+}
+
+std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions options) {
+  auto p = std::make_unique<Parts>();
+  p->opt = std::move(options);
+  auto loaded = config::load_file(p->opt.config_file, config::Purpose::run);
+  if (!loaded.ok()) {
+    std::string all;
+    for (const auto& x : loaded.problems) all += x.to_string() + "\n";
+    return std::unexpected(fmt::format("{}{} is invalid", all, p->opt.config_file));
+  }
+  p->cfg = std::move(loaded.config);
+  const auto& cfg = p->cfg;
+  p->log.configure(cfg.log.level, cfg.log.format);
+
+  auto verifier = load_verifier(cfg);
+  if (!verifier) return std::unexpected(verifier.error());
+  auto tls = http::make_tls_context(tls_files(cfg));
+  if (!tls) return std::unexpected(tls.error());
+  if (auto root = discovery::check_host_root(cfg.discovery.host_root); !root) return std::unexpected(root.error());
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.state.dir, ec);
+  if (ec) return std::unexpected(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
+  ::chmod(cfg.state.dir.c_str(), 0700);
+  auto lock = store::StateLock::acquire(cfg.state.dir);
+  if (!lock) return std::unexpected(lock.error());
+  p->lock.emplace(std::move(*lock));
+
+  const discovery::Policy policy = policy_from(cfg);
+  auto names = discovery::PciIds::load(p->opt.pci_ids_file, policy.gpu_vendors);
+  if (names) p->names.emplace(std::move(*names));
+  else p->say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+
+  service::ServiceOptions so{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, p->opt.version,
+                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace)};
+  Parts* raw = p.get();
+  auto sink = [raw](service::LogLevel level, const std::string& text) { raw->log.log(level, text); };
+  service::Clock clock = p->opt.clock ? p->opt.clock : [] { return std::chrono::system_clock::now(); };
+  auto opened = service::NodeService::open(so, *verifier, p->names ? &*p->names : nullptr, clock, sink);
+  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
+  p->node = std::move(*opened);
+  // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
+  p->hypervisor = p->opt.hypervisor ? p->opt.hypervisor : vmctl::make_libvirt(cfg.libvirt.uri);
+
+  Driver::Options dopt;
+  dopt.lists = p->lists.get_executor();
+  dopt.terminations = p->terminations.get_executor();
+  dopt.sleeper = [raw](std::chrono::milliseconds d) {
+    for (auto left = d; left.count() > 0; left -= std::chrono::milliseconds(50)) {
+      if (raw->stopping) return false;
+      std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(50)));
+    }
+    return !raw->stopping.load();
+  };
+  dopt.max_retry = std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
+  p->driver.emplace(p->core, *p->node, p->hypervisor, std::move(dopt), sink);
+  p->hypervisor->watch([raw] { raw->driver->workloads_event(); });
+
+  p->peers = std::make_shared<AdminPeers>(cfg.admin);
+  const auto gid = p->peers->resolve();  // at start, before serving: NSS may block here
+  if (!gid && !cfg.admin.allowed_group.empty()) {
+    p->say(LogLevel::info, fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only", cfg.admin.allowed_group));
+  }
+  p->server.emplace(p->net, http::Limits{}, [raw](http::Request q, http::Reply reply) {
+    asio::post(raw->core, [raw, q = std::move(q), reply = std::move(reply)]() mutable {
+      raw->driver->submit(to_api(std::move(q)), [reply = std::move(reply)](service::ApiResponse r) {
+        reply(http::Response{r.status, std::move(r.headers), std::move(r.body)});
+      });
+    });
+  }, [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); });
+  if (auto l = p->server->listen_tls(cfg.api.listen, *tls); !l) return std::unexpected(l.error());
+  auto peers = p->peers;
+  if (auto l = p->server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); }); !l) {
+    return std::unexpected(l.error());
+  }
+
+  p->core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
+  asio::post(p->core, [raw] {
+    raw->arm_terms();
+    raw->arm_rescan();
+    raw->driver->refresh();  // finishes terminations an earlier run left pending
+  });
+  p->core_thread = std::thread([raw] { run_guarded(raw->core, raw->log, "core"); });
+  return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
+}
+
+int Daemon::run(bool signals) {
+  auto& p = *p_;
+  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}", p.opt.version, p.cfg.node.id, p.cfg.api.listen,
+                                    p.cfg.admin.socket));
+  sd_notify("READY=1");
+  if (auto interval = sd_watchdog_interval()) p.arm_watchdog(*interval);
+  if (signals) {
+    p.signals.add(SIGTERM);
+    p.signals.add(SIGINT);
+    p.signals.add(SIGHUP);
+    p.wait_signal();
+  }
+  run_guarded(p.net, p.log, "network");  // a stop() before run() has queued the drain that ends it
+  p.join_threads();
+  p.say(LogLevel::info, "stopped");
+  return 0;
+}
+
+void Daemon::stop() { p_->stop(); }
+
+void Daemon::reload() {
+  asio::post(p_->slow, [p = p_.get()] {
+    try {
+      p->reload_now();
+    } catch (const std::exception& e) {
+      p->say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
+    }
+  });
+}
+
+bool Daemon::reload_now() { return p_->reload_now(); }
+
+void Daemon::submit(service::ApiRequest request, Respond respond) {
+  asio::post(p_->core, [p = p_.get(), request = std::move(request), respond = std::move(respond)]() mutable {
+    p->driver->submit(std::move(request), std::move(respond));
+  });
+}
+
+std::uint16_t Daemon::tls_port() const { return p_->server->tls_port(); }
+
+}  // namespace gpunode::daemon

@@ -1,0 +1,255 @@
+#include "gpunode/daemon/driver.hpp"
+
+#include <exception>
+#include <utility>
+#include <variant>
+
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+
+namespace gpunode::daemon {
+namespace asio = boost::asio;
+using service::ApiRequest;
+using service::ApiResponse;
+using service::LogLevel;
+
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+
+ApiResponse internal_error() { return service::problem(500, "internal", "the request could not be handled"); }
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// Hypervisor calls never throw by contract; if one does anyway it is the hypervisor failing.
+std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list_safely(vmctl::Hypervisor& hv) {
+  try {
+    return hv.list();
+  } catch (...) {
+    return std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "listing threw: " + what_of(std::current_exception())});
+  }
+}
+
+}  // namespace
+
+// The one answer a request gets: later calls are dropped (and would be a bug, said in the log).
+struct Driver::Answer {
+  Respond respond;
+  bool done = false;
+  void operator()(ApiResponse r, const Driver& d) {
+    if (done) {
+      d.say(LogLevel::error, "internal: a request was answered twice; the second answer was dropped");
+      return;
+    }
+    done = true;
+    if (respond) respond(std::move(r));
+  }
+};
+
+struct Driver::Parked {
+  ApiRequest request;
+  std::shared_ptr<Answer> answer;
+  asio::steady_timer timer;
+  Parked(ApiRequest q, std::shared_ptr<Answer> a, asio::io_context& io) : request(std::move(q)), answer(std::move(a)), timer(io) {}
+};
+
+Driver::Driver(asio::io_context& core, service::NodeService& node, std::shared_ptr<vmctl::Hypervisor> hypervisor, Options options,
+               service::LogSink log)
+    : core_(core),
+      node_(node),
+      hypervisor_(std::move(hypervisor)),
+      opt_(std::move(options)),
+      log_(std::move(log)),
+      announced_(node.revision()),
+      retry_timer_(core),
+      event_timer_(core) {
+  node_.set_has_hypervisor(hypervisor_ != nullptr);
+}
+
+Driver::~Driver() = default;
+
+void Driver::say(LogLevel level, const std::string& text) const {
+  if (log_) log_(level, text);
+}
+
+void Driver::submit(ApiRequest request, Respond respond) {
+  dispatch(std::move(request), std::make_shared<Answer>(Answer{std::move(respond)}));
+  changed();
+}
+
+void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
+  service::Outcome out;
+  try {
+    out = node_.handle(request);
+  } catch (...) {
+    say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id, request.method, request.path,
+                                     what_of(std::current_exception())));
+    (*answer)(internal_error(), *this);
+    return;
+  }
+  std::visit(Overloaded{
+                 [&](ApiResponse& r) { (*answer)(std::move(r), *this); },
+                 [&](service::NeedsWorkloads&) {
+                   if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
+                     say(LogLevel::error, fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
+                     (*answer)(internal_error(), *this);
+                     return;
+                   }
+                   list_then_dispatch(std::move(request), std::move(answer));
+                 },
+                 [&](service::RunBatch& b) { run_batch(std::move(b.work), std::move(answer)); },
+                 [&](service::Park& p) { park(std::move(request), std::move(answer), p.deadline); },
+             },
+             out);
+}
+
+void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
+  ++outstanding_;
+  asio::post(opt_.lists, [this, request = std::move(request), answer = std::move(answer)]() mutable {
+    auto listing = std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
+    asio::post(core_, [this, request = std::move(request), answer = std::move(answer), listing = std::move(listing)]() mutable {
+      --outstanding_;
+      request.workloads = std::move(listing);
+      dispatch(std::move(request), std::move(answer));
+      changed();
+    });
+  });
+}
+
+void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
+  ++outstanding_;
+  asio::post(opt_.terminations, [this, work = std::move(work), answer = std::move(answer)]() mutable {
+    std::vector<vmctl::TerminationOutcome> outcomes;
+    std::expected<std::vector<vmctl::Domain>, vmctl::VmError> after = std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
+    if (hypervisor_) {
+      try {
+        outcomes = vmctl::terminate_spot_all(*hypervisor_, work.jobs, opt_.sleeper);
+      } catch (...) {
+        // Nothing is known of these domains: they stay pending, finished by a later refresh.
+        const std::string why = "termination threw: " + what_of(std::current_exception());
+        outcomes.clear();
+        for (const auto& j : work.jobs) outcomes.push_back({j.domain.uuid, std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, why})});
+      }
+      after = list_safely(*hypervisor_);
+    }
+    asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after), answer = std::move(answer)]() mutable {
+      --outstanding_;
+      ApiResponse r;
+      try {
+        r = node_.finish(batch, std::move(outcomes), after);
+      } catch (...) {
+        say(LogLevel::error, fmt::format("internal error recording termination batch {}: {}", batch, what_of(std::current_exception())));
+        r = internal_error();
+      }
+      if (answer) (*answer)(std::move(r), *this);
+      changed();
+    });
+  });
+}
+
+void Driver::park(ApiRequest request, std::shared_ptr<Answer> answer, std::chrono::steady_clock::time_point deadline) {
+  if (stopping_) {  // answered now, as its wait had ended
+    request.wait_over = true;
+    dispatch(std::move(request), std::move(answer));
+    return;
+  }
+  if (parked_.size() >= opt_.max_parked) {
+    auto busy = service::problem(503, "too-many-waiters", fmt::format("{} long polls are waiting already; retry shortly", parked_.size()));
+    busy.headers.emplace_back("Retry-After", "1");
+    (*answer)(std::move(busy), *this);
+    return;
+  }
+  const std::uint64_t id = next_parked_++;
+  auto& p = *parked_.emplace(id, std::make_unique<Parked>(std::move(request), std::move(answer), core_)).first->second;
+  p.timer.expires_at(deadline);
+  // Whether it fired or was cancelled, the poll is answered here only if it is still parked: a
+  // change that woke it took it out of parked_ first, so it is never answered twice.
+  p.timer.async_wait([this, id](const boost::system::error_code&) {
+    auto it = parked_.find(id);
+    if (it == parked_.end()) return;
+    auto mine = std::move(it->second);
+    parked_.erase(it);
+    mine->request.wait_over = true;
+    dispatch(std::move(mine->request), std::move(mine->answer));
+  });
+}
+
+void Driver::changed() {
+  const auto revision = node_.revision();
+  if (revision == announced_) return;
+  announced_ = revision;
+  auto woken = std::exchange(parked_, {});
+  for (auto& [id, p] : woken) {
+    p->timer.cancel();
+    dispatch(std::move(p->request), std::move(p->answer));  // answered now, or parked again (same deadline)
+  }
+}
+
+void Driver::refresh() {
+  if (!hypervisor_ || stopping_) return;
+  asio::post(opt_.lists, [this] {
+    auto list = list_safely(*hypervisor_);
+    asio::post(core_, [this, list = std::move(list)] {
+      if (!list) {
+        say(LogLevel::warning, "workload refresh: " + list.error().message);
+        after_refresh_failed();
+        return;
+      }
+      retry_delay_ = std::chrono::milliseconds(1000);
+      try {
+        if (auto w = node_.observe_workloads(*list)) run_batch(std::move(*w), nullptr);
+      } catch (...) {
+        say(LogLevel::error, "internal error in the workload refresh: " + what_of(std::current_exception()));
+      }
+      changed();
+    });
+  });
+}
+
+void Driver::after_refresh_failed() {
+  if (retry_armed_ || stopping_) return;
+  retry_armed_ = true;
+  retry_timer_.expires_after(retry_delay_);
+  retry_delay_ = std::min(retry_delay_ * 2, opt_.max_retry);
+  retry_timer_.async_wait([this](const boost::system::error_code& e) {
+    retry_armed_ = false;
+    if (!e && !stopping_) refresh();
+  });
+}
+
+void Driver::workloads_event() {
+  asio::post(core_, [this] {
+    if (event_armed_ || stopping_) return;
+    event_armed_ = true;
+    event_timer_.expires_after(opt_.event_delay);
+    event_timer_.async_wait([this](const boost::system::error_code& e) {
+      event_armed_ = false;
+      if (!e && !stopping_) refresh();
+    });
+  });
+}
+
+void Driver::stop() {
+  stopping_ = true;
+  retry_timer_.cancel();
+  event_timer_.cancel();
+  auto waiting = std::exchange(parked_, {});
+  for (auto& [id, p] : waiting) {
+    p->timer.cancel();
+    p->request.wait_over = true;
+    dispatch(std::move(p->request), std::move(p->answer));
+  }
+}
+
+}  // namespace gpunode::daemon

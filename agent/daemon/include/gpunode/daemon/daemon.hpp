@@ -1,0 +1,72 @@
+// gpunode/daemon/daemon.hpp: `gpunode-agent run` as an object (CONTRACT §1, §2, §4, §7).
+//
+// Threads, and what each owns:
+// - net (the thread that calls run()): the HTTPS listener and the admin socket (Beast), the
+//   signals, the watchdog. It never blocks: no fsync, no libvirt, no NSS, no file reads.
+// - core (one thread of its own): the NodeService (SQLite, discovery, the clock's terms) and the
+//   Driver (requests, parked long polls). A request is parsed on net, handled on core, answered
+//   back on net.
+// - lists (one thread): Hypervisor::list(), for requests and refreshes.
+// - terminations (four threads): batches of spot terminations, which wait out grace periods.
+// - slow (one thread): SIGHUP reloads (file reads) and the admin group's NSS lookups.
+// Each thread's handlers run inside an exception boundary: a throw is logged, and for a request
+// it is that request's 500, never the end of the process.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <string>
+
+#include "gpunode/daemon/driver.hpp"
+#include "gpunode/service/node_service.hpp"
+#include "gpunode/vmctl/vmctl.hpp"
+
+namespace gpunode::daemon {
+
+struct DaemonOptions {
+  std::string config_file;
+  std::string pci_ids_file;
+  std::string version;
+  // Tests: a hypervisor instead of libvirt at libvirt.uri, and a clock instead of the system's.
+  std::shared_ptr<vmctl::Hypervisor> hypervisor;
+  service::Clock clock;
+};
+
+class Daemon {
+ public:
+  // Loads and checks the config, locks the state directory, checks the host root, opens the state
+  // (applying the terms that passed while the agent was down), binds the HTTPS port and the admin
+  // socket and starts the core thread. An error says what and where; nothing is served then.
+  static std::expected<std::unique_ptr<Daemon>, std::string> start(DaemonOptions options);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Serves on the calling thread until stop() has drained the connections; SIGTERM and SIGINT
+  // call stop(), SIGHUP reload() when `signals` is set. Tells systemd READY=1, pets its watchdog
+  // while both the network and the core loops turn, and says STOPPING=1. Returns the exit code.
+  int run(bool signals = true);
+  // Any thread. Long polls are answered (304), running terminations stop waiting (the agent
+  // finishes them at its next start), connections drain for up to 10 s.
+  void stop();
+  // Any thread: re-reads the config on the slow thread (see reload_now).
+  void reload();
+  // Re-reads the config on the calling thread and applies what can change while running: TLS
+  // files, token keys, log level and format, unsellable units, the admin socket's uids and group.
+  // A key that needs a restart is a warning naming it; an invalid file keeps the running config.
+  // True when the reload applied.
+  bool reload_now();
+
+  // Any thread: one request as if it came from the network (tests).
+  void submit(service::ApiRequest request, Respond respond);
+  [[nodiscard]] std::uint16_t tls_port() const;
+
+  struct Parts;
+
+ private:
+  explicit Daemon(std::unique_ptr<Parts> parts);
+  std::unique_ptr<Parts> p_;
+};
+
+}  // namespace gpunode::daemon

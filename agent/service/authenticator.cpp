@@ -1,0 +1,58 @@
+#include "authenticator.hpp"
+
+#include <fmt/format.h>
+
+namespace gpunode::service {
+namespace {
+
+constexpr std::int64_t kLeewaySeconds = 60;
+
+ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
+  auto r = problem(401, "unauthenticated", detail);
+  r.headers.emplace_back("WWW-Authenticate", token_sent ? "Bearer error=\"invalid_token\"" : "Bearer");
+  return r;
+}
+
+}  // namespace
+
+std::expected<reservations::Caller, ApiResponse> Authenticator::authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
+                                                                              std::string& why) {
+  if (q.via == ApiRequest::Via::admin_socket) {
+    return reservations::Caller{fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"};
+  }
+  const std::string header(q.header("authorization").value_or(""));
+  const bool sent = !header.empty();
+  if (!verifier_) return std::unexpected(unauthenticated("no token keys are configured", sent));
+  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+  if (auto hit = cache_.find(header); hit != cache_.end()) {
+    const auto& cl = hit->second.claims;
+    if (secs <= cl.exp + kLeewaySeconds && (!cl.nbf || secs + kLeewaySeconds >= *cl.nbf)) {
+      order_.splice(order_.begin(), order_, hit->second.at);
+      return reservations::Caller{cl.sub, cl.org, cl.roles, "https"};
+    }
+    order_.erase(hit->second.at);
+    cache_.erase(hit);
+  }
+  auto claims = verifier_->verify(header, now);
+  if (!claims) {
+    why = fmt::format("{} ({})", auth::to_string(claims.error().why), claims.error().detail);
+    if (claims.error().why == auth::Rejection::missing && !sent) return std::unexpected(unauthenticated("a bearer token is required", false));
+    return std::unexpected(unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
+  }
+  if (capacity_ == 0) return reservations::Caller{claims->sub, claims->org, claims->roles, "https"};
+  while (cache_.size() >= capacity_) {  // the least recently used token goes, never the whole cache
+    cache_.erase(order_.back());
+    order_.pop_back();
+  }
+  order_.push_front(header);
+  auto& e = cache_.emplace(header, Entry{*claims, order_.begin()}).first->second;
+  return reservations::Caller{e.claims.sub, e.claims.org, e.claims.roles, "https"};
+}
+
+void Authenticator::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
+  verifier_ = std::move(verifier);
+  cache_.clear();
+  order_.clear();
+}
+
+}  // namespace gpunode::service

@@ -1,0 +1,50 @@
+// The authenticator: who a request comes from (CONTRACT §4 Authentication), private to
+// gpunode_service. On the admin socket the peer was admitted by the transport (SO_PEERCRED) and
+// acts as platform-admin; over HTTPS the bearer token is verified against auth.keys.
+//
+// A token whose signature was verified once is not verified again (an Ed25519 verify costs about
+// 100 µs): its claims are kept in a cache of at most `capacity` tokens, least recently used out
+// first, and its times are checked again on every use. The cache goes with the keys on reload.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <expected>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/reservations/rules.hpp"
+#include "gpunode/service/api.hpp"
+
+namespace gpunode::service {
+
+class Authenticator {
+ public:
+  static constexpr std::size_t kDefaultCapacity = 4096;
+  explicit Authenticator(std::shared_ptr<const auth::TokenVerifier> verifier, std::size_t capacity = kDefaultCapacity)
+      : verifier_(std::move(verifier)), capacity_(capacity) {}
+
+  // The caller, or the 401 to answer (WWW-Authenticate: `Bearer` when no token was sent, with
+  // error="invalid_token" when one was and it is refused; RFC 6750 §3.1). `why` receives the
+  // reason of a refusal, for the log.
+  std::expected<reservations::Caller, ApiResponse> authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
+                                                                std::string& why);
+  void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
+  [[nodiscard]] std::size_t cached() const { return cache_.size(); }
+
+ private:
+  using Order = std::list<std::string>;  // most recently used first
+  struct Entry {
+    auth::Claims claims;
+    Order::iterator at;
+  };
+  std::shared_ptr<const auth::TokenVerifier> verifier_;
+  std::size_t capacity_;
+  Order order_;
+  std::unordered_map<std::string, Entry> cache_;
+};
+
+}  // namespace gpunode::service

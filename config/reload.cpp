@@ -1,0 +1,26 @@
+// What a SIGHUP cannot change (CONTRACT §2).
+#include "gpunode/config/config.hpp"
+
+namespace gpunode::config {
+
+std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) {
+  std::vector<std::string> out;
+  auto check = [&](bool same, const char* key) {
+    if (!same) out.emplace_back(key);
+  };
+  check(a.node.id == b.node.id, "node.id");
+  check(a.node.owner_org == b.node.owner_org, "node.owner_org");
+  check(a.discovery.host_root == b.discovery.host_root, "discovery.host_root");
+  check(a.discovery.gpu_vendors == b.discovery.gpu_vendors, "discovery.gpu_vendors");
+  check(a.discovery.reservable_classes == b.discovery.reservable_classes, "discovery.reservable_classes");
+  check(a.discovery.rescan_interval == b.discovery.rescan_interval, "discovery.rescan_interval");
+  check(a.api.listen == b.api.listen, "api.listen");
+  check(a.admin.socket == b.admin.socket, "admin.socket");
+  check(a.libvirt.uri == b.libvirt.uri, "libvirt.uri");
+  check(a.libvirt.shutdown_grace == b.libvirt.shutdown_grace, "libvirt.shutdown_grace");
+  check(a.central.url == b.central.url, "central.url");
+  check(a.state.dir == b.state.dir, "state.dir");
+  return out;
+}
+
+}  // namespace gpunode::config

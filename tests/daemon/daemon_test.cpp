@@ -1,0 +1,441 @@
+// The daemon in process (gpunode::daemon::Daemon) with the fake hypervisor: start and what stops it
+// from starting, requests, parked long polls (answered exactly once, at their own deadline, also
+// while changes land), terms by the clock, SIGHUP, SIGTERM with parked polls and running
+// terminations, the admin socket's mode and group.
+#include <doctest/doctest.h>
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include "gpunode/daemon/daemon.hpp"
+#include "gpunode/reservations/model.hpp"
+#include "gpunode/vmctl/fake_hypervisor.hpp"
+#include "jwt_signer.hpp"
+#include "sysfs_tree.hpp"
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+using gpunode::daemon::Daemon;
+using gpunode::service::ApiRequest;
+using gpunode::service::ApiResponse;
+using gpunode::vmctl::Domain;
+using gpunode::vmctl::Tier;
+using gpunode::vmctl::WorkloadLabel;
+using std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kNode = "node-d";
+constexpr const char* kOwner = "org-owner";
+constexpr const char* kIssuer = "https://central.test";
+constexpr const char* U1 = "u-0000-41-00-0";
+constexpr const char* U2 = "u-0000-42-00-0";
+
+std::string iso(std::chrono::system_clock::time_point t) {
+  return gpunode::reservations::format_time(std::chrono::time_point_cast<std::chrono::seconds>(t));
+}
+
+Domain spot_vm(const std::string& name, const std::string& uuid, const std::string& address) {
+  Domain d;
+  d.name = name;
+  d.uuid = uuid;
+  d.state = "running";
+  d.pci_addresses = {address};
+  d.label = WorkloadLabel{"vm-" + name, "org-b", Tier::spot};
+  return d;
+}
+
+// A TCP port nobody listens on now (api.listen takes no port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A host with two GPU units, a config in a temp dir, a self-signed TLS pair and a token key.
+class Node {
+ public:
+  explicit Node(std::string extra_admin = "") : key_(gpunode::auth::testing::KeyKind::ed25519) {
+    tree_.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 1);
+    tree_.add("0000:42:00.0", "10de", "2330", "030200", "vfio-pci", 2);
+    dir_ = tree_.root() / "agent";
+    fs::create_directories(dir_);
+    const std::string openssl = fmt::format(
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout {0}/tls.key -out {0}/tls.crt -days 2 "
+        "-subj /CN=localhost >/dev/null 2>&1",
+        dir_.string());
+    REQUIRE(std::system(openssl.c_str()) == 0);
+    std::ofstream(dir_ / "key.pub") << key_.public_pem();
+    listen_ = fmt::format("127.0.0.1:{}", free_port());
+    write_config(extra_admin, listen_);
+  }
+  ~Node() {
+    if (daemon_) stop();
+  }
+
+  void write_config(const std::string& extra_admin, const std::string& listen, const std::string& unsellable = "[]") {
+    std::ofstream(dir_ / "agent.yaml.tmp") << fmt::format(R"(node:
+  id: {node}
+  owner_org: {owner}
+  unsellable_units: {unsellable}
+discovery:
+  host_root: {root}
+api:
+  listen: "{listen}"
+  tls: {{cert: {dir}/tls.crt, key: {dir}/tls.key}}
+auth:
+  issuer: {issuer}
+  keys: [{dir}/key.pub]
+admin:
+  socket: {dir}/run/admin.sock
+  allowed_uids: [{uid}]{extra}
+libvirt:
+  uri: test:///default
+state:
+  dir: {dir}/state
+log:
+  level: error
+)",
+                                                          fmt::arg("node", kNode), fmt::arg("owner", kOwner), fmt::arg("root", tree_.root().string()),
+                                                          fmt::arg("dir", dir_.string()), fmt::arg("issuer", kIssuer), fmt::arg("uid", ::getuid()),
+                                                          fmt::arg("extra", extra_admin), fmt::arg("listen", listen), fmt::arg("unsellable", unsellable));
+    fs::rename(dir_ / "agent.yaml.tmp", dir_ / "agent.yaml");
+  }
+
+  std::expected<std::unique_ptr<Daemon>, std::string> make() {
+    return Daemon::start({(dir_ / "agent.yaml").string(), "/nonexistent/pci.ids", "test", hv_, nullptr});
+  }
+  void start() {
+    auto d = make();
+    REQUIRE_MESSAGE(d, (d ? "" : d.error()));
+    daemon_ = std::move(*d);
+    net_ = std::thread([this] { exit_code_ = daemon_->run(false); });
+    // The first workload refresh moves the revision once; tests start from a settled one.
+    for (auto last = revision();; ) {
+      std::this_thread::sleep_for(100ms);
+      const auto now = revision();
+      if (now == last) break;
+      last = now;
+    }
+  }
+  void stop() {
+    daemon_->stop();
+    net_.join();
+    daemon_.reset();
+  }
+
+  std::string token(std::optional<std::string> org, std::vector<std::string> roles = {}) {
+    const auto exp = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count() + 600;
+    json::object claims{{"iss", kIssuer}, {"aud", "gpunode"}, {"sub", "user@" + org.value_or("platform")}, {"exp", exp}};
+    if (org) claims["org"] = *org;
+    if (!roles.empty()) claims["roles"] = json::value_from(roles);
+    return gpunode::auth::testing::mint(key_, R"({"alg":"EdDSA","typ":"JWT"})", json::serialize(claims));
+  }
+  std::string admin() { return token("org-platform", {"platform-admin"}); }
+
+  static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok, const std::string& body = "") {
+    ApiRequest q;
+    q.method = method;
+    const auto qm = target.find('?');
+    q.path = target.substr(0, qm);
+    q.query = qm == std::string::npos ? "" : target.substr(qm + 1);
+    q.body = body;
+    q.request_id = "req-daemon-test";
+    if (!tok.empty()) q.headers.emplace_back("authorization", "Bearer " + tok);
+    if (!body.empty()) q.headers.emplace_back("content-type", "application/json");
+    return q;
+  }
+  // Submits a request; the future is its one answer.
+  std::future<ApiResponse> submit(ApiRequest q) {
+    auto promise = std::make_shared<std::promise<ApiResponse>>();
+    auto f = promise->get_future();
+    daemon_->submit(std::move(q), [promise](ApiResponse r) { promise->set_value(std::move(r)); });
+    return f;
+  }
+  ApiResponse call(const std::string& method, const std::string& target, const std::string& tok, const std::string& body = "") {
+    auto f = submit(request(method, target, tok, body));
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    return f.get();
+  }
+  static std::string path(const std::string& rest) { return std::string("/v1/nodes/") + kNode + rest; }
+  static json::value body(const ApiResponse& r) {
+    boost::system::error_code ec;
+    auto v = json::parse(r.body, ec);
+    return ec ? json::value(nullptr) : v;
+  }
+  std::int64_t revision() { return body(call("GET", path("/state"), admin())).at("revision").as_int64(); }
+  std::string create(const std::string& unit, const std::string& starts = "", const std::string& ends = "") {
+    json::object b{{"unitIds", json::array{json::value(unit)}}, {"audienceOrgIds", json::array{"org-a"}},
+                   {"endsAt", ends.empty() ? iso(std::chrono::system_clock::now() + 24h) : ends}};
+    if (!starts.empty()) b["startsAt"] = starts;
+    auto r = call("POST", path("/reservations"), admin(), json::serialize(b));
+    REQUIRE_MESSAGE(r.status == 201, r.body);
+    return std::string(body(r).at("id").as_string());
+  }
+
+  gpunode::testing::Tree tree_;
+  gpunode::auth::testing::TestKey key_;
+  fs::path dir_;
+  std::string listen_;
+  std::shared_ptr<gpunode::vmctl::FakeHypervisor> hv_ = std::make_shared<gpunode::vmctl::FakeHypervisor>();
+  std::unique_ptr<Daemon> daemon_;
+  std::thread net_;
+  int exit_code_ = -1;
+};
+
+// One HTTP/1.1 request over the admin socket; the raw response.
+std::string over_admin_socket(const fs::path& socket, const std::string& target) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", target);
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("daemon: serves requests in process and on the admin socket, made 0660 in a 0750 directory") {
+  Node n;
+  n.start();
+  auto health = n.call("GET", "/healthz", "");
+  CHECK(health.status == 200);
+  CHECK(n.call("GET", Node::path("/units"), n.admin()).status == 200);
+  const auto sock = n.dir_ / "run/admin.sock";
+  struct stat st{};
+  REQUIRE(::stat(sock.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+  REQUIRE(::stat(sock.parent_path().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0750);
+  const auto raw = over_admin_socket(sock, Node::path("/units"));
+  CHECK(raw.starts_with("HTTP/1.1 200"));
+  CHECK(raw.find(U1) != std::string::npos);
+}
+
+TEST_CASE("daemon: the admin socket's group is admin.allowed_group when it exists") {
+  // The test's own primary group stands for the admin group.
+  group* g = ::getgrgid(::getgid());
+  REQUIRE(g != nullptr);
+  Node n(fmt::format("\n  allowed_group: {}", g->gr_name));
+  n.start();
+  struct stat st{};
+  REQUIRE(::stat((n.dir_ / "run/admin.sock").c_str(), &st) == 0);
+  CHECK(st.st_gid == ::getgid());
+  CHECK((st.st_mode & 0777) == 0660);
+}
+
+TEST_CASE("daemon: a second agent on the same state directory refuses to start, naming it and the holder") {
+  Node n;
+  n.start();
+  auto second = n.make();
+  REQUIRE_FALSE(second);
+  CHECK(second.error().find((n.dir_ / "state").string()) != std::string::npos);
+  CHECK(second.error().find(fmt::format("pid {}", ::getpid())) != std::string::npos);
+  CHECK(n.call("GET", "/healthz", "").status == 200);  // the first one is untouched
+}
+
+TEST_CASE("daemon: a host root without sys/bus/pci refuses to start and marks nothing absent") {
+  Node n;
+  n.start();
+  n.create(U1);
+  n.stop();
+  fs::rename(n.tree_.root() / "sys", n.tree_.root() / "sys.moved");
+  auto refused = n.make();
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().find((n.tree_.root() / "sys/bus/pci").string()) != std::string::npos);
+  fs::rename(n.tree_.root() / "sys.moved", n.tree_.root() / "sys");
+  n.start();
+  auto units = Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array();
+  REQUIRE(units.size() == 2);
+  for (const auto& u : units) CHECK(u.at("reservable") == true);  // nothing became absent
+}
+
+TEST_CASE("daemon: a long poll is answered 304 at its own deadline, and at once by a change") {
+  Node n;
+  n.start();
+  const auto rev = n.revision();
+  auto t0 = steady_clock::now();
+  auto poll = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=1500ms", rev)), n.admin()));
+  REQUIRE(poll.wait_for(5s) == std::future_status::ready);
+  const auto took = steady_clock::now() - t0;
+  auto r = poll.get();
+  CHECK(r.status == 304);
+  CHECK(took >= 1500ms);
+  CHECK(took < 3s);
+
+  t0 = steady_clock::now();
+  auto woken = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=60s", rev)), n.admin()));
+  std::this_thread::sleep_for(200ms);
+  CHECK(woken.wait_for(0s) == std::future_status::timeout);
+  n.create(U1);
+  REQUIRE(woken.wait_for(5s) == std::future_status::ready);
+  auto w = woken.get();
+  CHECK(w.status == 200);
+  CHECK(Node::body(w).at("revision").as_int64() > rev);
+}
+
+TEST_CASE("daemon: many parked polls whose waits end while changes land are each answered exactly once") {
+  Node n;
+  n.start();
+  const auto rev = n.revision();
+  constexpr int kPolls = 300;
+  std::mutex mu;
+  std::map<int, int> answers;
+  std::map<int, unsigned> statuses;
+  std::atomic<int> done = 0;
+  std::mt19937 rng(7);
+  for (int i = 0; i < kPolls; ++i) {
+    // Half wait for a revision far ahead (they end at their wait, re-parked by every change), half
+    // for the next one (a change answers them); their deadlines spread over the changes.
+    const auto after = i % 2 == 0 ? rev + 1000000 : rev;
+    const int wait_ms = 20 + static_cast<int>(rng() % 600);
+    auto q = Node::request("GET", Node::path(fmt::format("/state?after={}&wait={}ms", after, wait_ms)), n.admin());
+    n.daemon_->submit(std::move(q), [&, i](ApiResponse r) {
+      std::lock_guard lock{mu};
+      answers[i] += 1;
+      statuses[i] = r.status;
+      ++done;
+    });
+  }
+  // Changes land while the waits end: creates and ends, each a new revision.
+  for (int k = 0; k < 20; ++k) {
+    const auto id = n.create(k % 2 == 0 ? U1 : U2);
+    CHECK(n.call("POST", Node::path("/reservations/" + id + "/end"), n.admin(), "{}").status == 200);
+    std::this_thread::sleep_for(10ms);
+  }
+  const auto deadline = steady_clock::now() + 10s;
+  while (done.load() < kPolls && steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(200ms);  // a second answer would have come by now
+  std::lock_guard lock{mu};
+  REQUIRE(answers.size() == kPolls);
+  int woken = 0;
+  for (const auto& [i, count] : answers) {
+    CAPTURE(i);
+    CHECK(count == 1);
+    if (i % 2 == 0) CHECK(statuses[i] == 304U);  // its revision never comes: answered at its wait
+    else CHECK((statuses[i] == 200U || statuses[i] == 304U));  // a change, or its wait ended first
+    woken += statuses[i] == 200U ? 1 : 0;
+  }
+  CHECK(woken > kPolls / 4);  // most of those waiting for the next revision saw it
+}
+
+TEST_CASE("daemon: terms start and end by the clock without a request") {
+  Node n;
+  n.start();
+  const auto now = std::chrono::system_clock::now();
+  const auto id = n.create(U1, iso(now + 1s), iso(now + 2s));
+  auto state_of = [&] { return std::string(Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()); };
+  CHECK(state_of() == "scheduled");
+  const auto deadline = steady_clock::now() + 5s;
+  while (state_of() != "ended" && steady_clock::now() < deadline) std::this_thread::sleep_for(100ms);
+  CHECK(state_of() == "ended");
+  auto audit = Node::body(n.call("GET", Node::path("/audit"), n.admin())).at("records").as_array();
+  std::vector<std::string> actions;
+  for (const auto& r : audit) actions.emplace_back(r.at("action").as_string());
+  CHECK(std::count(actions.begin(), actions.end(), "reservation.activate") == 1);
+  CHECK(std::count(actions.begin(), actions.end(), "reservation.expire") == 1);
+}
+
+TEST_CASE("daemon: SIGHUP applies what it can, names the keys that need a restart, keeps the config when the file is invalid") {
+  Node n;
+  n.start();
+  CHECK(Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array()[0].at("sellable") == true);
+  n.write_config("", "127.0.0.1:1", fmt::format("[{}]", U1));  // api.listen needs a restart; unsellable applies
+  CHECK(n.daemon_->reload_now());
+  auto units = Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array();
+  CHECK(units[0].at("id") == U1);
+  CHECK(units[0].at("sellable") == false);
+  CHECK(n.call("GET", "/healthz", "").status == 200);  // still serving where it was
+  std::ofstream(n.dir_ / "agent.yaml") << "node: [\n";
+  CHECK_FALSE(n.daemon_->reload_now());
+  CHECK(n.call("GET", Node::path("/units"), n.admin()).status == 200);
+}
+
+TEST_CASE("daemon: SIGTERM answers parked polls and running terminations, then stops") {
+  Node n;
+  n.hv_->domains = {spot_vm("s1", "uuid-s1", "0000:41:00.0")};
+  n.hv_->ignore_shutdown.insert("uuid-s1");  // a guest that ignores ACPI: the grace runs out
+  n.start();
+  const auto rev = n.revision();
+  auto poll = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=120s", rev + 1000)), n.admin()));
+  auto term = n.submit(Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
+  std::this_thread::sleep_for(300ms);  // the termination is waiting out its grace
+  CHECK(term.wait_for(0s) == std::future_status::timeout);
+  const auto t0 = steady_clock::now();
+  n.daemon_->stop();
+  REQUIRE(poll.wait_for(5s) == std::future_status::ready);
+  REQUIRE(term.wait_for(5s) == std::future_status::ready);
+  CHECK(poll.get().status == 304);
+  auto t = term.get();
+  CHECK(t.status == 503);  // cut short: nothing is recorded as terminated that was not
+  n.net_.join();
+  CHECK(steady_clock::now() - t0 < 5s);
+  CHECK(n.exit_code_ == 0);
+  n.daemon_.reset();
+  {
+    std::lock_guard lock{n.hv_->mu};
+    CHECK(n.hv_->find("uuid-s1")->state == "running");
+    n.hv_->ignore_shutdown.clear();
+  }
+  // The next start finishes it, as the agent.
+  n.start();
+  const auto deadline = steady_clock::now() + 5s;
+  auto stopped = [&] {
+    std::lock_guard lock{n.hv_->mu};
+    return n.hv_->find("uuid-s1")->state == "shutoff";
+  };
+  while (!stopped() && steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  CHECK(stopped());
+}
+
+TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grace, not cut short") {
+  Node n;
+  n.hv_->domains = {spot_vm("s1", "uuid-s1", "0000:41:00.0")};
+  n.hv_->ignore_shutdown.insert("uuid-s1");
+  n.start();
+  // 60 s of grace: twice the generic timeout the daemon used to cut requests off at (30 s).
+  const auto t0 = steady_clock::now();
+  auto term = n.submit(Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
+  REQUIRE(term.wait_for(75s) == std::future_status::ready);
+  const auto took = steady_clock::now() - t0;
+  auto r = term.get();
+  CHECK(r.status == 200);
+  CHECK(took >= 60s);
+  auto terminated = Node::body(r).at("terminated").as_array();
+  REQUIRE(terminated.size() == 1);
+  CHECK(terminated[0].at("vmId") == "vm-s1");
+}
