@@ -4,7 +4,7 @@ PRESET ?= release
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan demo bench clean format
+.PHONY: all deps build test test-asan test-tsan demo bench clean format
 
 all: build
 
@@ -22,6 +22,10 @@ test: build
 
 test-asan:
 	$(MAKE) test PRESET=asan
+
+# ThreadSanitizer over the unit tests and the in-process daemon tests (label `unit`).
+test-tsan:
+	$(MAKE) test PRESET=tsan
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)/gpunode-agent

@@ -201,6 +201,8 @@ struct NodeService::Impl {
   static std::string caller_key(const Caller& c);
   std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft);
   ApiResponse commit_response(Change& c, ApiResponse resp);
+  void purge_idempotency();
+  r::Time last_purge{};
 
   // ---- reservation_routes.cpp --------------------------------------------------------------------
   Outcome route(const ApiRequest& q);

@@ -200,7 +200,11 @@ std::expected<void, std::string> NodeService::Impl::commit(Change& c) {
       const auto& i = *c.idempotency;
       json::array headers;
       for (const auto& [k, v] : i.response.headers) headers.emplace_back(json::array{json::value(k), json::value(v)});
-      auto st = cached("INSERT OR REPLACE INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+      // The first answer stays for its 24 hours; only an expired row is replaced.
+      auto st = cached(
+          "INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+          "ON CONFLICT(caller, key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status, headers = excluded.headers, "
+          "body = excluded.body, created_at = excluded.created_at WHERE idempotency.created_at <= excluded.created_at - 86400");
       if (!st) return std::unexpected(st.error());
       if (auto b = (*st)->bind_all(i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
                                 json::serialize(headers), i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
@@ -410,6 +414,14 @@ std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest
   if (key->empty() || key->size() > 256) return problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters", {{"Idempotency-Key", "must be 1 to 256 characters"}});
   auto fp = store::sha256_hex(q.method + " " + q.path + "\n" + q.body);
   IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
+  // A call with this key still running (terminations waiting out their grace): its answer is not
+  // stored yet, and a second call must neither start again nor overwrite it.
+  for (const auto& [id, b] : batches) {
+    if (b.idempotency && b.idempotency->caller == d.caller && b.idempotency->key == d.key) {
+      return with_header(problem(409, "idempotency-key-in-use", "a request with this Idempotency-Key is still running; retry to get its answer"),
+                         "Retry-After", "1");
+    }
+  }
   auto st = db.prepare("SELECT fingerprint, status, headers, body, created_at FROM idempotency WHERE caller = ?1 AND key = ?2");
   if (st && st->bind_all(d.caller, d.key) && st->step().value_or(store::Statement::Step::done) == store::Statement::Step::row) {
     const std::int64_t created = st->column_int64(4);
@@ -435,6 +447,19 @@ std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest
   }
   draft = std::move(d);
   return std::nullopt;
+}
+
+// Idempotency rows are kept 24 h (CONTRACT §4 Conventions), then deleted: at most once a minute,
+// from the clock's tick.
+void NodeService::Impl::purge_idempotency() {
+  const auto t = now();
+  if (t - last_purge < std::chrono::minutes(1)) return;
+  last_purge = t;
+  auto st = cached("DELETE FROM idempotency WHERE created_at < ?1");
+  if (!st) return;
+  const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindowSeconds;
+  if (auto b = (*st)->bind_all(cutoff); !b) return;
+  if (auto run = (*st)->run(); !run) say(LogLevel::warning, "idempotency retention: " + run.error().message);
 }
 
 ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
@@ -478,7 +503,10 @@ Outcome NodeService::handle(const ApiRequest& request) {
   return out;
 }
 
-std::optional<reservations::Time> NodeService::tick() { return impl_->apply_terms(); }
+std::optional<reservations::Time> NodeService::tick() {
+  impl_->purge_idempotency();
+  return impl_->apply_terms();
+}
 void NodeService::rescan() { impl_->scan(false); }
 void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {

@@ -87,6 +87,22 @@ def main(c, agent):
                     sum("WATCHDOG=1" in m for m in got) >= 3, got)
 
             admin = lab.admin()
+            # The scheduler's long polls with the default wait (30 s) and the longest (120 s), for a
+            # revision that never comes: 304 at their own deadline, never cut short by a generic
+            # timeout, re-parked by every change the rest of this test makes (CONTRACT §7).
+            polls = {}
+
+            def long_poll(name, query):
+                t0 = time.time()
+                try:
+                    r = lab.get(lab.npath(f"/state?after=1000000000{query}"), admin, timeout=150)
+                    polls[name] = (r.status, time.time() - t0)
+                except Exception as e:  # noqa: BLE001 - reported as the check's value
+                    polls[name] = (repr(e), time.time() - t0)
+            pollers = [threading.Thread(target=long_poll, args=("default", "")),
+                       threading.Thread(target=long_poll, args=("120s", "&wait=120s"))]
+            for t in pollers:
+                t.start()
             r = lab.create(admin, unitIds=[GONE], audienceOrgIds=["org-aud"], endsAt=L.rfc3339(time.time() + 86400))
             c.status("create a reservation on the unit that will disappear", r, 201)
             rid = r.json.get("id") if isinstance(r.json, dict) else None
@@ -118,6 +134,13 @@ def main(c, agent):
             c.eq("...changes nothing", lab.call("GET", "/healthz", unix=True).json.get("revision"), after)
             c.status("rescan over HTTPS is not a route", lab.call("POST", "/v1/admin/rescan", admin), 404)
             state_long_poll(c, lab)
+
+            for t in pollers:
+                t.join(160)
+            st, took = polls.get("default", (None, 0))
+            c.check("long poll, default wait: 304 after 30 s", st == 304 and 29.5 <= took < 33, (st, round(took, 2)))
+            st, took = polls.get("120s", (None, 0))
+            c.check("long poll, wait=120s: 304 after 120 s", st == 304 and 119.5 <= took < 123, (st, round(took, 2)))
 
             ns.settimeout(0.1)
             while True:  # drain

@@ -996,3 +996,94 @@ TEST_CASE("a request that needs workloads asks for them and changes nothing unti
   REQUIRE(std::holds_alternative<ApiResponse>(failed));
   CHECK(code_of(std::get<ApiResponse>(failed)) == "hypervisor-unavailable");
 }
+
+TEST_CASE("Idempotency-Key: a retry while the first call still runs is 409, never a second call; rows go after 24 h") {
+  Lab lab;
+  lab.hypervisor_->domains = two_spot_vms();
+  const auto owner = lab.token(kOwner);
+  auto q = Lab::request("POST", Lab::path("/terminate-spot"), owner, R"({"gracePeriodSeconds":60})");
+  q.headers.emplace_back("idempotency-key", "k-run");
+  auto first = lab.handle_listed(q);  // written ahead, waiting out its grace
+  REQUIRE(std::holds_alternative<RunBatch>(first));
+  auto retry = lab.call_request(q);
+  CHECK(retry.status == 409);
+  CHECK(code_of(retry) == "idempotency-key-in-use");
+  CHECK(retry.header("Retry-After") == "1");
+  const auto& w = std::get<RunBatch>(first).work;
+  auto out = lab.service_->finish(w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
+                                  lab.hypervisor_->list());
+  REQUIRE(out.status == 200);
+  auto replay = lab.call_request(q);  // now the first answer, replayed
+  CHECK(replay.body == out.body);
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+
+  auto rows = [&] {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    auto st = db->prepare("SELECT count(*) FROM idempotency");
+    REQUIRE(st);
+    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row);
+    return st->column_int64(0);
+  };
+  CHECK(rows() == 1);
+  lab.now_ += std::chrono::hours(23);
+  lab.service_->tick();
+  CHECK(rows() == 1);
+  lab.now_ += std::chrono::hours(2);
+  lab.service_->tick();
+  CHECK(rows() == 0);
+}
+
+TEST_CASE("units: an org that is only audience gets 404, byte for byte an unseen node's") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  lab.create(admin, {"u-0000-41-00-0"}, {"org-aud"}, {});
+  auto aud = lab.call("GET", Lab::path("/units"), lab.token("org-aud"));
+  auto unseen = lab.call("GET", "/v1/nodes/other-node/units", lab.token("org-aud"));
+  CHECK(aud.status == 404);
+  CHECK(aud.body == unseen.body);
+  CHECK(lab.call("GET", Lab::path("/reservations"), lab.token("org-aud")).status == 200);  // it still sees the node
+}
+
+TEST_CASE("bodies: lengths count characters; JSON errors say where; pageToken is checked; endsAt without startsAt") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  std::string note;
+  for (int i = 0; i < 600; ++i) note += "\xC3\xA9";  // 600 characters, 1,200 bytes
+  auto ok = lab.call("POST", Lab::path("/reservations"), admin,
+                     fmt::format(R"({{"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"{}","note":"{}"}})", iso(lab.now_ + std::chrono::hours(1)), note));
+  CHECK_MESSAGE(ok.status == 201, ok.body);
+  auto dup = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z","endsAt":"2098-01-01T00:00:00Z"})");
+  CHECK(dup.status == 400);
+  const auto detail = std::string(Lab::body(dup).at("detail").as_string());
+  CHECK(detail.find("line 1, column") != std::string::npos);
+  CHECK(detail.find("repeated") != std::string::npos);
+  auto past = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2001-01-01T00:00:00Z"})");
+  CHECK(past.status == 400);
+  CHECK(past.body.find("after startsAt") == std::string::npos);
+  CHECK(past.body.find("in the future") != std::string::npos);
+  CHECK(lab.call("GET", Lab::path("/reservations?pageToken=garbage"), admin).status == 400);
+  CHECK(lab.call("GET", Lab::path("/audit?pageToken=garbage"), admin).status == 400);
+  auto none = lab.call("GET", Lab::path("/units"), "");
+  CHECK(none.status == 401);
+  CHECK(none.header("WWW-Authenticate") == "Bearer");
+  auto bad = lab.call("GET", Lab::path("/units"), "not-a-token");
+  CHECK(bad.header("WWW-Authenticate") == "Bearer error=\"invalid_token\"");
+}
+
+TEST_CASE("a damaged stored unit is read without throwing: an absent unit without reasons is still refused") {
+  Lab lab;
+  {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    auto st = db->prepare("INSERT INTO units (id, doc, absent) VALUES ('u-0000-99-00-0', '{\"id\":\"u-0000-99-00-0\",\"notReservableReasons\":7}', 1)");
+    REQUIRE(st);
+    REQUIRE(st->run());
+  }
+  lab.open();
+  auto r = lab.call("POST", Lab::path("/reservations"), lab.token("org-platform", {"platform-admin"}),
+                    R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
+  CHECK(r.status == 409);
+  CHECK(code_of(r) == "unit-not-reservable");
+  CHECK(r.body.find("absent") != std::string::npos);
+}
