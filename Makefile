@@ -23,7 +23,8 @@ test: build
 test-asan:
 	$(MAKE) test PRESET=asan
 
-# ThreadSanitizer over the unit tests and the in-process daemon tests (label `unit`).
+# ThreadSanitizer over the unit tests and the in-process daemon tests (label `unit`). The preset
+# passes -Wno-tsan: GCC 12 warns that TSan cannot see the std::atomic_thread_fence Asio uses.
 test-tsan:
 	$(MAKE) test PRESET=tsan
 
