@@ -80,14 +80,6 @@ void append_escaped(std::string& out, unsigned char b) {
   }
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 // `s` with escapes, up to the character that crosses `limit` bytes; `cut` tells whether text was left out.
 std::string escape(std::string_view s, std::size_t limit, bool& cut) {
   std::string out;
@@ -107,6 +99,14 @@ std::string escape(std::string_view s, std::size_t limit, bool& cut) {
 }
 
 }  // namespace
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
 
 std::string quote(std::string_view s) {
   bool cut = false;

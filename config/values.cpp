@@ -37,13 +37,6 @@ bool all_of(std::string_view s, bool (*pred)(char)) {
   return std::all_of(s.begin(), s.end(), pred);
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
 
 // A whole decimal number of digits only (no sign, no spaces), or nothing when it does not fit.
 std::optional<std::uint64_t> decimal(std::string_view s) {
@@ -259,7 +252,7 @@ Parsed<std::string> non_empty_text(std::string_view s) {
 Parsed<std::string> gpu_vendor(std::string_view s) {
   if (s.size() != 4 || !all_of(s, is_hex))
     return unexpected(std::string("a vendor id is 4 hex digits, e.g. 10de"));
-  return lower(s);
+  return text::lower(s);
 }
 
 Parsed<std::string> reservable_class(std::string_view s) {
@@ -275,7 +268,7 @@ Parsed<std::string> unit_ref(std::string_view s) {
     return unexpected(
         std::string("expected a unit id like u-0000-41-00-0 or a PCI address like 0000:41:00.0"));
   }
-  return lower(s);
+  return text::lower(s);
 }
 
 Parsed<std::string> listen(std::string_view s) {

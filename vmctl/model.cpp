@@ -5,22 +5,6 @@
 
 namespace gpunode::vmctl {
 
-std::string_view to_string(Tier tier) {
-  switch (tier) {
-    case Tier::spot: return "spot";
-    case Tier::on_demand: return "on-demand";
-    case Tier::reserved: return "reserved";
-  }
-  return "spot";
-}
-
-std::optional<Tier> parse_tier(std::string_view text) {
-  if (text == "spot") return Tier::spot;
-  if (text == "on-demand") return Tier::on_demand;
-  if (text == "reserved") return Tier::reserved;
-  return std::nullopt;
-}
-
 std::string_view state_name(int libvirt_state) {
   // virDomainState: NOSTATE 0, RUNNING 1, BLOCKED 2, PAUSED 3, SHUTDOWN 4, SHUTOFF 5, CRASHED 6, PMSUSPENDED 7.
   static constexpr std::array<std::string_view, 8> names{"nostate", "running",  "blocked", "paused",

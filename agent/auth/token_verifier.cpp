@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/beast/core/string.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 #include <cerrno>
@@ -346,15 +347,6 @@ AuthError reject(Rejection why, std::string detail) {
   return AuthError{why, std::move(detail)};
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           const auto lower = [](char c) {
-             return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-           };
-           return lower(x) == lower(y);
-         });
-}
-
 bool is_token_char(char c) {
   return c == '.' || b64url_value(c) >= 0;
 }
@@ -367,7 +359,7 @@ std::expected<std::string_view, AuthError> bearer_token(std::string_view value) 
   if (value.empty()) return std::unexpected(reject(Rejection::missing, "no Authorization header"));
   std::size_t end = 0;
   while (end < value.size() && !ows(value[end])) ++end;
-  if (!iequals(value.substr(0, end), "Bearer")) {
+  if (!boost::beast::iequals(value.substr(0, end), "Bearer")) {
     return std::unexpected(
         reject(Rejection::missing, "the Authorization header is not of the Bearer scheme"));
   }

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gpunode/http/server.hpp"
+#include "gpunode/json/problem.hpp"
 
 namespace gpunode::http {
 
@@ -19,21 +20,10 @@ std::optional<std::string_view> Request::header(std::string_view lower_name) con
 
 Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
                  const std::vector<FieldError>& errors) {
-  boost::json::object o;
-  o["type"] = fmt::format("urn:gpunode:problem:{}", code);
-  o["title"] = title;
-  o["status"] = status;
-  o["detail"] = detail;
-  o["code"] = code;
-  boost::json::array errs;
-  for (const auto& e : errors) {
-    errs.push_back(boost::json::object{{"field", e.field}, {"message", e.message}});
-  }
-  o["errors"] = std::move(errs);
   Response r;
   r.status = status;
   r.headers.emplace_back("Content-Type", "application/problem+json");
-  r.body = boost::json::serialize(o);
+  r.body = boost::json::serialize(gpunode::json::problem_body(status, code, title, detail, errors));
   return r;
 }
 

@@ -152,4 +152,35 @@ std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node
   return out;
 }
 
+// ---- the spot market -----------------------------------------------------------------------
+ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named, const std::set<std::string>& occupied) {
+  auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };
+  ReclaimMove move;
+  const auto released_before = r.released_unit_ids, reclaiming_before = r.reclaiming_unit_ids;
+  for (const auto& u : named) {
+    const bool released = has(r.released_unit_ids, u), reclaiming = has(r.reclaiming_unit_ids, u);
+    if (!released && !reclaiming) continue;  // not on the spot market: nothing to do
+    if (released) move.newly_reclaimed.push_back(u);
+    std::erase(r.released_unit_ids, u);
+    std::erase(r.reclaiming_unit_ids, u);
+    if (occupied.contains(u)) r.reclaiming_unit_ids.push_back(u);
+  }
+  std::sort(r.reclaiming_unit_ids.begin(), r.reclaiming_unit_ids.end());
+  for (const auto& u : move.newly_reclaimed) {
+    if (has(r.reclaiming_unit_ids, u)) move.still_occupied.push_back(u);
+  }
+  move.changed = r.released_unit_ids != released_before || r.reclaiming_unit_ids != reclaiming_before;
+  return move;
+}
+
+std::vector<std::string> vacate(Reservation& r, const std::set<std::string>& occupied) {
+  std::vector<std::string> vacated;
+  std::erase_if(r.reclaiming_unit_ids, [&](const std::string& u) {
+    if (occupied.contains(u)) return false;
+    vacated.push_back(u);
+    return true;
+  });
+  return vacated;
+}
+
 }  // namespace gpunode::reservations

@@ -1,40 +1,14 @@
 #include "gpunode/service/api.hpp"
 
 #include <boost/json.hpp>
+#include <boost/url/encoding_opts.hpp>
+
+#include "gpunode/json/problem.hpp"
+#include <boost/url/parse_path.hpp>
+#include <boost/url/parse_query.hpp>
+#include <boost/url/segments_encoded_view.hpp>
 
 namespace gpunode::service {
-namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Percent-decoding of a query component ('+' is a space); nullopt on a bad escape.
-std::optional<std::string> decode_component(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      out.push_back(' ');
-    } else if (s[i] == '%') {
-      if (i + 2 >= s.size()) return std::nullopt;
-      const int hi = hex_value(s[i + 1]);
-      const int lo = hex_value(s[i + 2]);
-      if (hi < 0 || lo < 0) return std::nullopt;
-      out.push_back(static_cast<char>(hi * 16 + lo));
-      i += 2;
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::optional<std::string_view> ApiRequest::header(std::string_view lower_name) const {
   for (const auto& [k, v] : headers) {
     if (k == lower_name) return std::string_view(v);
@@ -42,19 +16,32 @@ std::optional<std::string_view> ApiRequest::header(std::string_view lower_name) 
   return std::nullopt;
 }
 
+// Query and path are parsed by Boost.URL (RFC 3986 percent-encoding; in the query '+' is a space,
+// as HTML forms and curl --data-urlencode send it).
 std::optional<std::string> ApiRequest::query_param(std::string_view name) const {
-  std::string_view q = query;
-  while (!q.empty()) {
-    const auto amp = q.find('&');
-    std::string_view part = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
-    const auto eq = part.find('=');
-    auto key = decode_component(part.substr(0, eq));
-    if (!key || *key != name) continue;
-    if (eq == std::string_view::npos) return std::string();
-    return decode_component(part.substr(eq + 1));
+  auto parsed = boost::urls::parse_query(query);
+  if (!parsed) return std::nullopt;
+  boost::urls::encoding_opts opts;
+  opts.space_as_plus = true;
+  for (const auto& p : *parsed) {
+    if (p.key.decode(opts) != name) continue;
+    return p.has_value ? p.value.decode(opts) : std::string();
   }
   return std::nullopt;
+}
+
+std::optional<std::string> ApiRequest::target_error() const {
+  if (auto p = boost::urls::parse_path(path); !p) return "the path is not a valid URL path: " + p.error().message();
+  if (auto q = boost::urls::parse_query(query); !q) return "the query is not a valid URL query: " + q.error().message();
+  return std::nullopt;
+}
+
+std::vector<std::string> ApiRequest::segments() const {
+  std::vector<std::string> out;
+  auto parsed = boost::urls::parse_path(path);
+  if (!parsed) return out;
+  for (const auto& s : *parsed) out.push_back(s.decode());
+  return out;
 }
 
 std::optional<std::string_view> ApiResponse::header(std::string_view name) const {
@@ -86,15 +73,7 @@ std::string_view status_title(unsigned status) {
 
 ApiResponse problem(unsigned status, std::string_view code, std::string_view detail,
                     const std::vector<FieldProblem>& errors, const boost::json::object* extra) {
-  boost::json::object o;
-  o["type"] = "urn:gpunode:problem:" + std::string(code);
-  o["title"] = status_title(status);
-  o["status"] = status;
-  o["detail"] = detail;
-  o["code"] = code;
-  boost::json::array list;
-  for (const auto& e : errors) list.emplace_back(boost::json::object{{"field", e.field}, {"message", e.message}});
-  o["errors"] = std::move(list);
+  auto o = gpunode::json::problem_body(status, code, status_title(status), detail, errors);
   if (extra != nullptr) {
     for (const auto& kv : *extra) o[kv.key()] = kv.value();
   }

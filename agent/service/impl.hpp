@@ -8,45 +8,27 @@
 
 #include <set>
 #include <string_view>
-#include <unordered_map>
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
 #include "gpunode/discovery/sysfs_reader.hpp"
+#include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/spot_plan.hpp"
-#include "gpunode/store/database.hpp"
 #include "authenticator.hpp"
+#include "state_store.hpp"
 
 namespace gpunode::service {
 namespace r = gpunode::reservations;
 namespace json = boost::json;
-using store::DbError;
 
 namespace detail {
 
 inline r::Time to_time(std::chrono::system_clock::time_point t) {
   return std::chrono::time_point_cast<std::chrono::seconds>(t);
 }
-
-// rsv_ + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids sort
-// by creation time.
-std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now);
-
-struct Caller {
-  r::Caller who;
-  json::object actor() const {
-    json::object a;
-    a["sub"] = who.sub;
-    a["org"] = who.org ? json::value(*who.org) : json::value(nullptr);
-    a["roles"] = strings_json(who.roles);
-    a["via"] = who.via;
-    return a;
-  }
-  std::string by() const { return who.org ? *who.org : who.sub; }
-};
 
 inline Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}}; }
 
@@ -69,48 +51,6 @@ inline ApiResponse with_header(ApiResponse resp, std::string name, std::string v
 
 inline std::string etag_of_version(std::int64_t version) { return fmt::format("\"{}\"", version); }
 
-struct AuditDraft {
-  std::string action;
-  std::optional<std::string> reservation_id;
-  std::vector<std::string> unit_ids;
-  std::vector<std::string> vm_ids;
-  std::string result = "ok";
-  std::optional<std::string> detail;
-};
-
-struct EventDraft {
-  std::string type;
-  json::object data;
-};
-
-struct IdempotencyDraft {
-  std::string caller, key, fingerprint;
-  ApiResponse response;
-};
-
-// A termination as stored (crash safety): written pending, with its audit record, before the
-// domain is touched; done or failed once the hypervisor answered.
-struct TerminationRow {
-  std::int64_t audit_seq = 0;
-  std::string domain_uuid;
-  std::string doc;    // {vmId, name, unitIds, by, at, grace}
-  std::string state;  // pending | done | failed
-};
-
-// One transaction's worth of change.
-struct Change {
-  Caller actor;
-  std::optional<std::string> request_id;
-  r::Time at{};
-  std::vector<r::Reservation> upserts;
-  std::vector<AuditDraft> audits;
-  std::vector<EventDraft> events;
-  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units;  // id -> (doc, absent)
-  std::optional<std::string> inventory_digest;
-  std::optional<IdempotencyDraft> idempotency;
-  std::vector<TerminationRow> terminations;
-};
-
 }  // namespace detail
 
 struct NodeService::Impl {
@@ -123,15 +63,12 @@ struct NodeService::Impl {
   const discovery::PciIds* names = nullptr;
   Clock clock;
   LogSink log;
-  store::Database db;
+  detail::StateStore store;
   std::unique_ptr<discovery::SysfsReader> reader;
 
   std::map<std::string, r::Reservation> reservations;
   std::vector<discovery::Unit> units;                // present, sorted by id
   std::map<std::string, json::object> absent_units;  // last seen JSON, with `absent` applied
-  std::int64_t revision = 0, audit_seq = 0, event_seq = 0;
-  std::string audit_last_hash;
-  std::string inventory_digest;
   bool has_hypervisor = false;
   const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs
   // Terminations written pending and not decided yet, by audit seq (loaded on open: cut short by a
@@ -162,7 +99,7 @@ struct NodeService::Impl {
   std::string observed_digest;
   Authenticator authenticator{nullptr};
 
-  Impl(ServiceOptions o, store::Database d) : opt(std::move(o)), db(std::move(d)) {}
+  Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {}
 
   r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
   r::Time now() const { return detail::to_time(clock()); }
@@ -176,15 +113,11 @@ struct NodeService::Impl {
   }
 
   // ---- node_state.cpp ----------------------------------------------------------------------------
-  // loading
-  std::expected<void, std::string> load();
+  // loading: what the store read at open
+  void load();
 
-  // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
-  std::map<std::string, store::Statement, std::less<>> statements;
-  std::expected<store::Statement*, DbError> cached(std::string_view sql);
-
-  // the one way state changes
-  std::expected<void, std::string> commit(Change& c);
+  // the one way state changes: the store writes `c`, then memory follows
+  std::expected<detail::Committed, std::string> commit(const Change& c);
 
   // units
   json::object unit_view(const discovery::Unit& u, const Caller& caller) const;
@@ -233,15 +166,9 @@ struct NodeService::Impl {
   std::optional<Outcome> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
                                              json::array& spot);
 
-  // entitlement (CONTRACT §4 capacity and admission)
-  struct Entitlement {
-    std::string code;  // empty: entitled
-    std::string message;
-    std::optional<std::string> reservation_id;
-  };
-
-  const r::Reservation* active_holder(const std::string& unit_id) const;
-  Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
+  // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
+  r::UnitFacts unit_facts(const std::string& unit_id) const;
+  r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
   ApiResponse capacity(const ApiRequest& q, const Caller& c);
   ApiResponse admission(const ApiRequest& q, const Caller& c);
 

@@ -43,20 +43,6 @@ bool is_reservation_id(std::string_view s) {
   return std::all_of(s.begin() + 4, s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u'); });
 }
 
-std::vector<std::string> split_path(std::string_view path) {
-  std::vector<std::string> out;
-  std::size_t pos = 0;
-  if (path.starts_with('/')) pos = 1;
-  while (pos <= path.size()) {
-    const auto slash = path.find('/', pos);
-    const auto end = slash == std::string_view::npos ? path.size() : slash;
-    out.emplace_back(path.substr(pos, end - pos));
-    if (slash == std::string_view::npos) break;
-    pos = slash + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 // ---- routes ------------------------------------------------------------------------------------
@@ -66,17 +52,18 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
     // nodes by, no version to pick exploits by); the admin socket's peers are admins.
     if (q.via != ApiRequest::Via::admin_socket) return json_response(json::object{{"status", "ok"}});
-    return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", revision}});
+    return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", store.revision()}});
   }
+  if (auto bad = q.target_error()) return problem(400, "invalid-request", *bad);
   auto caller = authenticate(q);
   if (!caller) return caller.error();
   if (q.path == "/v1/admin/rescan" && q.via == ApiRequest::Via::admin_socket) {
     // Operators' "scan now" (gpunodectl rescan); only on the admin socket.
     if (q.method != "POST") return method_not_allowed("POST");
     scan(false);
-    return json_response(json::object{{"revision", revision}});
+    return json_response(json::object{{"revision", store.revision()}});
   }
-  const auto seg = split_path(q.path);
+  const auto seg = q.segments();
   if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
   if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {
     return reserved_capacity(q, *caller, seg[2]);
@@ -376,6 +363,7 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
     }
     wait = *d;
   }
+  const std::int64_t revision = store.revision();
   const std::string etag = fmt::format("\"{}\"", revision);
   if (after && revision <= *after) {
     const auto deadline = q.received + wait;
@@ -406,23 +394,21 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
     if (!seq) return problem(400, "invalid-request", fmt::format("{} must be an audit id such as aud_12", name), {{name, "must be an audit id such as aud_12"}});
     after = std::max(after, static_cast<std::int64_t>(*seq));
   }
-  auto st = db.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
-  if (!st || !st->bind_all(after, static_cast<std::int64_t>(limit + 1))) return problem(503, "storage-unavailable", "the audit log cannot be read");
-  json::array records;
-  std::int64_t last = 0;
-  bool more = false;
-  while (true) {
-    auto step = st->step();
-    if (!step) return problem(503, "storage-unavailable", "the audit log cannot be read");
-    if (*step == store::Statement::Step::done) break;
-    if (records.size() == limit) {
-      more = true;
-      break;
-    }
-    boost::system::error_code ec;
-    records.emplace_back(json::parse(st->column_text(1), ec));
-    last = st->column_int64(0);
+  auto rows = store.audit_after(after, limit + 1);
+  if (!rows) {
+    say(LogLevel::error, "audit log read: " + rows.error());
+    return problem(503, "storage-unavailable", "the audit log cannot be read");
   }
+  const bool more = rows->size() > limit;
+  if (more) rows->resize(limit);
+  json::array records;
+  for (const auto& [seq, text] : *rows) {
+    boost::system::error_code ec;
+    auto v = json::parse(text, ec);
+    if (ec) return problem(500, "internal", fmt::format("audit record {} is not JSON", store::format_audit_id(static_cast<std::uint64_t>(seq))));
+    records.emplace_back(std::move(v));
+  }
+  const std::int64_t last = rows->empty() ? 0 : rows->back().first;
   return json_response(json::object{{"records", std::move(records)},
                                     {"nextPageToken", more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
 }

@@ -17,14 +17,10 @@ void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
   for (const auto& w : ws) a.emplace_back(workload_json(w));
   std::string digest = json::serialize(a);
   if (digest == observed_digest) return;
-  auto bumped = db.transaction([&](store::Tx&) -> std::expected<void, DbError> {
-    auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
-    if (!meta) return std::unexpected(meta.error());
-    if (auto b = (*meta)->bind_all("revision", std::to_string(revision + 1)); !b) return std::unexpected(b.error());
-    return (*meta)->run();
-  });
-  if (!bumped) return;  // tried again with the next list
-  revision += 1;
+  if (auto bumped = store.bump_revision(); !bumped) {
+    say(LogLevel::warning, "workloads changed but the revision could not be stored (tried again with the next list): " + bumped.error());
+    return;
+  }
   observed_workloads = std::move(a);
   observed_digest = std::move(digest);
 }
@@ -39,7 +35,7 @@ std::vector<std::string> NodeService::Impl::node_unit_ids() const {
 // The active reservation holding one of the units (the first found), for workload.terminated.
 std::optional<std::string> NodeService::Impl::holder_of(const std::vector<std::string>& unit_ids) const {
   for (const auto& u : unit_ids) {
-    if (const auto* x = active_holder(u)) return x->id;
+    if (const auto* x = r::active_holder(all_reservations(), u)) return x->id;
   }
   return std::nullopt;
 }
@@ -59,12 +55,7 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
   for (const auto& [id, current] : reservations) {
     if (current.state != r::State::active || current.reclaiming_unit_ids.empty()) continue;
     r::Reservation x = current;
-    std::vector<std::string> vacated;
-    std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) {
-      if (occupied.contains(u)) return false;
-      vacated.push_back(u);
-      return true;
-    });
+    const auto vacated = r::vacate(x, occupied);
     if (vacated.empty()) continue;
     x.version += 1;
     x.updated_at = ch.at;
@@ -96,22 +87,28 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
     if (base.upserts.empty() && base.audits.empty() && !base.idempotency) return out;  // a no-op
     return commit_response(base, std::move(out));  // the change and its idempotent answer: one commit
   }
-  std::int64_t seq = audit_seq + static_cast<std::int64_t>(base.audits.size());
   const std::string at = r::format_time(base.at);
+  std::vector<std::size_t> audit_of;  // per VM: its write-ahead record's index in base.audits
   for (const auto* vm : plan.terminate) {
     const auto& d = vm->domain;
-    ++seq;
-    vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    audit_of.push_back(base.audits.size());
     // Written ahead: `pending` (CONTRACT §7); the second record of the same vmIds gives the outcome.
     base.audits.push_back(AuditDraft{"workload.terminate", holder_of(vm->unit_ids), vm->unit_ids, {d.label->vm_id}, "pending",
                                      fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
                                                  d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
-    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}, {"by", record.by},
+    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}, {"by", b.caller.by()},
                      {"at", at}, {"grace", grace.count()}};
-    base.terminations.push_back(TerminationRow{seq, d.uuid, json::serialize(doc), "pending"});
-    b.vms.push_back(BatchVm{seq, d, vm->unit_ids, std::move(record), grace});
+    base.terminations.push_back(TerminationRow{0, d.uuid, json::serialize(doc), "pending", audit_of.back()});
   }
-  if (auto ok = commit(base); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed or stopped");
+  auto committed = commit(base);
+  if (!committed) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed or stopped");
+  // The audit ids the store assigned go into each domain's termination record.
+  for (std::size_t i = 0; i < plan.terminate.size(); ++i) {
+    const auto* vm = plan.terminate[i];
+    const std::int64_t seq = committed->audit_seqs[audit_of[i]];
+    vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    b.vms.push_back(BatchVm{seq, vm->domain, vm->unit_ids, std::move(record), grace});
+  }
   for (const auto& vm : b.vms) in_flight.insert(vm.audit_seq);
   const std::uint64_t id = next_batch++;
   say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"), b.vms.size(), b.caller.by()));
@@ -160,7 +157,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
                             ? outcomes[i].result
                             : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
     const auto holder = holder_of(vm.unit_ids);
-    auto row = pending.contains(vm.audit_seq) ? pending.at(vm.audit_seq) : TerminationRow{vm.audit_seq, d.uuid, "{}", "pending"};
+    auto row = pending.contains(vm.audit_seq) ? pending.at(vm.audit_seq) : TerminationRow{vm.audit_seq, d.uuid, "{}", "pending", std::nullopt};
     const std::string who = agent ? "finished by the agent: " : "";
     if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
       unavailable = result.error().message;  // stays pending: finished once libvirt answers again
@@ -341,31 +338,19 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
   if (!ws && (terminate || std::holds_alternative<NeedsWorkloads>(ws.error()))) return ws.error();
   const std::set<std::string> named(ids->begin(), ids->end());
   const auto occupied = ws ? spot::spot_occupied(*ws) : named;
-  auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };
   r::Reservation x = current;
-  std::vector<std::string> newly;
-  for (const auto& u : named) {
-    const bool released = has(x.released_unit_ids, u), reclaiming = has(x.reclaiming_unit_ids, u);
-    if (!released && !reclaiming) continue;  // not on the spot market: nothing to do
-    if (released) newly.push_back(u);
-    std::erase(x.released_unit_ids, u);
-    std::erase(x.reclaiming_unit_ids, u);
-    if (occupied.contains(u)) x.reclaiming_unit_ids.push_back(u);
-  }
-  std::sort(x.reclaiming_unit_ids.begin(), x.reclaiming_unit_ids.end());
+  const auto move = r::reclaim_units(x, named, occupied);
   const r::Time t = now();
   Change base{c, q.request_id, t, {}, {}, {}, {}, {}, {}, {}};
-  if (x.released_unit_ids != current.released_unit_ids || x.reclaiming_unit_ids != current.reclaiming_unit_ids) {
+  if (move.changed) {
     x.version += 1;
     x.updated_at = t;
     base.upserts.push_back(x);
-    std::vector<std::string> still;
-    for (const auto& u : newly) {
-      if (has(x.reclaiming_unit_ids, u)) still.push_back(u);
-    }
+    const auto& newly = move.newly_reclaimed;
     base.audits.push_back(AuditDraft{"units.reclaim", x.id, newly.empty() ? std::vector<std::string>(named.begin(), named.end()) : newly, {}, "ok",
-                                     still.empty() ? std::optional<std::string>()
-                                                   : fmt::format("spot workloads still run on {}", fmt::join(still, ", "))});
+                                     move.still_occupied.empty()
+                                         ? std::optional<std::string>()
+                                         : fmt::format("spot workloads still run on {}", fmt::join(move.still_occupied, ", "))});
     if (!newly.empty()) base.events.push_back(EventDraft{"units.reclaimed", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
   }
   Batch b;

@@ -107,44 +107,21 @@ std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& 
   return problem(409, "unit-occupied", "workloads of orgs outside the audience are running on the units", {}, &extra);
 }
 
-// ---- entitlement (CONTRACT §4 capacity and admission) --------------------------------------------
-const r::Reservation* NodeService::Impl::active_holder(const std::string& unit_id) const {
-  for (const auto& [id, x] : reservations) {
-    if (x.state == r::State::active && x.holds_unit(unit_id)) return &x;
+// ---- entitlement (CONTRACT §4 capacity and admission): the rule is reservations::entitled ----
+r::UnitFacts NodeService::Impl::unit_facts(const std::string& unit_id) const {
+  r::UnitFacts facts;
+  if (const auto* u = present_unit(unit_id)) {
+    facts.presence = r::UnitFacts::Presence::present;
+    facts.sellable = u->sellable;
+    for (const auto& rs : u->reasons) facts.not_sellable_codes.push_back(rs.code);
+  } else if (absent_units.contains(unit_id)) {
+    facts.presence = r::UnitFacts::Presence::absent;
   }
-  return nullptr;
+  return facts;
 }
 
-NodeService::Impl::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
-  const auto* u = present_unit(unit_id);
-  if (u == nullptr) {
-    if (absent_units.contains(unit_id)) return {"absent", fmt::format("{} is no longer on the host", unit_id), {}};
-    return {"unknown-unit", fmt::format("{} is not a unit of node {}", unit_id, opt.node_id), {}};
-  }
-  if (!u->sellable) {
-    std::vector<std::string> why;
-    for (const auto& rs : u->reasons) why.push_back(rs.code);
-    return {"not-sellable", fmt::format("{} is not sellable: {}", unit_id, fmt::join(why, ", ")), {}};
-  }
-  const auto* holder = active_holder(unit_id);
-  const bool released = holder && std::find(holder->released_unit_ids.begin(), holder->released_unit_ids.end(), unit_id) !=
-                                      holder->released_unit_ids.end();
-  switch (tier) {
-    case vmctl::Tier::on_demand:
-      if (holder) return {"unit-reserved", fmt::format("{} is held by an active reservation", unit_id), {}};
-      return {};
-    case vmctl::Tier::reserved:
-      if (!holder) return {"not-reserved", fmt::format("no active reservation holds {}", unit_id), {}};
-      if (std::find(holder->audience_org_ids.begin(), holder->audience_org_ids.end(), org) == holder->audience_org_ids.end()) {
-        return {"not-in-audience", fmt::format("{} is reserved for other orgs", unit_id), {}};
-      }
-      if (released) return {"unit-released", fmt::format("{} is released to the spot market", unit_id), {}};
-      return {"", "", holder->id};
-    case vmctl::Tier::spot:
-      if (!released) return {"not-released", fmt::format("{} is not released to the spot market", unit_id), {}};
-      return {};
-  }
-  return {"invalid-tier", "unknown tier", {}};
+r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
+  return r::entitled(org, tier, unit_id, unit_facts(unit_id), all_reservations(), opt.node_id);
 }
 
 ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
@@ -155,7 +132,7 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
   for (const auto& u : units) {
     for (auto tier : {vmctl::Tier::reserved, vmctl::Tier::spot, vmctl::Tier::on_demand}) {
       auto e = entitled(*org, tier, u.id);
-      if (!e.code.empty()) continue;
+      if (!e.allowed()) continue;
       entries.emplace_back(json::object{{"unitId", u.id}, {"class", discovery::to_string(u.cls)}, {"gpuCount", u.gpu_count()},
                                         {"tier", vmctl::to_string(tier)}, {"reservationId", opt_str(e.reservation_id)}});
       break;  // one entry per unit
@@ -188,7 +165,7 @@ ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   } else {
     for (const auto& id : *ids) {
       auto e = entitled(*org, *parsed, id);
-      if (!e.code.empty()) reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
+      if (!e.allowed()) reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
     }
   }
   return json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});

@@ -1071,6 +1071,28 @@ TEST_CASE("bodies: lengths count characters; JSON errors say where; pageToken is
   CHECK(bad.header("WWW-Authenticate") == "Bearer error=\"invalid_token\"");
 }
 
+TEST_CASE("the target: paths and queries are percent-decoded; a malformed one is 400 saying which part") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  // %2D is '-': the node id and the route name match once decoded.
+  CHECK(lab.call("GET", std::string("/v1/nodes/") + std::string(kNode) + "/unit%73", admin).status == 200);
+  // '+' and %20 are spaces in a query; a state filter with a space is not a state: 400 on `state`.
+  auto spaced = lab.call("GET", Lab::path("/reservations?state=act+ive"), admin);
+  CHECK(spaced.status == 400);
+  CHECK(Lab::body(spaced).at("errors").at(0).at("field") == "state");
+  CHECK(lab.call("GET", Lab::path("/reservations?state=%61ctive"), admin).status == 200);
+  auto limit = lab.call("GET", Lab::path("/reservations?li%6Dit=1"), admin);
+  CHECK(limit.status == 200);
+  for (const char* target : {"/reservations?after=%zz", "/reservations?limit=%4", "/audit?after=aud_1&x=%G0"}) {
+    auto bad = lab.call("GET", Lab::path(target), admin);
+    CHECK_MESSAGE(bad.status == 400, target);
+    CHECK(std::string(Lab::body(bad).at("detail").as_string()).starts_with("the query is not a valid URL query"));
+  }
+  auto bad_path = lab.call("GET", Lab::path("/units%"), admin);
+  CHECK(bad_path.status == 400);
+  CHECK(std::string(Lab::body(bad_path).at("detail").as_string()).starts_with("the path is not a valid URL path"));
+}
+
 TEST_CASE("a damaged stored unit is read without throwing: an absent unit without reasons is still refused") {
   Lab lab;
   {

@@ -11,15 +11,18 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/reservations/entitlement.hpp"
+
 namespace gpunode::vmctl {
 
 inline constexpr std::string_view workload_ns = "urn:gpunode:workload:1";
 inline constexpr std::string_view termination_ns = "urn:gpunode:termination:1";
 inline constexpr std::string_view termination_prefix = "gpunodet";
 
-enum class Tier { spot, on_demand, reserved };
-std::string_view to_string(Tier tier);                     // "spot", "on-demand", "reserved"
-std::optional<Tier> parse_tier(std::string_view text);     // exact contract spelling only
+// A workload's tier is the market's (the entitlement table's) tier.
+using Tier = reservations::Tier;
+using reservations::parse_tier;
+using reservations::to_string;
 
 // Valid §5 workload metadata (§7: non-empty vm-id and org, one of the three tiers).
 struct WorkloadLabel {

@@ -50,6 +50,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ssl/context.hpp>
 
+#include "gpunode/json/problem.hpp"
+
 namespace gpunode::http {
 
 struct Peer {
@@ -87,10 +89,7 @@ struct Response {
 using Reply = std::function<void(Response)>;          // any thread, exactly once (later calls ignored)
 using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
 
-struct FieldError {
-  std::string field;
-  std::string message;
-};
+using FieldError = gpunode::json::FieldError;
 
 // application/problem+json: {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
 Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,

@@ -91,4 +91,19 @@ std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node
                                       const std::vector<Reservation>& reservations,
                                       const std::vector<std::string>& node_units);
 
+// ---- the spot market (CONTRACT §4 release and reclaim) ------------------------------------
+// Reclaims the `named` units of `r`: each released or reclaiming one leaves the spot market, and
+// stays reclaiming while a spot workload still occupies it (`occupied`). Units not on the market
+// are left alone. The lists stay sorted.
+struct ReclaimMove {
+  std::vector<std::string> newly_reclaimed;  // of `named`, those that were released (in id order)
+  std::vector<std::string> still_occupied;   // of newly_reclaimed, those now reclaiming
+  bool changed = false;                      // released or reclaiming lists differ from before
+};
+ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named, const std::set<std::string>& occupied);
+
+// Removes from `r`'s reclaiming units those no spot workload occupies any more, and returns
+// them (the reclaim is complete for them).
+std::vector<std::string> vacate(Reservation& r, const std::set<std::string>& occupied);
+
 }  // namespace gpunode::reservations

@@ -13,6 +13,8 @@
 
 #include <boost/json/fwd.hpp>
 
+#include "gpunode/json/problem.hpp"
+
 namespace gpunode::service {
 
 struct WorkloadListing;  // gpunode/service/node_service.hpp
@@ -37,8 +39,15 @@ struct ApiRequest {
   std::shared_ptr<const WorkloadListing> workloads;
 
   [[nodiscard]] std::optional<std::string_view> header(std::string_view lower_name) const;
-  // The decoded value of a query parameter (first occurrence).
+  // The decoded value of a query parameter (first occurrence); nothing when absent or when the
+  // query is malformed (target_error says so).
   [[nodiscard]] std::optional<std::string> query_param(std::string_view name) const;
+  // What is wrong with the path or the query (bad percent-encoding, a character URLs may not
+  // hold), or nothing.
+  [[nodiscard]] std::optional<std::string> target_error() const;
+  // The path's segments, percent-decoded: "/v1/nodes/n%2D1/units" -> v1, nodes, n-1, units. A
+  // trailing slash gives an empty last segment.
+  [[nodiscard]] std::vector<std::string> segments() const;
 };
 
 struct ApiResponse {
@@ -49,10 +58,7 @@ struct ApiResponse {
   [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
 };
 
-struct FieldProblem {
-  std::string field;
-  std::string message;
-};
+using FieldProblem = gpunode::json::FieldError;  // a field of the body or query and what is wrong with it
 
 // application/problem+json with every key of CONTRACT §4/§7. `extra` members are merged in.
 ApiResponse problem(unsigned status, std::string_view code, std::string_view detail,

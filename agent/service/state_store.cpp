@@ -1,0 +1,330 @@
+// StateStore: migrations, loading, the one commit, and the store's reads (idempotency, audit).
+#include "state_store.hpp"
+
+#include <charconv>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "gpunode/reservations/rules.hpp"
+#include "gpunode/store/audit_chain.hpp"
+
+namespace gpunode::service::detail {
+namespace json = boost::json;
+namespace r = gpunode::reservations;
+using store::DbError;
+
+namespace {
+
+const std::vector<store::Migration>& migrations() {
+  static const std::vector<store::Migration> list{
+      {1, "initial",
+       R"sql(
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+INSERT INTO meta (key, value) VALUES ('revision', '0'), ('audit_seq', '0'), ('event_seq', '0'),
+                                     ('audit_last_hash', '0000000000000000000000000000000000000000000000000000000000000000'),
+                                     ('inventory_digest', '');
+CREATE TABLE reservations (id TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE units (id TEXT PRIMARY KEY, doc TEXT NOT NULL, absent INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE audit (seq INTEGER PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE idempotency (caller TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+                          status INTEGER NOT NULL, headers TEXT NOT NULL, body TEXT NOT NULL,
+                          created_at INTEGER NOT NULL, PRIMARY KEY (caller, key)) WITHOUT ROWID;
+)sql"},
+      {2, "terminations",
+       R"sql(
+CREATE TABLE terminations (audit_seq INTEGER PRIMARY KEY, domain_uuid TEXT NOT NULL, doc TEXT NOT NULL,
+                           state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed')));
+CREATE INDEX terminations_pending ON terminations (state) WHERE state = 'pending';
+)sql"}};
+  return list;
+}
+
+json::value opt_json(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
+
+// Steps `st` to the end, calling `row` on each; the first error stops it.
+template <class Row>
+std::expected<void, std::string> each_row(store::Statement& st, Row row) {
+  while (true) {
+    auto step = st.step();
+    if (!step) return std::unexpected(step.error().message);
+    if (*step == store::Statement::Step::done) return {};
+    if (auto ok = row(st); !ok) return ok;
+  }
+}
+
+}  // namespace
+
+std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now) {
+  static constexpr char kAlphabet[] = "0123456789abcdefghjkmnpqrstvwxyz";
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const auto ms = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
+  std::string out(prefix);
+  for (int i = 9; i >= 0; --i) out.push_back(kAlphabet[(ms >> (5 * i)) & 31]);
+  for (int i = 0; i < 16; ++i) out.push_back(kAlphabet[rng() & 31]);
+  return out;
+}
+
+std::expected<StateStore, std::string> StateStore::open(const std::filesystem::path& file, std::string node_id) {
+  auto db = store::Database::open(file);
+  if (!db) return std::unexpected(db.error().message);
+  if (auto m = db->migrate(migrations()); !m) return std::unexpected(m.error().message);
+  StateStore s(std::move(*db), std::move(node_id));
+  if (auto loaded = s.load(); !loaded) return std::unexpected(loaded.error());
+  return s;
+}
+
+std::expected<void, std::string> StateStore::load() {
+  const std::string file = db_.path().string();
+  auto meta = db_.prepare("SELECT key, value FROM meta");
+  if (!meta) return std::unexpected(meta.error().message);
+  auto counters = each_row(*meta, [&](store::Statement& st) -> std::expected<void, std::string> {
+    const std::string key = st.column_text(0), value = st.column_text(1);
+    auto number = [&](std::int64_t& out) -> std::expected<void, std::string> {
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+      if (ec != std::errc{} || p != value.data() + value.size() || out < 0) {
+        return std::unexpected(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value));
+      }
+      return {};
+    };
+    if (key == "revision") return number(revision_);
+    if (key == "audit_seq") return number(audit_seq_);
+    if (key == "event_seq") return number(event_seq_);
+    if (key == "audit_last_hash") audit_last_hash_ = value;
+    if (key == "inventory_digest") inventory_digest_ = value;
+    return {};
+  });
+  if (!counters) return counters;
+
+  auto rows = db_.prepare("SELECT id, doc FROM reservations");
+  if (!rows) return std::unexpected(rows.error().message);
+  auto reservations = each_row(*rows, [&](store::Statement& st) -> std::expected<void, std::string> {
+    boost::system::error_code ec;
+    auto v = json::parse(st.column_text(1), ec);
+    auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
+    if (!x) return std::unexpected(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error()));
+    loaded_.reservations.emplace(x->id, std::move(*x));
+    return {};
+  });
+  if (!reservations) return reservations;
+
+  auto ts = db_.prepare("SELECT audit_seq, domain_uuid, doc FROM terminations WHERE state = 'pending'");
+  if (!ts) return std::unexpected(ts.error().message);
+  auto pending = each_row(*ts, [&](store::Statement& st) -> std::expected<void, std::string> {
+    TerminationRow row{st.column_int64(0), st.column_text(1), st.column_text(2), "pending", std::nullopt};
+    loaded_.pending.emplace(row.audit_seq, std::move(row));
+    return {};
+  });
+  if (!pending) return pending;
+
+  auto us = db_.prepare("SELECT id, doc FROM units WHERE absent = 1");
+  if (!us) return std::unexpected(us.error().message);
+  return each_row(*us, [&](store::Statement& st) -> std::expected<void, std::string> {
+    boost::system::error_code ec;
+    auto v = json::parse(st.column_text(1), ec);
+    if (!ec && v.is_object()) loaded_.absent_units.emplace(st.column_text(0), std::move(v.get_object()));
+    return {};
+  });
+}
+
+std::expected<store::Statement*, DbError> StateStore::cached(std::string_view sql) {
+  auto it = statements_.find(sql);
+  if (it == statements_.end()) {
+    auto st = db_.prepare(sql);
+    if (!st) return std::unexpected(st.error());
+    it = statements_.emplace(std::string(sql), std::move(*st)).first;
+  }
+  it->second.reset();
+  it->second.clear_bindings();
+  return &it->second;
+}
+
+std::expected<Committed, std::string> StateStore::commit(const Change& c, std::chrono::system_clock::time_point wall) {
+  const bool moves = c.moves_state();
+  std::int64_t seq = audit_seq_, ev = event_seq_;
+  std::string last_hash = audit_last_hash_;
+  Committed out;
+  out.audit_seqs.reserve(c.audits.size());
+  // Runs one cached statement with these bindings.
+  auto write = [&](std::string_view sql, const auto&... args) -> std::expected<void, DbError> {
+    auto st = cached(sql);
+    if (!st) return std::unexpected(st.error());
+    if (auto b = (*st)->bind_all(args...); !b) return std::unexpected(b.error());
+    return (*st)->run();
+  };
+  auto result = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
+    for (const auto& x : c.upserts) {
+      if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc", x.id,
+                         json::serialize(to_json(x)));
+          !w) {
+        return w;
+      }
+    }
+    for (const auto& [id, doc_absent] : c.units) {
+      if (auto w = write("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) "
+                         "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent",
+                         id, doc_absent.first, doc_absent.second ? 1 : 0);
+          !w) {
+        return w;
+      }
+    }
+    for (const auto& a : c.audits) {
+      json::object rec;
+      rec["id"] = store::format_audit_id(static_cast<std::uint64_t>(++seq));
+      rec["at"] = r::format_time(c.at);
+      rec["actor"] = c.actor.actor();
+      rec["action"] = a.action;
+      rec["nodeId"] = node_id_;
+      rec["reservationId"] = opt_json(a.reservation_id);
+      rec["unitIds"] = strings_json(a.unit_ids);
+      rec["vmIds"] = strings_json(a.vm_ids);
+      rec["result"] = a.result;
+      rec["detail"] = opt_json(a.detail);
+      rec["requestId"] = opt_json(c.request_id);
+      if (auto sealed = store::seal_audit_record(rec, last_hash); !sealed) {
+        return std::unexpected(DbError{0, "audit record: " + sealed.error()});
+      }
+      last_hash = std::string(rec["hash"].get_string());
+      if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", seq, json::serialize(rec)); !w) return w;
+      out.audit_seqs.push_back(seq);
+    }
+    for (const auto& e : c.events) {
+      json::object evt;
+      evt["seq"] = ++ev;
+      evt["id"] = new_id("evt_", wall);
+      evt["type"] = e.type;
+      evt["at"] = r::format_time(c.at);
+      evt["data"] = e.data;
+      if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", ev, json::serialize(evt)); !w) return w;
+    }
+    if (c.idempotency) {
+      const auto& i = *c.idempotency;
+      json::array headers;
+      for (const auto& [k, v] : i.response.headers) headers.emplace_back(json::array{json::value(k), json::value(v)});
+      // The first answer stays for its 24 hours; only an expired row is replaced.
+      if (auto w = write("INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(caller, key) DO UPDATE SET fingerprint = excluded.fingerprint, "
+                         "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at = excluded.created_at "
+                         "WHERE idempotency.created_at <= excluded.created_at - 86400",
+                         i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status), json::serialize(headers),
+                         i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
+          !w) {
+        return w;
+      }
+    }
+    for (const auto& row : c.terminations) {
+      std::int64_t key = row.audit_seq;
+      if (row.audit_index) {
+        if (*row.audit_index >= out.audit_seqs.size()) return std::unexpected(DbError{0, "termination row names no audit record of its change"});
+        key = out.audit_seqs[*row.audit_index];
+      }
+      if (auto w = write("INSERT INTO terminations (audit_seq, domain_uuid, doc, state) VALUES (?1, ?2, ?3, ?4) "
+                         "ON CONFLICT(audit_seq) DO UPDATE SET state = excluded.state",
+                         key, row.domain_uuid, row.doc, row.state);
+          !w) {
+        return w;
+      }
+    }
+    const std::string meta = "UPDATE meta SET value = ?2 WHERE key = ?1";
+    if (auto w = write(meta, "revision", std::to_string(revision_ + (moves ? 1 : 0))); !w) return w;
+    if (auto w = write(meta, "audit_seq", std::to_string(seq)); !w) return w;
+    if (auto w = write(meta, "event_seq", std::to_string(ev)); !w) return w;
+    if (auto w = write(meta, "audit_last_hash", last_hash); !w) return w;
+    if (c.inventory_digest) {
+      if (auto w = write(meta, "inventory_digest", *c.inventory_digest); !w) return w;
+    }
+    return {};
+  });
+  if (!result) return std::unexpected(result.error().message);
+  // Committed: the counters follow.
+  if (moves) revision_ += 1;
+  audit_seq_ = seq;
+  event_seq_ = ev;
+  audit_last_hash_ = std::move(last_hash);
+  if (c.inventory_digest) inventory_digest_ = *c.inventory_digest;
+  out.revision = revision_;
+  return out;
+}
+
+std::expected<void, std::string> StateStore::bump_revision() {
+  auto bumped = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
+    auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
+    if (!meta) return std::unexpected(meta.error());
+    if (auto b = (*meta)->bind_all("revision", std::to_string(revision_ + 1)); !b) return std::unexpected(b.error());
+    return (*meta)->run();
+  });
+  if (!bumped) return std::unexpected(bumped.error().message);
+  revision_ += 1;
+  return {};
+}
+
+std::vector<std::string> StateStore::present_unit_ids() {
+  std::vector<std::string> out;
+  auto st = db_.prepare("SELECT id FROM units WHERE absent = 0");
+  if (!st) return out;
+  (void)each_row(*st, [&](store::Statement& s) -> std::expected<void, std::string> {
+    out.push_back(s.column_text(0));
+    return {};
+  });
+  return out;
+}
+
+std::optional<json::object> StateStore::unit_doc(const std::string& id) {
+  auto st = db_.prepare("SELECT doc FROM units WHERE id = ?1");
+  if (!st || !st->bind_all(id) || st->step().value_or(store::Statement::Step::done) != store::Statement::Step::row) return std::nullopt;
+  boost::system::error_code ec;
+  auto v = json::parse(st->column_text(0), ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  return std::move(v.get_object());
+}
+
+std::optional<StoredAnswer> StateStore::idempotent_answer(const std::string& caller, const std::string& key) {
+  auto st = cached("SELECT fingerprint, status, headers, body, created_at FROM idempotency WHERE caller = ?1 AND key = ?2");
+  if (!st || !(*st)->bind_all(caller, key) || (*st)->step().value_or(store::Statement::Step::done) != store::Statement::Step::row) {
+    return std::nullopt;
+  }
+  store::Statement& row = **st;
+  StoredAnswer out;
+  out.fingerprint = row.column_text(0);
+  out.response.status = static_cast<unsigned>(row.column_int64(1));
+  out.response.body = row.column_text(3);
+  out.created_at = row.column_int64(4);
+  boost::system::error_code ec;
+  auto hs = json::parse(row.column_text(2), ec);
+  if (!ec && hs.is_array()) {
+    for (const auto& h : hs.get_array()) {
+      const auto* pair = h.if_array();
+      if (pair && pair->size() == 2 && (*pair)[0].is_string() && (*pair)[1].is_string()) {
+        out.response.headers.emplace_back(std::string((*pair)[0].get_string()), std::string((*pair)[1].get_string()));
+      }
+    }
+  }
+  row.reset();
+  return out;
+}
+
+std::expected<void, std::string> StateStore::purge_idempotency(std::int64_t cutoff) {
+  auto st = cached("DELETE FROM idempotency WHERE created_at < ?1");
+  if (!st) return std::unexpected(st.error().message);
+  if (auto b = (*st)->bind_all(cutoff); !b) return std::unexpected(b.error().message);
+  if (auto run = (*st)->run(); !run) return std::unexpected(run.error().message);
+  return {};
+}
+
+std::expected<std::vector<std::pair<std::int64_t, std::string>>, std::string> StateStore::audit_after(std::int64_t after_seq,
+                                                                                                          std::size_t limit) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  auto st = db_.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+  if (!st) return std::unexpected(st.error().message);
+  if (auto b = st->bind_all(after_seq, static_cast<std::int64_t>(limit)); !b) return std::unexpected(b.error().message);
+  auto read = each_row(*st, [&](store::Statement& s) -> std::expected<void, std::string> {
+    out.emplace_back(s.column_int64(0), s.column_text(1));
+    return {};
+  });
+  if (!read) return std::unexpected(read.error());
+  return out;
+}
+
+}  // namespace gpunode::service::detail

@@ -1,0 +1,164 @@
+// The node's state on disk (state.db): the one place that writes it. Private to gpunode_service.
+//
+// A `Change` is one transaction's worth of change: reservations, units, audit records, events,
+// an idempotent answer and termination rows. `StateStore::commit` writes it whole or not at all
+// and returns what it assigned (the audit records' seqs): nothing outside the store predicts an
+// id. The counters it keeps (revision, audit seq, event seq, the audit chain's last hash, the
+// inventory digest) move only after the transaction committed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "gpunode/reservations/model.hpp"
+#include "gpunode/service/api.hpp"
+#include "gpunode/service/reservation_json.hpp"
+#include "gpunode/store/database.hpp"
+
+namespace gpunode::service::detail {
+
+// PREFIX + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids
+// sort by creation time (rsv_..., evt_...).
+std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now);
+
+struct Caller {
+  reservations::Caller who;
+  boost::json::object actor() const {
+    boost::json::object a;
+    a["sub"] = who.sub;
+    a["org"] = who.org ? boost::json::value(*who.org) : boost::json::value(nullptr);
+    a["roles"] = strings_json(who.roles);
+    a["via"] = who.via;
+    return a;
+  }
+  std::string by() const { return who.org ? *who.org : who.sub; }
+};
+
+struct AuditDraft {
+  std::string action;
+  std::optional<std::string> reservation_id;
+  std::vector<std::string> unit_ids;
+  std::vector<std::string> vm_ids;
+  std::string result = "ok";
+  std::optional<std::string> detail;
+};
+
+struct EventDraft {
+  std::string type;
+  boost::json::object data;
+};
+
+struct IdempotencyDraft {
+  std::string caller, key, fingerprint;
+  ApiResponse response;
+};
+
+// A termination as stored (crash safety): written pending, with its audit record, before the
+// domain is touched; done or failed once the hypervisor answered.
+struct TerminationRow {
+  std::int64_t audit_seq = 0;  // the row's key: its write-ahead audit record
+  std::string domain_uuid;
+  std::string doc;    // {vmId, name, unitIds, by, at, grace}
+  std::string state;  // pending | done | failed
+  // A new row: the index, in its Change's `audits`, of the record whose seq the commit assigns
+  // as `audit_seq`. Unset: `audit_seq` names a row already stored.
+  std::optional<std::size_t> audit_index;
+};
+
+// One transaction's worth of change.
+struct Change {
+  Caller actor;
+  std::optional<std::string> request_id;
+  reservations::Time at{};
+  std::vector<reservations::Reservation> upserts;
+  std::vector<AuditDraft> audits;
+  std::vector<EventDraft> events;
+  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units;  // id -> (doc, absent)
+  std::optional<std::string> inventory_digest;
+  std::optional<IdempotencyDraft> idempotency;
+  std::vector<TerminationRow> terminations;
+
+  // Whether committing it moves the node's revision (an idempotency row alone does not).
+  bool moves_state() const {
+    return !upserts.empty() || !units.empty() || !audits.empty() || !events.empty() || inventory_digest.has_value() ||
+           !terminations.empty();
+  }
+};
+
+// What a commit assigned.
+struct Committed {
+  std::int64_t revision = 0;
+  std::vector<std::int64_t> audit_seqs;  // one per Change::audits, in order
+};
+
+// What the store holds beyond its counters, read once at open.
+struct Loaded {
+  std::map<std::string, reservations::Reservation> reservations;
+  std::map<std::int64_t, TerminationRow> pending;                // terminations cut short, by audit seq
+  std::map<std::string, boost::json::object> absent_units;       // last seen JSON, `absent` applied
+};
+
+// An answer kept for an Idempotency-Key.
+struct StoredAnswer {
+  std::string fingerprint;
+  ApiResponse response;
+  std::int64_t created_at = 0;  // seconds since the epoch
+};
+
+class StateStore {
+ public:
+  // Opens (creating) `file`, runs the migrations, reads the counters and what `loaded()` returns.
+  // `node_id` goes into every audit record.
+  static std::expected<StateStore, std::string> open(const std::filesystem::path& file, std::string node_id);
+
+  StateStore(StateStore&&) noexcept = default;
+  StateStore& operator=(StateStore&&) noexcept = default;
+
+  // What was read at open; moved out once by the service.
+  Loaded take_loaded() { return std::move(loaded_); }
+
+  // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed.
+  std::expected<Committed, std::string> commit(const Change& c, std::chrono::system_clock::time_point wall);
+  // Moves the revision alone (the workloads' list changed: not a stored change of its own).
+  std::expected<void, std::string> bump_revision();
+
+  std::int64_t revision() const { return revision_; }
+  const std::string& inventory_digest() const { return inventory_digest_; }
+  const std::filesystem::path& path() const { return db_.path(); }
+
+  // Units stored as present (absent = 0), and one unit's stored document.
+  std::vector<std::string> present_unit_ids();
+  std::optional<boost::json::object> unit_doc(const std::string& id);
+
+  // The answer kept for (caller, key), expired or not; nothing when none (or unreadable).
+  std::optional<StoredAnswer> idempotent_answer(const std::string& caller, const std::string& key);
+  // Deletes the answers created before `cutoff` (seconds since the epoch).
+  std::expected<void, std::string> purge_idempotency(std::int64_t cutoff);
+
+  // Up to `limit` audit records after `after_seq`, as (seq, stored JSON text).
+  std::expected<std::vector<std::pair<std::int64_t, std::string>>, std::string> audit_after(std::int64_t after_seq, std::size_t limit);
+
+ private:
+  StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
+  std::expected<void, std::string> load();
+  // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
+  std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
+
+  store::Database db_;
+  std::string node_id_;
+  std::map<std::string, store::Statement, std::less<>> statements_;
+  std::int64_t revision_ = 0, audit_seq_ = 0, event_seq_ = 0;
+  std::string audit_last_hash_;
+  std::string inventory_digest_;
+  Loaded loaded_;
+};
+
+}  // namespace gpunode::service::detail
