@@ -301,7 +301,9 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
       });
     });
   }, [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); });
-  if (auto l = p->server->listen_tls(cfg.api.listen, *tls); !l) return std::unexpected(l.error());
+  const auto where = config::parse_listen(cfg.api.listen);  // checked when the config was loaded
+  if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
+  if (auto l = p->server->listen_tls(where->host, where->port, *tls); !l) return std::unexpected(l.error());
   auto peers = p->peers;
   if (auto l = p->server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); }); !l) {
     return std::unexpected(l.error());

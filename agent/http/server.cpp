@@ -530,42 +530,17 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   bool closed_ = false;
 };
 
-std::expected<tcp::endpoint, std::string> parse_listen(net::io_context& io, std::string_view listen) {
-  std::string_view host;
-  std::string_view port;
-  if (listen.starts_with('[')) {
-    auto close = listen.find(']');
-    if (close == std::string_view::npos || close + 1 >= listen.size() || listen[close + 1] != ':') {
-      return std::unexpected(fmt::format("listen address \"{}\": expected [IPv6]:PORT", listen));
-    }
-    host = listen.substr(1, close - 1);
-    port = listen.substr(close + 2);
-  } else {
-    auto colon = listen.rfind(':');
-    if (colon == std::string_view::npos) {
-      return std::unexpected(fmt::format("listen address \"{}\": expected HOST:PORT", listen));
-    }
-    host = listen.substr(0, colon);
-    port = listen.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return std::unexpected(fmt::format("listen address \"{}\": an IPv6 address goes in brackets", listen));
-    }
-  }
-  unsigned p = 0;
-  auto [end, err] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (port.empty() || err != std::errc{} || end != port.data() + port.size() || p > 65535) {
-    return std::unexpected(fmt::format("listen address \"{}\": bad port", listen));
-  }
-  auto port16 = static_cast<std::uint16_t>(p);
-  if (host.empty() || host == "*") return tcp::endpoint(net::ip::address_v4::any(), port16);
+// The endpoint to bind for `host` (empty or "*": every IPv4 address; an IPv4 or IPv6 address; or a
+// host name, resolved here, at start, never on a request's path).
+std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const std::string& host, std::uint16_t port) {
+  if (host.empty() || host == "*") return tcp::endpoint(net::ip::address_v4::any(), port);
   beast::error_code ec;
-  auto addr = net::ip::make_address(std::string(host), ec);
-  if (!ec) return tcp::endpoint(addr, port16);
+  auto addr = net::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(addr, port);
   tcp::resolver resolver(io);
-  auto results = resolver.resolve(std::string(host), std::string(port), tcp::resolver::passive, ec);
+  auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return std::unexpected(fmt::format("listen address \"{}\": cannot resolve {}: {}", listen, host,
-                                       ec ? ec.message() : std::string("no address")));
+    return std::unexpected(fmt::format("cannot resolve {}: {}", host, ec ? ec.message() : std::string("no address")));
   }
   return results.begin()->endpoint();
 }
@@ -729,10 +704,11 @@ Server::~Server() {
   for (auto& s : live) s->force_close();
 }
 
-std::expected<void, std::string> Server::listen_tls(std::string_view listen, std::shared_ptr<ssl::context> tls) {
+std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port, std::shared_ptr<ssl::context> tls) {
+  const std::string listen = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
   if (!tls) return std::unexpected(fmt::format("listen {}: no TLS context", listen));
-  auto ep = parse_listen(state_->io, listen);
-  if (!ep) return std::unexpected(ep.error());
+  auto ep = endpoint_of(state_->io, host, port);
+  if (!ep) return std::unexpected(fmt::format("cannot listen on {}: {}", listen, ep.error()));
   auto a = std::make_unique<tcp::acceptor>(state_->io);
   beast::error_code ec;
   auto failed = [&](std::string_view step) {

@@ -1,5 +1,9 @@
 // NodeService::Impl and the helpers its translation units share; private to gpunode_service.
-//   node_state.cpp          loading, migrations, commit, units and scan, terms, request plumbing,
+//   state_store.cpp         StateStore: state.db, its migrations and the one commit
+//   inventory.cpp           Inventory: present and absent units; what a scan changes
+//   termination_ledger.cpp  TerminationLedger: terminations written ahead, running batches
+//   authenticator.cpp       Authenticator: bearer tokens and their cache
+//   node_state.cpp          loading, commit, scan, terms, request plumbing,
 //                           and NodeService's public member functions
 //   reservation_routes.cpp  routing, units, reservations, audit, state, reserved capacity, ETags
 //   workload_routes.cpp     workloads, occupancy, entitlement (capacity, admission), release
@@ -18,7 +22,9 @@
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/spot_plan.hpp"
 #include "authenticator.hpp"
+#include "inventory.hpp"
 #include "state_store.hpp"
+#include "termination_ledger.hpp"
 
 namespace gpunode::service {
 namespace r = gpunode::reservations;
@@ -67,33 +73,13 @@ struct NodeService::Impl {
   std::unique_ptr<discovery::SysfsReader> reader;
 
   std::map<std::string, r::Reservation> reservations;
-  std::vector<discovery::Unit> units;                // present, sorted by id
-  std::map<std::string, json::object> absent_units;  // last seen JSON, with `absent` applied
+  detail::Inventory inventory;
   bool has_hypervisor = false;
   const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs
-  // Terminations written pending and not decided yet, by audit seq (loaded on open: cut short by a
-  // crash); those a running batch holds are in `in_flight`.
-  std::map<std::int64_t, TerminationRow> pending;
-  std::set<std::int64_t> in_flight;
-  struct BatchVm {
-    std::int64_t audit_seq = 0;
-    vmctl::Domain domain;
-    std::vector<std::string> unit_ids;
-    vmctl::TerminationRecord record;
-    std::chrono::seconds grace{0};
-  };
-  struct Batch {
-    enum class Kind { terminate_spot, reclaim, agent } kind = Kind::agent;
-    Caller caller;
-    std::optional<std::string> request_id;
-    std::optional<std::string> reservation_id;  // reclaim
-    std::vector<BatchVm> vms;
-    json::array left_running;  // decided before the run
-    json::array terminating;   // domains whose termination was already underway
-    std::optional<IdempotencyDraft> idempotency;
-  };
-  std::map<std::uint64_t, Batch> batches;
-  std::uint64_t next_batch = 1;
+  // Terminations written ahead and not decided, and the batches running them.
+  detail::TerminationLedger terminations;
+  using BatchVm = detail::BatchVm;
+  using Batch = detail::Batch;
   // The workloads as last listed (GET .../state shows them; a change moves the revision).
   json::array observed_workloads;
   std::string observed_digest;
@@ -122,8 +108,8 @@ struct NodeService::Impl {
   // units
   json::object unit_view(const discovery::Unit& u, const Caller& caller) const;
   json::object absent_view(const std::string& id, json::object doc, const Caller& caller) const;
-  json::array units_json(const Caller& caller) const;
-  const discovery::Unit* present_unit(const std::string& id) const;
+  json::array units_json(const Caller& caller) const { return units_json(caller, inventory); }
+  json::array units_json(const Caller& caller, const detail::Inventory& of) const;
   void scan(bool first);
 
   // terms
@@ -157,7 +143,6 @@ struct NodeService::Impl {
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
   using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
 
-  std::map<std::string, std::string> unit_of_address() const;
   std::expected<std::vector<Workload>, Outcome> workloads_now();
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
   static json::value opt_str(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
@@ -167,7 +152,6 @@ struct NodeService::Impl {
                                              json::array& spot);
 
   // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
-  r::UnitFacts unit_facts(const std::string& unit_id) const;
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
   ApiResponse capacity(const ApiRequest& q, const Caller& c);
   ApiResponse admission(const ApiRequest& q, const Caller& c);
@@ -177,15 +161,12 @@ struct NodeService::Impl {
 
   // ---- spot_routes.cpp: the spot market, reclaim and terminate-spot (CONTRACT §4, §5, §7) ------
   void note_workloads(const std::vector<Workload>& ws);
-  std::vector<std::string> node_unit_ids() const;
-  bool known_unit(const std::string& id) const { return present_unit(id) != nullptr || absent_units.contains(id); }
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
   Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts) const;
-  std::optional<Work> work_of(std::uint64_t id) const;
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);

@@ -5,7 +5,6 @@
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/store/audit_chain.hpp"
-#include "gpunode/store/canonical_json.hpp"
 #include "impl.hpp"
 
 namespace gpunode::service {
@@ -31,10 +30,12 @@ const std::vector<r::Reservation>& NodeService::Impl::all_reservations() const {
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
   reservations = std::move(loaded.reservations);
-  pending = std::move(loaded.pending);
-  absent_units = std::move(loaded.absent_units);
+  terminations.load(std::move(loaded.pending));
+  inventory.set_absent(loaded.absent_units);
   list_stale = true;
-  if (!pending.empty()) say(LogLevel::warning, fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", pending.size()));
+  if (const auto n = terminations.pending().size(); n > 0) {
+    say(LogLevel::warning, fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
+  }
 }
 
 // ---- the one way state changes ----------------------------------------------------------------
@@ -59,9 +60,7 @@ std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Ch
   for (const auto& row : c.terminations) {
     TerminationRow stored = row;
     if (row.audit_index) stored.audit_seq = done->audit_seqs[*row.audit_index];
-    stored.audit_index.reset();
-    if (stored.state == "pending") pending.insert_or_assign(stored.audit_seq, std::move(stored));
-    else pending.erase(stored.audit_seq);
+    terminations.follow(std::move(stored));
   }
   return done;
 }
@@ -76,10 +75,10 @@ json::object NodeService::Impl::absent_view(const std::string& id, json::object 
   return doc;
 }
 
-json::array NodeService::Impl::units_json(const Caller& caller) const {
+json::array NodeService::Impl::units_json(const Caller& caller, const detail::Inventory& of) const {
   std::map<std::string, json::object> all;
-  for (const auto& u : units) all.emplace(u.id, unit_view(u, caller));
-  for (const auto& [id, doc] : absent_units) {
+  for (const auto& u : of.present()) all.emplace(u.id, unit_view(u, caller));
+  for (const auto& [id, doc] : of.absent()) {
     if (!all.contains(id)) all.emplace(id, absent_view(id, doc, caller));
   }
   json::array out;
@@ -87,83 +86,30 @@ json::array NodeService::Impl::units_json(const Caller& caller) const {
   return out;
 }
 
-const discovery::Unit* NodeService::Impl::present_unit(const std::string& id) const {
-  auto it = std::lower_bound(units.begin(), units.end(), id, [](const discovery::Unit& u, const std::string& k) { return u.id < k; });
-  return it != units.end() && it->id == id ? &*it : nullptr;
-}
-
 void NodeService::Impl::scan(bool first) {
   if (!reader) reader = std::make_unique<discovery::SysfsReader>(opt.host_root, opt.policy, names);
   auto snapshot = reader->read();
   for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
   auto fresh = discovery::build_units(snapshot, opt.policy);
-
-  // What discovery says (reservationIds empty), its digest, and what changed.
-  json::array answer;
-  for (const auto& u : fresh) answer.emplace_back(discovery::unit_to_json(u));
-  std::set<std::string> fresh_ids;
-  for (const auto& u : fresh) fresh_ids.insert(u.id);
-
-  Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
-  // Units seen before (present last time, or stored) that are gone now become absent.
-  std::set<std::string> known;
-  for (const auto& u : units) known.insert(u.id);
-  if (first) {
-    for (auto& id : store.present_unit_ids()) known.insert(std::move(id));
+  auto next = inventory.scan(std::move(fresh), first ? store.present_unit_ids() : std::vector<std::string>{},
+                             [this](const std::string& id) { return store.unit_doc(id); });
+  if (!next.changed(store.inventory_digest())) {
+    inventory = std::move(next.next);
+    return;
   }
-  std::map<std::string, json::object> newly_absent;
-  for (const auto& id : known) {
-    if (fresh_ids.contains(id) || absent_units.contains(id)) continue;
-    json::object doc;
-    if (const auto* u = present_unit(id)) {
-      doc = discovery::unit_to_json(*u);
-    } else if (auto stored = store.unit_doc(id)) {
-      doc = std::move(*stored);
-    }
-    if (doc.empty()) continue;
-    auto& reasons = doc["notReservableReasons"];
-    if (!reasons.is_array()) reasons = json::array{};
-    reasons.get_array().emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
-    doc["reservable"] = false;
-    doc["sellable"] = false;
-    newly_absent.emplace(id, doc);
+  Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  for (const auto& [id, doc] : next.newly_absent) {
     c.units.push_back({id, {json::serialize(doc), true}});
     c.audits.push_back(AuditDraft{"unit.absent", std::nullopt, {id}, {}, "ok", "the unit is no longer on the host"});
   }
-  std::vector<std::string> back;
-  for (const auto& u : fresh) {
-    c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
-    if (absent_units.contains(u.id)) back.push_back(u.id);
-  }
-  json::array full = answer;
-  for (const auto& [id, doc] : absent_units) {
-    if (!fresh_ids.contains(id)) full.emplace_back(doc);
-  }
-  for (const auto& [id, doc] : newly_absent) full.emplace_back(doc);
-  auto canon = store::canonical_json(full);
-  auto digest = canon ? store::sha256_hex(*canon) : std::unexpected(canon.error());
-  const std::string d = digest.value_or("");
-  const bool changed = d != store.inventory_digest();
-  if (!changed && newly_absent.empty() && back.empty()) {
-    units = std::move(fresh);
-    return;
-  }
-  // Apply to memory first for the admin view of the event, then commit (a failed commit is
-  // retried by the next scan: the digest is unchanged in the store).
-  auto previous_units = units;
-  auto previous_absent = absent_units;
-  units = std::move(fresh);
-  for (auto& [id, doc] : newly_absent) absent_units[id] = doc;
-  for (const auto& id : back) absent_units.erase(id);
+  for (const auto& u : next.next.present()) c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
   Caller admin{r::Caller{"gpunode-agent", std::nullopt, {"platform-admin"}, "agent"}};
-  c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin)}}});
-  c.inventory_digest = d;
-  if (auto ok = commit(c); !ok) {
-    units = std::move(previous_units);
-    absent_units = std::move(previous_absent);
-    return;
-  }
-  say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", units.size(), absent_units.size()));
+  c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin, next.next)}}});
+  c.inventory_digest = next.digest;
+  // A failed commit keeps the old inventory: the next scan tries again (the stored digest is unchanged).
+  if (!commit(c)) return;
+  inventory = std::move(next.next);
+  say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", inventory.present().size(), inventory.absent().size()));
 }
 
 // ---- terms ---------------------------------------------------------------------------------------
@@ -210,11 +156,9 @@ std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest
   IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
   // A call with this key still running (terminations waiting out their grace): its answer is not
   // stored yet, and a second call must neither start again nor overwrite it.
-  for (const auto& [id, b] : batches) {
-    if (b.idempotency && b.idempotency->caller == d.caller && b.idempotency->key == d.key) {
-      return with_header(problem(409, "idempotency-key-in-use", "a request with this Idempotency-Key is still running; retry to get its answer"),
-                         "Retry-After", "1");
-    }
+  if (terminations.running_key(d.caller, d.key)) {
+    return with_header(problem(409, "idempotency-key-in-use", "a request with this Idempotency-Key is still running; retry to get its answer"),
+                       "Retry-After", "1");
   }
   if (auto kept = store.idempotent_answer(d.caller, d.key); kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindowSeconds) {
     if (kept->fingerprint != d.fingerprint) return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");

@@ -160,8 +160,9 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
   std::vector<FieldProblem> unknown;
   json::array not_reservable;
   for (const auto& id : ids) {
-    const auto* u = present_unit(id);
-    if (u == nullptr && !absent_units.contains(id)) {
+    const auto* u = inventory.find(id);
+    const auto* absent = inventory.absent_doc(id);
+    if (u == nullptr && absent == nullptr) {
       unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", id, opt.node_id)});
       continue;
     }
@@ -170,8 +171,7 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
       for (const auto& rs : u->reasons) reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
     } else {
       // Stored JSON: read without throwing or inserting; an absent unit is never reservable.
-      const auto& doc = absent_units.find(id)->second;
-      if (const auto* rs = doc.if_contains("notReservableReasons"); rs != nullptr && rs->is_array()) reasons = rs->get_array();
+      if (const auto* rs = absent->if_contains("notReservableReasons"); rs != nullptr && rs->is_array()) reasons = rs->get_array();
       if (reasons.empty()) reasons.emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
     }
     if (!reasons.empty()) not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
@@ -426,12 +426,12 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
     json::array units_out;
     std::int64_t gpus = 0;
     for (const auto& uid : x.unit_ids) {
-      if (const auto* u = present_unit(uid)) {
+      if (const auto* u = inventory.find(uid)) {
         gpus += u->gpu_count();
         units_out.emplace_back(unit_view(*u, c));
-      } else if (auto a = absent_units.find(uid); a != absent_units.end()) {
-        if (const auto* g = a->second.if_contains("gpuCount"); g && g->is_int64()) gpus += g->get_int64();
-        units_out.emplace_back(absent_view(uid, a->second, c));
+      } else if (const auto* a = inventory.absent_doc(uid)) {
+        if (const auto* g = a->if_contains("gpuCount"); g && g->is_int64()) gpus += g->get_int64();
+        units_out.emplace_back(absent_view(uid, *a, c));
       }
     }
     total_units += static_cast<std::int64_t>(x.unit_ids.size());

@@ -25,13 +25,6 @@ void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
   observed_digest = std::move(digest);
 }
 
-std::vector<std::string> NodeService::Impl::node_unit_ids() const {
-  std::vector<std::string> out;
-  for (const auto& u : units) out.push_back(u.id);
-  for (const auto& [id, doc] : absent_units) out.push_back(id);
-  return out;
-}
-
 // The active reservation holding one of the units (the first found), for workload.terminated.
 std::optional<std::string> NodeService::Impl::holder_of(const std::vector<std::string>& unit_ids) const {
   for (const auto& u : unit_ids) {
@@ -72,8 +65,7 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
   // A domain whose termination another call (or the agent) has already started is not started
   // again: it is listed as `terminating`, and that other termination reports it.
   spot::Plan plan = plan_in;
-  std::set<std::string> underway;
-  for (const auto& [seq, row] : pending) underway.insert(row.domain_uuid);
+  const auto underway = terminations.underway_domains();
   std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
     if (!underway.contains(vm->domain.uuid)) return false;
     const auto& d = vm->domain;
@@ -109,11 +101,8 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
     vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
     b.vms.push_back(BatchVm{seq, vm->domain, vm->unit_ids, std::move(record), grace});
   }
-  for (const auto& vm : b.vms) in_flight.insert(vm.audit_seq);
-  const std::uint64_t id = next_batch++;
   say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"), b.vms.size(), b.caller.by()));
-  batches.emplace(id, std::move(b));
-  return RunBatch{*work_of(id)};
+  return RunBatch{*terminations.work(terminations.start(std::move(b)))};
 }
 
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
@@ -130,21 +119,11 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
   return json_response(out);
 }
 
-std::optional<Work> NodeService::Impl::work_of(std::uint64_t id) const {
-  auto it = batches.find(id);
-  if (it == batches.end()) return std::nullopt;
-  Work w{id, {}};
-  for (const auto& vm : it->second.vms) w.jobs.push_back(vmctl::TerminationJob{vm.domain, vm.record, vm.grace});
-  return w;
-}
-
 ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                                       const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
-  auto it = batches.find(id);
-  if (it == batches.end()) return problem(500, "internal", "unknown termination batch");
-  Batch b = std::move(it->second);
-  batches.erase(it);
-  for (const auto& vm : b.vms) in_flight.erase(vm.audit_seq);
+  auto taken = terminations.take(id);
+  if (!taken) return problem(500, "internal", "unknown termination batch");
+  Batch b = std::move(*taken);
   const bool agent = b.kind == Batch::Kind::agent;
   Change ch{agent ? agent_caller() : b.caller, agent ? std::nullopt : b.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
   json::array terminated, left = b.left_running;
@@ -157,7 +136,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
                             ? outcomes[i].result
                             : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
     const auto holder = holder_of(vm.unit_ids);
-    auto row = pending.contains(vm.audit_seq) ? pending.at(vm.audit_seq) : TerminationRow{vm.audit_seq, d.uuid, "{}", "pending", std::nullopt};
+    auto row = terminations.row_of(vm);
     const std::string who = agent ? "finished by the agent: " : "";
     if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
       unavailable = result.error().message;  // stays pending: finished once libvirt answers again
@@ -217,8 +196,8 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   Batch run, gone;
   run.kind = gone.kind = Batch::Kind::agent;
   std::vector<vmctl::TerminationOutcome> gone_outcomes;
-  for (const auto& [seq, row] : pending) {
-    if (in_flight.contains(seq)) continue;
+  for (const auto& [seq, row] : terminations.pending()) {
+    if (terminations.held(seq)) continue;
     boost::system::error_code ec;
     auto doc = json::parse(row.doc, ec);
     const json::object empty;
@@ -243,18 +222,13 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
       continue;
     }
     run.vms.push_back(BatchVm{seq, *found, unit_ids, record, grace});  // terminate_spot_all refuses it if no longer spot
-    in_flight.insert(seq);
   }
   if (!gone.vms.empty()) {
-    for (const auto& vm : gone.vms) in_flight.insert(vm.audit_seq);
-    const std::uint64_t id = next_batch++;
-    batches.emplace(id, std::move(gone));
+    const auto id = terminations.start(std::move(gone));
     (void)finish(id, std::move(gone_outcomes), std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "not listed"}));
   }
   if (run.vms.empty()) return std::nullopt;
-  const std::uint64_t id = next_batch++;
-  batches.emplace(id, std::move(run));
-  return work_of(id);
+  return terminations.work(terminations.start(std::move(run)));
 }
 
 Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
@@ -276,7 +250,7 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
   const auto grace = grace_s ? std::chrono::seconds(*grace_s) : opt.shutdown_grace;
 
-  const auto reach = r::terminate_reach(c.who, node(), all_reservations(), node_unit_ids());
+  const auto reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
   const r::Reservation* rx = nullptr;
   if (rid) {
     auto it = reservations.find(*rid);
@@ -290,7 +264,7 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   if (ids) {
     std::vector<FieldProblem> unknown, outside;
     for (const auto& u : *ids) {
-      if (!known_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
+      if (!inventory.known(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
       else if (rx && !rx->holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, rx->id)});
       else if (!reach.contains(u)) outside.push_back({"unitIds", fmt::format("{} is outside your reach", u)});
     }
@@ -361,7 +335,7 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
   b.idempotency = std::move(idem);
   spot::Plan p;
   if (terminate) {
-    std::set<std::string> targets, reach = r::terminate_reach(c.who, node(), all_reservations(), node_unit_ids());
+    std::set<std::string> targets, reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
     for (const auto& u : x.reclaiming_unit_ids) {
       if (named.contains(u)) targets.insert(u);
     }

@@ -10,24 +10,6 @@ namespace gpunode::service {
 using namespace detail;
 
 // ---- workloads (CONTRACT §5, §7 Occupancy) -----------------------------------------------------
-// Every unit's member addresses, present and absent units alike.
-std::map<std::string, std::string> NodeService::Impl::unit_of_address() const {
-  std::map<std::string, std::string> out;
-  for (const auto& u : units) {
-    for (const auto& m : u.devices) out[m.device.address.to_string()] = u.id;
-  }
-  for (const auto& [id, doc] : absent_units) {
-    if (const auto* ds = doc.if_contains("devices"); ds && ds->is_array()) {
-      for (const auto& d : ds->get_array()) {
-        if (const auto* a = d.is_object() ? d.get_object().if_contains("pciAddress") : nullptr; a && a->is_string()) {
-          out.emplace(std::string(a->get_string()), id);
-        }
-      }
-    }
-  }
-  return out;
-}
-
 std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now() {
   if (!has_hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
   if (listing == nullptr) return std::unexpected(NeedsWorkloads{});  // listed off this thread, then handled again
@@ -42,7 +24,7 @@ std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Im
 }
 
 std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vector<vmctl::Domain> list) const {
-  const auto owner = unit_of_address();
+  const auto owner = inventory.unit_of_address();
   std::vector<Workload> out;
   for (auto& d : list) {
     std::set<std::string> ids;
@@ -108,20 +90,8 @@ std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& 
 }
 
 // ---- entitlement (CONTRACT §4 capacity and admission): the rule is reservations::entitled ----
-r::UnitFacts NodeService::Impl::unit_facts(const std::string& unit_id) const {
-  r::UnitFacts facts;
-  if (const auto* u = present_unit(unit_id)) {
-    facts.presence = r::UnitFacts::Presence::present;
-    facts.sellable = u->sellable;
-    for (const auto& rs : u->reasons) facts.not_sellable_codes.push_back(rs.code);
-  } else if (absent_units.contains(unit_id)) {
-    facts.presence = r::UnitFacts::Presence::absent;
-  }
-  return facts;
-}
-
 r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
-  return r::entitled(org, tier, unit_id, unit_facts(unit_id), all_reservations(), opt.node_id);
+  return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
 }
 
 ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
@@ -129,7 +99,7 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
   auto org = q.query_param("org");
   if (!org || org->empty()) return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
   json::array entries;
-  for (const auto& u : units) {
+  for (const auto& u : inventory.present()) {
     for (auto tier : {vmctl::Tier::reserved, vmctl::Tier::spot, vmctl::Tier::on_demand}) {
       auto e = entitled(*org, tier, u.id);
       if (!e.allowed()) continue;

@@ -138,8 +138,11 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // "host:port", "[v6]:port" ("0.0.0.0:8443", "[::]:8443"; port 0 picks one, see tls_port()).
-  std::expected<void, std::string> listen_tls(std::string_view listen, std::shared_ptr<boost::asio::ssl::context> tls);
+  // HTTPS on `host` (an IPv4 or IPv6 address, a host name resolved now, or empty / "*" for every
+  // IPv4 address) and `port` (0 picks one, see tls_port()). The daemon parses `api.listen` with
+  // config::parse_listen.
+  std::expected<void, std::string> listen_tls(const std::string& host, std::uint16_t port,
+                                              std::shared_ptr<boost::asio::ssl::context> tls);
   // The admin socket (CONTRACT §7: `mode` 0660). Creates the socket's directory mode 0750 if
   // missing (only the last level; chowned to `group` when given), unlinks a stale socket first
   // (only if it is a socket and nobody answers on it), binds, gives the socket to `group` when
