@@ -128,16 +128,18 @@ CLI::Validator time_validator(Time now) {
       "TIME");
 }
 
-CLI::Validator ids_validator() {
+// `may_be_empty`: "" names no id (--managers "" empties the managing orgs).
+CLI::Validator ids_validator(bool may_be_empty = false) {
   return CLI::Validator(
-      [](std::string& s) -> std::string {
+      [may_be_empty](std::string& s) -> std::string {
+        if (may_be_empty && s.empty()) return {};
         auto v = parse_ids(s);
         return v ? std::string() : v.error();
       },
-      "ID,..");
+      may_be_empty ? "ID,.. or \"\"" : "ID,..");
 }
 
-std::vector<std::string> ids_of(const std::string& s) { return parse_ids(s).value_or(std::vector<std::string>{}); }
+std::vector<std::string> ids_of(const std::string& s) { return s.empty() ? std::vector<std::string>{} : parse_ids(s).value_or(std::vector<std::string>{}); }
 
 Time when_of(const std::string& s, Time now) { return parse_when(s, now).value_or(now); }
 
@@ -307,7 +309,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   auto* reserve = app.add_subcommand("reserve", "Reserve units for orgs (POST .../reservations)");
   reserve->add_option("--units", o.units, "Units to reserve (u-0000-41-00-0,...)")->required()->check(ids_validator());
   reserve->add_option("--audience", o.audience, "Orgs that may use the units")->required()->check(ids_validator());
-  reserve->add_option("--managers", o.managers, "Orgs that manage the reservation (release, reclaim)")->check(ids_validator());
+  reserve->add_option("--managers", o.managers, "Orgs that manage the reservation (release, reclaim); default none")->check(ids_validator(true));
   reserve->add_option("--starts", o.starts, "When the term starts (default: now)")->check(time_validator(env.now));
   reserve->add_option("--ends", o.ends, "When the term ends")->required()->check(time_validator(env.now));
   reserve->add_option("--note", o.note, "A note (at most 1024 characters)");
@@ -316,7 +318,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   amend->add_option("ID", o.id, "The reservation id")->required();
   amend->add_option("--units", o.units, "The new units")->check(ids_validator());
   amend->add_option("--audience", o.audience, "The new audience orgs")->check(ids_validator());
-  amend->add_option("--managers", o.managers, "The new managing orgs (\"\" is not allowed: use amend on the agent's API to empty it)")->check(ids_validator());
+  amend->add_option("--managers", o.managers, "The new managing orgs (\"\": none)")->check(ids_validator(true));
   amend->add_option("--starts", o.starts, "The new start (only while scheduled)")->check(time_validator(env.now));
   amend->add_option("--ends", o.ends, "The new end (after now)")->check(time_validator(env.now));
   amend->add_option("--note", o.note, "The new note");
@@ -377,7 +379,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
     }
     return Result{kExitUsage, {}, fmt::format("gpunodectl: {}\n\n{}", e.what(), named == &app ? app.help() : named->help("gpunodectl"))};
   }
-  if (amend->parsed() && o.units.empty() && o.audience.empty() && o.managers.empty() && o.starts.empty() && o.ends.empty() &&
+  if (amend->parsed() && o.units.empty() && o.audience.empty() && amend->count("--managers") == 0 && o.starts.empty() && o.ends.empty() &&
       amend->count("--note") == 0) {
     return Result{kExitUsage, {}, fmt::format("gpunodectl: amend: nothing to change: give at least one of --units, --audience, --managers, --starts, --ends, --note\n\n{}", amend->help("gpunodectl"))};
   }
@@ -399,7 +401,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
                [&](const json::value& b) { return reservation_text(s, b, "reservation"); });
   }
   if (reserve->parsed()) {
-    ReserveArgs a{ids_of(o.units), ids_of(o.audience), o.managers.empty() ? std::vector<std::string>{} : ids_of(o.managers),
+    ReserveArgs a{ids_of(o.units), ids_of(o.audience), ids_of(o.managers),
                   o.starts.empty() ? std::nullopt : std::optional<Time>(when_of(o.starts, now)), when_of(o.ends, now),
                   reserve->count("--note") > 0 ? std::optional<std::string>(o.note) : std::nullopt};
     return one(s, [&](const std::string& n) { return reserve_request(n, a); },
@@ -415,7 +417,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
     AmendArgs a;
     if (!o.units.empty()) a.units = ids_of(o.units);
     if (!o.audience.empty()) a.audience = ids_of(o.audience);
-    if (!o.managers.empty()) a.managers = ids_of(o.managers);
+    if (amend->count("--managers") > 0) a.managers = ids_of(o.managers);
     if (!o.starts.empty()) a.starts = when_of(o.starts, now);
     if (!o.ends.empty()) a.ends = when_of(o.ends, now);
     if (amend->count("--note") > 0) a.note = o.note;

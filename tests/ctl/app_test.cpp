@@ -208,6 +208,10 @@ TEST_CASE("commands send their route") {
   f.run({"amend", "rsv_1", "--note", "", "--if-match", "2"});
   CHECK(last() == "PATCH /v1/nodes/node-1/reservations/rsv_1");
   CHECK(f.agent.seen.back().body == R"({"note":""})");
+  f.run({"amend", "rsv_1", "--managers", ""});
+  CHECK(f.agent.seen.back().body == R"({"managingOrgIds":[]})");
+  f.run({"amend", "rsv_1", "--managers", "org-m,org-n", "--units", "u-1"});
+  CHECK(json::parse(f.agent.seen.back().body) == json::parse(R"({"unitIds":["u-1"],"managingOrgIds":["org-m","org-n"]})"));
   f.run({"end", "rsv_1", "--reason", "done"});
   CHECK(last() == "POST /v1/nodes/node-1/reservations/rsv_1/end");
   f.run({"release", "rsv_1", "--units", "u-1,u-2"});
