@@ -76,6 +76,9 @@ YAML
 echo "== gpunode demo: node $node on https://127.0.0.1:$port =="
 "$agent" discover --config "$demo/agent.yaml"
 ends=$(date -u -d '+30 days' +%Y-%m-%dT%H:%M:%SZ)
+# gpunodectl is built beside the agent; printed relative to the checkout when it is in it.
+ctl=$(dirname "$agent")/gpunodectl
+ctl=${ctl#"$top"/}
 cat <<TXT
 
 The agent starts below (Ctrl-C stops it; its state is thrown away with build/demo). In another
@@ -116,6 +119,18 @@ terminal, from $top:
 
   # operators: the admin socket needs no token, and the audit log is hash-chained
   curl -s --unix-socket build/demo/admin.sock http://localhost/v1/nodes/$node/audit; echo
+
+  # operators, with gpunodectl over the admin socket (the node id comes from the agent;
+  # --json prints a route's body exactly; exit 1 a problem, 2 usage, 3 the socket)
+  ctl() { $ctl --socket build/demo/admin.sock "\$@"; }
+  ctl status                                   # the node at a glance
+  ctl units                                    # the node as a tree: NUMA node, unit, devices, reservations, VMs
+  ctl reserve --units u-0000-81-00-0,u-0000-a1-00-0 --audience org-acme --starts +7d --ends +21d --note "H100s for a training run"
+  ctl timeline                                 # reservations per unit over the coming weeks
+  ctl reservations
+  ctl workloads
+  ctl audit --limit 5
+  ctl --json units | python3 -m json.tool | head -20
 
 TXT
 exec "$agent" run --config "$demo/agent.yaml"

@@ -1,0 +1,82 @@
+// gpunode/ctl/model.hpp: the agent's answers as plain data for the pictures and tables. The JSON
+// comes from a socket: it is read with Boost.JSON's non-throwing accessors only, and an answer of
+// the wrong shape is an error naming the place ("reservations[2].unitIds[0]: not a string").
+// Keys the contract adds later are ignored; a missing optional key reads as empty.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/json/value.hpp>
+
+#include "gpunode/ctl/request.hpp"
+
+namespace gpunode::ctl {
+
+struct Reason {
+  std::string code, message;
+};
+
+struct Device {
+  std::string pci_address, role, vendor_id, device_id, class_code;
+  std::optional<std::string> driver;
+};
+
+struct Gpu {
+  std::string pci_address;
+  std::optional<std::string> name;
+};
+
+struct Unit {
+  std::string id;
+  std::optional<std::int64_t> iommu_group;
+  std::string cls;
+  std::int64_t gpu_count = 0;
+  std::vector<std::int64_t> numa_nodes;
+  bool sellable = false, reservable = false;
+  std::vector<Reason> reasons;
+  std::vector<Gpu> gpus;
+  std::vector<Device> devices;
+  std::vector<std::string> reservation_ids;
+};
+
+struct Reservation {
+  std::string id, state;
+  std::vector<std::string> unit_ids, audience, managers, released, reclaiming;
+  std::string starts_at, ends_at;        // as the agent wrote them
+  std::optional<Time> starts, ends;      // parsed; nullopt when unreadable
+  std::optional<std::string> ended_at, end_reason;
+  std::string note;
+  std::int64_t version = 0;
+};
+
+struct Workload {
+  std::optional<std::string> vm_id, org, tier, termination_reason;
+  std::string name, domain_uuid, state;
+  std::vector<std::string> unit_ids;
+};
+
+// GET .../state (CONTRACT §4): what the pictures are drawn from.
+struct NodeState {
+  std::string node_id;
+  std::int64_t revision = 0;
+  std::vector<Unit> units;
+  std::vector<Reservation> reservations;
+  std::vector<Workload> workloads;
+};
+
+std::expected<NodeState, std::string> decode_state(const boost::json::value& body);
+std::expected<std::vector<Unit>, std::string> decode_units(const boost::json::value& body);  // GET units
+std::expected<std::vector<Reservation>, std::string> decode_reservations(const boost::json::value& body, std::string_view key = "reservations");
+std::expected<Reservation, std::string> decode_reservation(const boost::json::value& body);
+std::expected<std::vector<Workload>, std::string> decode_workloads(const boost::json::value& body);
+
+// A value of the Prometheus text format (`name value` or `name{labels} value`; the first sample
+// of that name), nullopt when absent or unreadable.
+std::optional<double> metric_value(std::string_view text, std::string_view name);
+
+}  // namespace gpunode::ctl

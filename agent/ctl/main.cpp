@@ -1,0 +1,69 @@
+// gpunodectl: the operator's CLI over the agent's admin socket (CONTRACT §8). A thin main over
+// gpunode::ctl: the process's socket, clock, terminal, environment and uid go in through Env.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+
+#include "gpunode/ctl/app.hpp"
+
+namespace {
+
+std::size_t terminal_width(bool tty) {
+  winsize ws{};
+  if (tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c != nullptr) {
+    std::size_t n = 0;
+    const std::string_view s(c);
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (ec == std::errc{} && p == s.data() + s.size() && n >= 40 && n <= 1000) return n;
+  }
+  return 100;
+}
+
+std::optional<std::string> read_small_file(std::string_view path) {
+  std::ifstream f{std::string(path), std::ios::binary};
+  if (!f) return std::nullopt;
+  std::string text;
+  constexpr std::size_t kMax = 1 << 20;  // an agent.yaml is a few KiB
+  text.resize(kMax);
+  f.read(text.data(), static_cast<std::streamsize>(kMax));
+  if (f.bad()) return std::nullopt;
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  return text;
+}
+
+void write_all(std::FILE* f, const std::string& s) {
+  if (!s.empty()) std::fwrite(s.data(), 1, s.size(), f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    gpunode::ctl::Env env;
+    env.connect = [](const std::string& path) { return std::make_unique<gpunode::ctl::UnixClient>(path, "gpunodectl/" GPUNODE_VERSION); };
+    env.read_file = read_small_file;
+    env.now = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    env.stdout_tty = ::isatty(STDOUT_FILENO) == 1;
+    env.no_color = std::getenv("NO_COLOR");
+    env.width = terminal_width(env.stdout_tty);
+    env.uid = ::geteuid();
+    env.version = GPUNODE_VERSION;
+    const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
+    const auto r = gpunode::ctl::run(args, env);
+    write_all(stdout, r.out);
+    std::fflush(stdout);
+    write_all(stderr, r.err);
+    return r.exit_code;
+  } catch (const std::exception& e) {
+    // A bug, never bad input: say so instead of dying silently.
+    std::fprintf(stderr, "gpunodectl: internal error: %s\n", e.what());
+    return 70;
+  }
+}
