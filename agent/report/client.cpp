@@ -70,6 +70,7 @@ void Client::drop() {
 }
 
 void Client::close() {
+  closed_ = true;
   resolver_.cancel();
   resolve_guard_.cancel();
   if (stream_) {
@@ -136,6 +137,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
 
   // A second round only for a reused connection the server had closed (see client.hpp).
   for (int round = 0; round < 2; ++round) {
+    if (closed_) co_return std::unexpected(std::string("closed"));
     const bool reused = stream_.has_value() && generation_ == tls_.get().second;
     if (!reused) {
       auto c = co_await connect(deadline);
@@ -149,7 +151,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
     co_await bhttp::async_write(*stream_, req, redirect_error(use_awaitable, ec));
     if (ec) {
       drop();
-      if (reused && ec != beast::error::timeout) continue;
+      if (reused && ec != beast::error::timeout && ec != asio::error::operation_aborted) continue;
       co_return std::unexpected("sending: " + describe(ec));
     }
     beast::flat_buffer buffer;
@@ -160,7 +162,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
     if (ec) {
       const bool nothing = !parser.got_some();
       drop();
-      if (reused && nothing && ec != beast::error::timeout) continue;
+      if (reused && nothing && ec != beast::error::timeout && ec != asio::error::operation_aborted) continue;
       co_return std::unexpected("reading the answer: " + describe(ec));
     }
     auto& res = parser.get();

@@ -75,7 +75,8 @@ class Client {
   // (resolve, connect, TLS, write, read, a timeout, an answer over the size limit) and says which.
   boost::asio::awaitable<std::expected<Answer, std::string>> post(std::string path, std::string body,
                                                                  std::chrono::milliseconds timeout);
-  // Closes the connection: a request in flight ends with an error. On the io_context's thread.
+  // Closes the connection for good: a request in flight ends with an error, and so does every
+  // later one (the reporter is stopping). On the io_context's thread.
   void close();
 
  private:
@@ -93,6 +94,7 @@ class Client {
   std::shared_ptr<boost::asio::ssl::context> ctx_;  // the stream's context (kept while it lives)
   std::uint64_t generation_ = 0;                    // of ctx_
   std::optional<Stream> stream_;
+  bool closed_ = false;  // close() was called: no more connections
 };
 
 }  // namespace gpunode::report::detail

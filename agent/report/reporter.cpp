@@ -2,6 +2,7 @@
 #include "gpunode/report/reporter.hpp"
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -30,6 +31,9 @@ constexpr auto kStaleWarning = std::chrono::minutes(10);     // CONTRACT §6
 constexpr auto kStaleWarningEvery = std::chrono::minutes(5);  // CONTRACT §6
 constexpr auto kSameFailureLogEvery = std::chrono::minutes(1);
 constexpr auto kRestartAfterCrash = std::chrono::seconds(1);
+// stop() closes everything the loops wait on, so they end at once; should one not (a bug, or a
+// SQLite call waiting out its busy timeout), the loop is stopped after this anyway.
+constexpr auto kStopGrace = std::chrono::seconds(3);
 
 std::string snippet(std::string_view body) {
   std::string out;
@@ -91,6 +95,8 @@ struct Reporter::Impl {
   asio::steady_timer restart{io};
   detail::Client events;
   detail::Client heartbeats;
+  std::promise<void> finished;  // set when the thread's loop has returned
+  std::future<void> finished_future = finished.get_future();
   std::thread thread;
 
   Impl(Options o, detail::Endpoint e, Outbox ob)
@@ -391,7 +397,10 @@ std::expected<std::unique_ptr<Reporter>, std::string> Reporter::start(Options op
                                      p->opt.node_id, *acked, seconds_text(p->opt.heartbeat_interval)));
   p->spawn(&Impl::deliver_loop, "delivery");
   p->spawn(&Impl::heartbeat_loop, "heartbeat");
-  p->thread = std::thread([p] { p->run_thread(); });
+  p->thread = std::thread([p] {
+    p->run_thread();
+    p->finished.set_value();
+  });
   return std::unique_ptr<Reporter>(new Reporter(std::move(impl)));
 }
 
@@ -426,7 +435,12 @@ void Reporter::stop() {
       p->heartbeats.close();
     });
   }
-  if (p->thread.joinable() && p->thread.get_id() != std::this_thread::get_id()) p->thread.join();
+  if (!p->thread.joinable() || p->thread.get_id() == std::this_thread::get_id()) return;
+  if (p->finished_future.wait_for(kStopGrace) == std::future_status::timeout) {
+    p->say(LogLevel::error, "internal: the reporter's loops did not end when asked; stopping its thread");
+    p->io.stop();
+  }
+  p->thread.join();
 }
 
 }  // namespace gpunode::report
