@@ -148,9 +148,24 @@ struct Reporter::Impl {
   }
 
   // One line per failure class at most every minute (a refused request: every time, as an error).
-  void log_failure(Failure f, const std::string& why, std::chrono::milliseconds wait, unsigned attempt) {
-    if (!outage_since) outage_since = Clock::now();
+  // The outage began at the first failure, or earlier: when the oldest event still waiting was
+  // made (it would have been delivered at once), which also counts the time before a restart.
+  void begin_outage() {
     recovering.reset();
+    if (outage_since) return;
+    outage_since = Clock::now();
+    std::optional<std::chrono::sys_seconds> oldest;
+    {
+      std::lock_guard lock(status_mu);
+      oldest = status.oldest_undelivered;
+    }
+    if (!oldest) return;
+    const auto waited = std::chrono::system_clock::now() - *oldest;
+    if (waited > std::chrono::seconds(0)) *outage_since -= std::chrono::duration_cast<Clock::duration>(waited);
+  }
+
+  void log_failure(Failure f, const std::string& why, std::chrono::milliseconds wait, unsigned attempt) {
+    begin_outage();
     with_status([&](Status& st) { ++st.failures[static_cast<std::size_t>(f)]; });
     if (f == Failure::rejected) {
       say(LogLevel::error, fmt::format("central: events seq {}.. refused ({}): {}; holding them and trying again in {}", base + 1,
@@ -170,8 +185,7 @@ struct Reporter::Impl {
   }
 
   void protocol_error(const std::string& why) {
-    if (!outage_since) outage_since = Clock::now();
-    recovering.reset();
+    begin_outage();
     with_status([](Status& st) { ++st.protocol_errors; });
     say(LogLevel::error, "central: protocol error: " + why);
   }

@@ -572,3 +572,15 @@ def run_main(name, body):
         traceback.print_exc()
         checks.check(f"{name} ran to the end", False, f"{type(e).__name__}: {e}")
     return checks.finish()
+
+
+def run_with_central(name, body):
+    """run_main for a test of reporting: body(checks, lab, fake_central) with both closed after."""
+    def main(c, agent):
+        with Lab(agent) as lab:
+            fc = lab.fake_central()
+            try:
+                body(c, lab, fc)
+            finally:
+                fc.close()
+    return run_main(name, main)

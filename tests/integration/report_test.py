@@ -23,15 +23,7 @@ import lab as L  # noqa: E402
 U81, UA1 = "u-0000-81-00-0", "u-0000-a1-00-0"
 
 
-def body(c, lab):
-    fc = lab.fake_central()
-    try:
-        run(c, lab, fc)
-    finally:
-        fc.close()
-
-
-def run(c, lab, fc):
+def body(c, lab, fc):
     day = 86400
     n = [0]
 
@@ -214,7 +206,4 @@ def run(c, lab, fc):
 
 
 if __name__ == "__main__":
-    def main(c, agent):
-        with L.Lab(agent) as lab:
-            body(c, lab)
-    sys.exit(L.run_main("report", main))
+    sys.exit(L.run_with_central("report", body))
