@@ -350,14 +350,21 @@ void read_libvirt(const Section& root, Config::Libvirt& out) {
 }
 
 void read_central(const Section& root, Purpose purpose, Config::Central& out) {
-  const Section s = root.child("central", {"url", "ca", "client_cert", "client_key"});
+  const Section s = root.child("central", {"url", "ca", "client_cert", "client_key", "heartbeat_interval"});
   read_string(s, "url", values::central_url, out.url);
   read_string(s, "ca", values::text, out.ca);
   read_string(s, "client_cert", values::text, out.client_cert);
   read_string(s, "client_key", values::text, out.client_key);
+  read_value(s, "heartbeat_interval", "a duration", values::heartbeat_interval, out.heartbeat_interval);
   if (purpose != Purpose::run || out.url.empty()) return;
+  require_value(s, "ca");  // the central API's server certificate is verified against it (CONTRACT §7 TLS)
   require_value(s, "client_cert");  // reporting is mTLS (CONTRACT §6)
   require_value(s, "client_key");
+}
+
+void read_metrics(const Section& root, Config::Metrics& out) {
+  const Section s = root.child("metrics", {"listen"});
+  read_string(s, "listen", values::optional_listen, out.listen);
 }
 
 void read_state(const Section& root, Config::State& out) {
@@ -374,7 +381,7 @@ void read_log(const Section& root, Config::Log& out) {
 void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out) {
   const Section root =
       Section::root(problems, document,
-                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "state", "log"});
+                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "metrics", "state", "log"});
   read_node(root, purpose, out.node);
   read_discovery(root, out.discovery);
   read_api(root, purpose, out.api);
@@ -382,6 +389,7 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_admin(root, out.admin);
   read_libvirt(root, out.libvirt);
   read_central(root, purpose, out.central);
+  read_metrics(root, out.metrics);
   read_state(root, out.state);
   read_log(root, out.log);
 }

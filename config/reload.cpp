@@ -19,6 +19,8 @@ std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) 
   check(a.libvirt.uri == b.libvirt.uri, "libvirt.uri");
   check(a.libvirt.shutdown_grace == b.libvirt.shutdown_grace, "libvirt.shutdown_grace");
   check(a.central.url == b.central.url, "central.url");
+  check(a.central.heartbeat_interval == b.central.heartbeat_interval, "central.heartbeat_interval");
+  check(a.metrics.listen == b.metrics.listen, "metrics.listen");
   check(a.state.dir == b.state.dir, "state.dir");
   return out;
 }

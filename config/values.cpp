@@ -13,6 +13,8 @@
 #include <limits>
 #include <optional>
 
+#include <boost/url/parse.hpp>
+
 #include "text.hpp"
 
 namespace gpunode::config {
@@ -289,6 +291,15 @@ Parsed<std::string> central_url(std::string_view s) {
   const std::string_view authority =
       s.substr(kScheme.size(), s.find_first_of("/?#", kScheme.size()) - kScheme.size());
   if (authority.empty()) return unexpected(std::string("the URL has no host"));
+  // The reporter parses it with Boost.URL too: what passes here is what it can use.
+  const auto url = boost::urls::parse_absolute_uri(s);
+  if (!url) return unexpected(fmt::format("not a valid URL ({})", url.error().message()));
+  if (url->encoded_host().empty()) return unexpected(std::string("the URL has no host"));
+  if (url->has_userinfo()) return unexpected(std::string("a user name or password in the URL is not supported"));
+  if (url->has_query() || url->has_fragment()) return unexpected(std::string("the URL has no query or fragment"));
+  if (url->has_port() && !listen_port(url->port())) {
+    return unexpected(std::string("the port must be a number from 1 to 65535"));
+  }
   return std::string(s);
 }
 
@@ -317,6 +328,17 @@ Parsed<LogFormat> log_format(std::string_view s) {
 Parsed<Duration> rescan_interval(std::string_view s) {
   auto d = parse_duration(s);
   if (d && *d < std::chrono::seconds(1)) return unexpected(std::string("must be at least 1s"));
+  return d;
+}
+
+Parsed<std::string> optional_listen(std::string_view s) {
+  if (s.empty()) return std::string();
+  return listen(s);
+}
+
+Parsed<Duration> heartbeat_interval(std::string_view s) {
+  auto d = parse_duration(s);
+  if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1))) return unexpected(std::string("must be from 1s to 1h"));
   return d;
 }
 

@@ -34,7 +34,9 @@ Parsed<std::string> reservable_class(std::string_view s);
 Parsed<std::string> unit_ref(std::string_view s);
 // HOST:PORT or [IPv6]:PORT (see parse_listen), returned unchanged.
 Parsed<std::string> listen(std::string_view s);
-// Empty, or https://HOST[...].
+// Empty (not listening), or as listen().
+Parsed<std::string> optional_listen(std::string_view s);
+// Empty, or an absolute https URL with a host (Boost.URL's grammar), no user info, query or fragment.
 Parsed<std::string> central_url(std::string_view s);
 // A decimal integer in [0, 2^32).
 Parsed<std::uint32_t> uid(std::string_view s);
@@ -42,6 +44,8 @@ Parsed<LogLevel> log_level(std::string_view s);
 Parsed<LogFormat> log_format(std::string_view s);
 // parse_duration, at least 1s.
 Parsed<Duration> rescan_interval(std::string_view s);
+// parse_duration, 1s to 1h (central.heartbeat_interval).
+Parsed<Duration> heartbeat_interval(std::string_view s);
 // parse_duration, 0s to 300s.
 Parsed<Duration> shutdown_grace(std::string_view s);
 

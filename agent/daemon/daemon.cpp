@@ -24,6 +24,7 @@
 #include "gpunode/daemon/sd_notify.hpp"
 #include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
 #include "gpunode/store/state_lock.hpp"
 
@@ -40,6 +41,12 @@ std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_veri
 }
 
 http::TlsFiles tls_files(const config::Config& c) { return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca}; }
+
+// The central API's client context, when reporting is on (central.url set); else null.
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c) {
+  if (c.central.url.empty()) return nullptr;
+  return http::make_client_tls_context({c.central.ca, c.central.client_cert, c.central.client_key});
+}
 
 service::ApiRequest to_api(http::Request&& q) {
   service::ApiRequest a;
@@ -94,6 +101,12 @@ struct Daemon::Parts {
   asio::steady_timer rescan_timer{core};
   // The core loop's last turn seen by the watchdog (steady clock, ns): written on core, read on net.
   std::atomic<std::int64_t> core_beat{0};
+  // The state's revision as the core last published it (after each commit that moved it): written
+  // on core, read by the reporter's heartbeats. It only grows.
+  std::atomic<std::int64_t> revision{0};
+  // Set in start() before any thread could use it, then only its thread-safe members are called
+  // (notify on core, set_tls_context on slow, status anywhere); stopped first in join_threads().
+  std::unique_ptr<report::Reporter> reporter;
 
   std::optional<http::Server> server;  // its member functions may be called from any thread
   asio::signal_set signals{net};
@@ -183,8 +196,11 @@ struct Daemon::Parts {
     }
     auto v = load_verifier(fresh.config);
     auto t = http::make_tls_context(tls_files(fresh.config));
-    if (!v || !t) {
-      say(LogLevel::error, "reload refused: " + (v ? t.error() : v.error()) + "; keeping the running configuration");
+    // The central API's files, when reporting runs and is still meant to (a changed url is a restart).
+    std::expected<std::shared_ptr<asio::ssl::context>, std::string> c = nullptr;
+    if (reporter) c = central_tls(fresh.config);
+    if (!v || !t || !c) {
+      say(LogLevel::error, "reload refused: " + (!v ? v.error() : !t ? t.error() : c.error()) + "; keeping the running configuration");
       return false;
     }
     const auto restart = config::keys_needing_restart(cfg, fresh.config);
@@ -193,6 +209,7 @@ struct Daemon::Parts {
                                          fmt::join(restart, ", ")));
     }
     server->set_tls_context(*t);
+    if (reporter && *c) reporter->set_tls_context(*c);
     log.configure(fresh.config.log.level, fresh.config.log.format);
     peers->configure(fresh.config.admin);
     peers->resolve();
@@ -201,7 +218,8 @@ struct Daemon::Parts {
       node->set_unsellable(std::move(u));
       driver->changed();
     });
-    say(LogLevel::info, "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers");
+    say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers, central API files"
+                                 : "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers");
     return true;
   }
 
@@ -209,6 +227,7 @@ struct Daemon::Parts {
     if (threads_done) return;
     threads_done = true;
     stopping = true;
+    if (reporter) reporter->stop();  // prompt: no request to the central API is waited for
     terminations.join();  // terminations stop waiting at once (their domains are finished at the next start)
     lists.join();
     slow.join();
@@ -250,6 +269,8 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!verifier) return std::unexpected(verifier.error());
   auto tls = http::make_tls_context(tls_files(cfg));
   if (!tls) return std::unexpected(tls.error());
+  auto central = central_tls(cfg);
+  if (!central) return std::unexpected(central.error());
   if (auto root = discovery::check_host_root(cfg.discovery.host_root); !root) return std::unexpected(root.error());
   std::error_code ec;
   std::filesystem::create_directories(cfg.state.dir, ec);
@@ -286,6 +307,11 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
     return !raw->stopping.load();
   };
   dopt.max_retry = std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
+  p->revision = p->node->revision();
+  dopt.on_revision = [raw](std::int64_t revision) {
+    raw->revision = revision;
+    if (raw->reporter) raw->reporter->notify();  // a change is a commit, and every event is one
+  };
   p->driver.emplace(p->core, *p->node, p->hypervisor, std::move(dopt), sink);
   p->hypervisor->watch([raw] { raw->driver->workloads_event(); });
 
@@ -307,6 +333,23 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   auto peers = p->peers;
   if (auto l = p->server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); }); !l) {
     return std::unexpected(l.error());
+  }
+
+  if (*central) {
+    report::Options ro;
+    ro.url = cfg.central.url;
+    ro.node_id = cfg.node.id;
+    ro.version = p->opt.version;
+    ro.state_db = std::filesystem::path(cfg.state.dir) / "state.db";
+    ro.tls = *central;
+    ro.heartbeat_interval = cfg.central.heartbeat_interval;
+    ro.facts = [raw] { return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()}; };
+    ro.log = sink;
+    auto reporter = report::Reporter::start(std::move(ro));
+    if (!reporter) return std::unexpected(reporter.error());
+    p->reporter = std::move(*reporter);
+  } else {
+    p->say(LogLevel::info, "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
   }
 
   p->core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -358,5 +401,10 @@ void Daemon::submit(service::ApiRequest request, Respond respond) {
 }
 
 std::uint16_t Daemon::tls_port() const { return p_->server->tls_port(); }
+
+std::optional<report::Status> Daemon::report_status() const {
+  if (!p_->reporter) return std::nullopt;
+  return p_->reporter->status();
+}
 
 }  // namespace gpunode::daemon

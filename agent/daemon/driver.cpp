@@ -189,6 +189,7 @@ void Driver::changed() {
   const auto revision = node_.revision();
   if (revision == announced_) return;
   announced_ = revision;
+  if (opt_.on_revision) opt_.on_revision(revision);
   auto woken = std::exchange(parked_, {});
   for (auto& [id, p] : woken) {
     p->timer.cancel();

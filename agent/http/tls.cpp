@@ -1,4 +1,5 @@
-// The server's TLS context (CONTRACT §7: TLS 1.2 and 1.3, ECDHE + AEAD suites, no renegotiation).
+// The server's and the reporting client's TLS contexts (CONTRACT §7: TLS 1.2 and 1.3, ECDHE + AEAD
+// suites, no renegotiation).
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
@@ -9,6 +10,7 @@
 #include <optional>
 #include <fmt/format.h>
 
+#include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
 
 namespace gpunode::http {
@@ -43,13 +45,8 @@ std::optional<std::string> unreadable(const std::string& path) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files) {
-  namespace ssl = boost::asio::ssl;
-  ERR_clear_error();
-  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
-  SSL_CTX* h = ctx->native_handle();
+// What both sides share: protocol versions, suites, groups, no renegotiation or compression.
+std::expected<void, std::string> harden(SSL_CTX* h) {
   if (SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION) != 1 || SSL_CTX_set_max_proto_version(h, TLS1_3_VERSION) != 1) {
     return std::unexpected(fmt::format("TLS: cannot set protocol versions: {}", ssl_reason()));
   }
@@ -61,28 +58,47 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_
   if (SSL_CTX_set1_groups_list(h, kGroups) != 1) {
     return std::unexpected(fmt::format("TLS: cannot set key exchange groups: {}", ssl_reason()));
   }
-  static constexpr unsigned char kSidContext[] = "gpunode";
-  SSL_CTX_set_session_id_context(h, kSidContext, sizeof kSidContext - 1);
+  return {};
+}
 
-  if (auto why = unreadable(files.cert)) return std::unexpected(fmt::format("TLS certificate {}: {}", files.cert, *why));
-  if (SSL_CTX_use_certificate_chain_file(h, files.cert.c_str()) != 1) {
-    return std::unexpected(fmt::format("TLS certificate {}: {}", files.cert, ssl_reason()));
+// The certificate chain and its key, checked to match. `what` names them in errors ("TLS").
+std::expected<void, std::string> load_identity(SSL_CTX* h, const std::string& cert, const std::string& key, std::string_view what) {
+  if (auto why = unreadable(cert)) return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, *why));
+  if (SSL_CTX_use_certificate_chain_file(h, cert.c_str()) != 1) {
+    return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, ssl_reason()));
   }
-  if (auto why = unreadable(files.key)) return std::unexpected(fmt::format("TLS key {}: {}", files.key, *why));
-  if (SSL_CTX_use_PrivateKey_file(h, files.key.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return std::unexpected(fmt::format("TLS key {}: {}", files.key, ssl_reason()));
+  if (auto why = unreadable(key)) return std::unexpected(fmt::format("{} key {}: {}", what, key, *why));
+  if (SSL_CTX_use_PrivateKey_file(h, key.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return std::unexpected(fmt::format("{} key {}: {}", what, key, ssl_reason()));
   }
   if (SSL_CTX_check_private_key(h) != 1) {
-    return std::unexpected(
-        fmt::format("TLS key {} does not match certificate {}: {}", files.key, files.cert, ssl_reason()));
+    return std::unexpected(fmt::format("{} key {} does not match certificate {}: {}", what, key, cert, ssl_reason()));
   }
+  return {};
+}
+
+// Trusts exactly the certificates in `ca` (a PEM file).
+std::expected<void, std::string> load_ca(SSL_CTX* h, const std::string& ca, std::string_view what) {
+  if (auto why = unreadable(ca)) return std::unexpected(fmt::format("{} {}: {}", what, ca, *why));
+  if (SSL_CTX_load_verify_locations(h, ca.c_str(), nullptr) != 1) {
+    return std::unexpected(fmt::format("{} {}: {}", what, ca, ssl_reason()));
+  }
+  return {};
+}
+
+}  // namespace
+
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files) {
+  namespace ssl = boost::asio::ssl;
+  ERR_clear_error();
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
+  SSL_CTX* h = ctx->native_handle();
+  if (auto hard = harden(h); !hard) return std::unexpected(hard.error());
+  static constexpr unsigned char kSidContext[] = "gpunode";
+  SSL_CTX_set_session_id_context(h, kSidContext, sizeof kSidContext - 1);
+  if (auto id = load_identity(h, files.cert, files.key, "TLS"); !id) return std::unexpected(id.error());
   if (!files.client_ca.empty()) {
-    if (auto why = unreadable(files.client_ca)) {
-      return std::unexpected(fmt::format("TLS client CA {}: {}", files.client_ca, *why));
-    }
-    if (SSL_CTX_load_verify_locations(h, files.client_ca.c_str(), nullptr) != 1) {
-      return std::unexpected(fmt::format("TLS client CA {}: {}", files.client_ca, ssl_reason()));
-    }
+    if (auto ca = load_ca(h, files.client_ca, "TLS client CA"); !ca) return std::unexpected(ca.error());
     STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.client_ca.c_str());
     if (names == nullptr) {
       return std::unexpected(fmt::format("TLS client CA {}: no certificate in it ({})", files.client_ca, ssl_reason()));
@@ -90,6 +106,19 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_
     SSL_CTX_set_client_CA_list(h, names);  // takes ownership
     SSL_CTX_set_verify(h, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   }
+  ERR_clear_error();
+  return ctx;
+}
+
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(const ClientTlsFiles& files) {
+  namespace ssl = boost::asio::ssl;
+  ERR_clear_error();
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
+  SSL_CTX* h = ctx->native_handle();
+  if (auto hard = harden(h); !hard) return std::unexpected(hard.error());
+  if (auto ca = load_ca(h, files.ca, "central CA"); !ca) return std::unexpected(ca.error());
+  if (auto id = load_identity(h, files.cert, files.key, "central client"); !id) return std::unexpected(id.error());
+  SSL_CTX_set_verify(h, SSL_VERIFY_PEER, nullptr);
   ERR_clear_error();
   return ctx;
 }

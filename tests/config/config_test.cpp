@@ -71,6 +71,8 @@ void check_defaults(const Config& c) {
   CHECK(c.central.ca.empty());
   CHECK(c.central.client_cert.empty());
   CHECK(c.central.client_key.empty());
+  CHECK(c.central.heartbeat_interval == 30s);
+  CHECK(c.metrics.listen.empty());
   CHECK(c.state.dir == "/var/lib/gpunode");
   CHECK(c.log.level == LogLevel::info);
   CHECK(c.log.format == LogFormat::text);
@@ -246,17 +248,21 @@ TEST_CASE("run: a missing key is reported at its mapping, an empty one at its va
                          "agent.yaml:1:16: node.owner_org needs a value\n"));
 }
 
-TEST_CASE("run: central reporting needs the client certificate and key") {
+TEST_CASE("run: central reporting needs the CA, the client certificate and key") {
   const std::string yaml = std::string(kRunnable) +
                            "central:\n"
                            "  url: https://central.example\n"
+                           "  ca: /etc/gpunode/central-ca.crt\n"
                            "  client_cert: /etc/gpunode/client.crt\n"
                            "  client_key: \"\"\n";
   CHECK(problems_of(yaml, Purpose::run) ==
-        "agent.yaml:7:15: central.client_key must not be empty to run the agent\n");
+        "agent.yaml:8:15: central.client_key must not be empty to run the agent\n");
   CHECK(problems_of(std::string(kRunnable) + "central: {url: https://c.example}\n", Purpose::run) ==
+        "agent.yaml:4:10: missing required key \"central.ca\"\n"
         "agent.yaml:4:10: missing required key \"central.client_cert\"\n"
         "agent.yaml:4:10: missing required key \"central.client_key\"\n");
+  // discover does not report, so it needs none of them
+  CHECK(problems_of(std::string(kRunnable) + "central: {url: https://c.example}\n", Purpose::discover) == "");
   CHECK(problems_of(std::string(kRunnable) + "central: {url: \"\"}\n", Purpose::run) == "");
 }
 
@@ -500,6 +506,17 @@ TEST_CASE("bad log level and format, libvirt uri, audience and central url are r
   CHECK(problems_of("central: {url: \"https://a b\"}\n") ==
         "agent.yaml:1:16: invalid value \"https://a b\" for central.url: a URL has no spaces or control "
         "characters\n");
+  CHECK(problems_of("central: {url: \"https://user:pw@c.example\"}\n") ==
+        "agent.yaml:1:16: invalid value \"https://user:pw@c.example\" for central.url: a user name or password in "
+        "the URL is not supported\n");
+  CHECK(problems_of("central: {url: \"https://c.example/api?x=1\"}\n") ==
+        "agent.yaml:1:16: invalid value \"https://c.example/api?x=1\" for central.url: the URL has no query or "
+        "fragment\n");
+  CHECK(problems_of("central: {url: \"https://c.example:99999\"}\n") ==
+        "agent.yaml:1:16: invalid value \"https://c.example:99999\" for central.url: the port must be a number "
+        "from 1 to 65535\n");
+  CHECK(problems_of("central: {url: \"https://c.example:8443/api/\"}\n") == "");
+  CHECK(problems_of("central: {url: \"https://[::1]:8443\"}\n") == "");
   CHECK(problems_of("state: {dir: \"/var/lib/\\0gpunode\"}\n") ==
         "agent.yaml:1:14: invalid value \"/var/lib/\\x00gpunode\" for state.dir: must not contain a NUL "
         "character\n");
@@ -516,6 +533,37 @@ TEST_CASE("bad durations are reported at the value, and their ranges are checked
         "agent.yaml:1:30: invalid value \"999ms\" for discovery.rescan_interval: must be at least 1s\n"
         "agent.yaml:2:27: invalid value \"5m1ms\" for libvirt.shutdown_grace: must be from 0s to 300s\n");
   CHECK(problems_of("discovery: {rescan_interval: 1s}\nlibvirt: {shutdown_grace: 300s}\n") == "");
+  CHECK(problems_of("central: {heartbeat_interval: 500ms}\n") ==
+        "agent.yaml:1:31: invalid value \"500ms\" for central.heartbeat_interval: must be from 1s to 1h\n");
+  CHECK(problems_of("central: {heartbeat_interval: 1h1s}\n") ==
+        "agent.yaml:1:31: invalid value \"1h1s\" for central.heartbeat_interval: must be from 1s to 1h\n");
+  CHECK(problems_of("central: {heartbeat_interval: 30}\n") ==
+        "agent.yaml:1:31: invalid value \"30\" for central.heartbeat_interval: duration needs a unit, e.g. 30s\n");
+  const LoadResult r = load_string("central: {heartbeat_interval: 1m30s}\n", "agent.yaml", Purpose::discover);
+  REQUIRE(r.ok());
+  CHECK(r.config.central.heartbeat_interval == 90s);
+}
+
+TEST_CASE("metrics.listen: empty, or an address to listen on") {
+  CHECK(problems_of("metrics: {listen: \"\"}\n") == "");
+  CHECK(problems_of("metrics: {listen: \"127.0.0.1:9464\"}\n") == "");
+  CHECK(problems_of("metrics: {listen: \"127.0.0.1\"}\n") ==
+        "agent.yaml:1:19: invalid value \"127.0.0.1\" for metrics.listen: expected HOST:PORT or [IPv6]:PORT, e.g. "
+        "0.0.0.0:8443\n");
+  CHECK(problems_of("metrics: {listne: x}\n") == "agent.yaml:1:11: unknown key \"listne\" in metrics (did you mean \"listen\"?)\n");
+  const LoadResult r = load_string("metrics: {listen: \"[::1]:9464\"}\n", "agent.yaml", Purpose::run);
+  CHECK(r.config.metrics.listen == "[::1]:9464");
+}
+
+TEST_CASE("keys_needing_restart: the heartbeat interval and metrics.listen need a restart, the central files do not") {
+  Config a, b;
+  b.central.ca = "/new/ca.crt";
+  b.central.client_cert = "/new/client.crt";
+  b.central.client_key = "/new/client.key";
+  CHECK(gpunode::config::keys_needing_restart(a, b).empty());
+  b.central.heartbeat_interval = 10s;
+  b.metrics.listen = "127.0.0.1:9464";
+  CHECK(gpunode::config::keys_needing_restart(a, b) == std::vector<std::string>{"central.heartbeat_interval", "metrics.listen"});
 }
 
 TEST_CASE("parse_duration: good and bad durations") {

@@ -5,6 +5,7 @@ One Lab is one temp dir holding:
   host/           a fixture host tree built by tests/fixtures/mkhost.py
   tls.crt/key     a self-signed P-256 server cert for 127.0.0.1 (openssl CLI)
   ca.crt/key      a client CA, and client.crt/key signed by it (for mTLS labs)
+  NAME.crt/key    more client certificates, from make_client_cert() (e.g. for the central API)
   ed.pem/.pub     the Ed25519 token issuer (EdDSA)
   p256.pem/.pub   a P-256 token issuer (ES256)
   rogue.pem/.pub  an Ed25519 key that is never in auth.keys
@@ -32,6 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
+CENTRAL = os.path.join(os.path.dirname(HERE), "central")
 DEMO_HOST = os.path.join(FIXTURES, "hosts", "demo_node.py")
 
 NODE = "node-integ-1"
@@ -252,15 +254,43 @@ class Lab:
         sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt", "-days", "2", "-subj", "/CN=integ client CA",
             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-        sh(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", f"{d}/client.key", "-out", f"{d}/client.csr", "-subj", "/CN=central"])
-        with open(f"{d}/client.ext", "w") as f:
-            f.write("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
-        sh(["openssl", "x509", "-req", "-in", f"{d}/client.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
-            "-CAcreateserial", "-out", f"{d}/client.crt", "-days", "2", "-extfile", f"{d}/client.ext"])
+        self.make_client_cert("client", "central")
         self.ctx = self.client_context()
         self.cfg = os.path.join(d, "agent.yaml")
         self.write_config()
+
+    def make_ca(self, name, cn):
+        """A CA NAME.crt/NAME.key in the lab dir."""
+        d = self.dir
+        sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{d}/{name}.key", "-out", f"{d}/{name}.crt", "-days", "2", "-subj", f"/CN={cn}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+
+    def make_client_cert(self, name, cn, ca="ca"):
+        """A TLS client certificate NAME.crt/NAME.key with subject CN=cn, signed by the lab CA `ca`."""
+        d = self.dir
+        sh(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{d}/{name}.key", "-out", f"{d}/{name}.csr", "-subj", f"/CN={cn}"])
+        with open(f"{d}/{name}.ext", "w") as f:
+            f.write("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+        sh(["openssl", "x509", "-req", "-in", f"{d}/{name}.csr", "-CA", f"{d}/{ca}.crt", "-CAkey", f"{d}/{ca}.key",
+            "-CAcreateserial", "-out", f"{d}/{name}.crt", "-days", "2", "-extfile", f"{d}/{name}.ext"])
+        return f"{d}/{name}.crt", f"{d}/{name}.key"
+
+    def fake_central(self):
+        """A fake central API (tests/central/fake_central.py) on 127.0.0.1 with this lab's server
+        certificate (tls.crt, which the agent then trusts as central.ca), accepting client
+        certificates of the lab CA (ca.crt). The caller closes it."""
+        if CENTRAL not in sys.path:
+            sys.path.insert(0, CENTRAL)
+        import fake_central
+        return fake_central.FakeCentral(f"{self.dir}/tls.crt", f"{self.dir}/tls.key", f"{self.dir}/ca.crt", NODE)
+
+    def central_text(self, url, client="client", heartbeat="1s", ca=None):
+        """The `central:` section for reporting to `url` with client cert CLIENT.crt/key."""
+        d = self.dir
+        return (f"central:\n  url: \"{url}\"\n  ca: {ca or d + '/tls.crt'}\n  client_cert: {d}/{client}.crt\n"
+                f"  client_key: {d}/{client}.key\n  heartbeat_interval: {heartbeat}\n")
 
     def client_context(self, cert=None):
         ctx = ssl.create_default_context(cafile=f"{self.dir}/tls.crt")
@@ -270,7 +300,7 @@ class Lab:
             ctx.load_cert_chain(f"{self.dir}/client.crt", f"{self.dir}/client.key")
         return ctx
 
-    def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None):
+    def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None, central=""):
         d = self.dir
         if client_ca is None:
             client_ca = self.mtls
@@ -298,7 +328,7 @@ admin:
 libvirt:
   uri: test:///default
   shutdown_grace: 0s
-state:
+{central}state:
   dir: {self.state}
 log:
   level: {log_level}
@@ -542,3 +572,15 @@ def run_main(name, body):
         traceback.print_exc()
         checks.check(f"{name} ran to the end", False, f"{type(e).__name__}: {e}")
     return checks.finish()
+
+
+def run_with_central(name, body):
+    """run_main for a test of reporting: body(checks, lab, fake_central) with both closed after."""
+    def main(c, agent):
+        with Lab(agent) as lab:
+            fc = lab.fake_central()
+            try:
+                body(c, lab, fc)
+            finally:
+                fc.close()
+    return run_main(name, main)

@@ -54,8 +54,12 @@ struct Config {
   } libvirt;
   struct Central {
     std::string url;  // empty: reporting off
-    std::string ca, client_cert, client_key;
+    std::string ca, client_cert, client_key;  // each required when url is set
+    Duration heartbeat_interval = std::chrono::seconds(30);
   } central;
+  struct Metrics {
+    std::string listen;  // empty: /metrics on the admin socket only; else HOST:PORT (plain HTTP)
+  } metrics;
   struct State {
     std::string dir = "/var/lib/gpunode";
   } state;
@@ -112,7 +116,7 @@ std::expected<ListenAddress, std::string> parse_listen(std::string_view text);
 // SIGHUP (CONTRACT §2): the keys whose change the running agent cannot take without a restart,
 // as dotted names in file order ("api.listen", "state.dir"...). What a reload does take: the TLS
 // files, auth (keys, issuer, audience), log level and format, node.unsellable_units, admin's
-// allowed_uids and allowed_group, and the central API's files.
+// allowed_uids and allowed_group, and the central API's files (ca, client_cert, client_key).
 std::vector<std::string> keys_needing_restart(const Config& running, const Config& fresh);
 
 std::string_view to_string(LogLevel level);

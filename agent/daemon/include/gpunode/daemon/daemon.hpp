@@ -9,6 +9,9 @@
 // - lists (one thread): Hypervisor::list(), for requests and refreshes.
 // - terminations (four threads): batches of spot terminations, which wait out grace periods.
 // - slow (one thread): SIGHUP reloads (file reads) and the admin group's NSS lookups.
+// - reporter (one thread, when central.url is set): report::Reporter, with its own io_context and
+//   its own SQLite connection; the core thread only publishes the revision (an atomic) and wakes
+//   it (notify) after each change.
 // Each thread's handlers run inside an exception boundary: a throw is logged, and for a request
 // it is that request's 500, never the end of the process.
 #pragma once
@@ -16,9 +19,11 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gpunode/daemon/driver.hpp"
+#include "gpunode/report/reporter.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
 
@@ -53,10 +58,14 @@ class Daemon {
   // Any thread: re-reads the config on the slow thread (see reload_now).
   void reload();
   // Re-reads the config on the calling thread and applies what can change while running: TLS
-  // files, token keys, log level and format, unsellable units, the admin socket's uids and group.
+  // files, token keys, log level and format, unsellable units, the admin socket's uids and group,
+  // the central API's CA and client certificate (new connections use them).
   // A key that needs a restart is a warning naming it; an invalid file keeps the running config.
   // True when the reload applied.
   bool reload_now();
+
+  // Any thread: where reporting to the central API stands (nullopt: central.url is empty).
+  [[nodiscard]] std::optional<report::Status> report_status() const;
 
   // Any thread: one request as if it came from the network (tests).
   void submit(service::ApiRequest request, Respond respond);

@@ -43,6 +43,9 @@ class Driver {
     std::size_t max_parked = 4096;              // long polls parked at once; more are 503
     std::chrono::milliseconds max_retry = std::chrono::seconds(30);  // refresh backoff cap
     std::chrono::milliseconds event_delay = std::chrono::milliseconds(250);  // events -> refresh
+    // On the state thread, each time changed() sees the revision move (after the commit that
+    // moved it): the daemon publishes the revision and wakes the reporter. Must be quick.
+    std::function<void(std::int64_t revision)> on_revision;
   };
 
   // `hypervisor` may be null: the service then answers 503 hypervisor-unavailable itself.
