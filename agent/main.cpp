@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "daemon.hpp"
 #include "discover_table.hpp"
+#include "libvirt_hook.hpp"
 #include "gpunode/daemon/policy.hpp"
 
 namespace {
@@ -108,6 +110,15 @@ int main(int argc, char** argv) {
 
   auto* version = app.add_subcommand("version", "Print the agent's version");
 
+  // libvirt runs hooks as HOOK NAME OPERATION SUB-OPERATION EXTRA, the domain XML on stdin (§9).
+  std::vector<std::string> hook_args;
+  std::optional<std::string> hook_socket;
+  std::string hook_config = "/etc/gpunode/agent.yaml";
+  auto* hook = app.add_subcommand("libvirt-hook", "libvirt's qemu hook: ask the agent whether a domain may start on its GPU units");
+  hook->add_option("args", hook_args, "NAME OPERATION SUB-OPERATION [EXTRA], as libvirt passes them")->expected(3, 4);
+  hook->add_option("--socket", hook_socket, "The agent's admin socket (default: admin.socket of --config)");
+  hook->add_option("--config", hook_config, "agent.yaml for admin.socket and enforcement.when_agent_down");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -123,6 +134,14 @@ int main(int argc, char** argv) {
     if (discover->parsed()) return cmd_discover(config_file, host_root, json);
     if (check->parsed()) return cmd_check_config(check_file);
     if (run->parsed()) return gpunode::agent::run_daemon(run_file, GPUNODE_PCI_IDS, GPUNODE_VERSION);
+    if (hook->parsed()) {
+      std::string xml;
+      char buf[65536];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, stdin)) > 0;) xml.append(buf, n);
+      const auto verdict = gpunode::agent::run_libvirt_hook(hook_args, hook_socket, hook_config, xml);
+      for (const auto& line : verdict.stderr_lines) fmt::print(stderr, "{}\n", line);
+      return verdict.exit_code;
+    }
     if (version->parsed()) {
       fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
       return kExitOk;

@@ -362,6 +362,12 @@ void read_central(const Section& root, Purpose purpose, Config::Central& out) {
   require_value(s, "client_key");
 }
 
+void read_enforcement(const Section& root, Config::Enforcement& out) {
+  const Section s = root.child("enforcement", {"mode", "when_agent_down"});
+  read_string(s, "mode", values::enforcement_mode, out.mode);
+  read_string(s, "when_agent_down", values::when_agent_down, out.when_agent_down);
+}
+
 void read_metrics(const Section& root, Config::Metrics& out) {
   const Section s = root.child("metrics", {"listen"});
   read_string(s, "listen", values::optional_listen, out.listen);
@@ -381,7 +387,7 @@ void read_log(const Section& root, Config::Log& out) {
 void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out) {
   const Section root =
       Section::root(problems, document,
-                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "metrics", "state", "log"});
+                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "enforcement", "metrics", "state", "log"});
   read_node(root, purpose, out.node);
   read_discovery(root, out.discovery);
   read_api(root, purpose, out.api);
@@ -389,6 +395,7 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_admin(root, out.admin);
   read_libvirt(root, out.libvirt);
   read_central(root, purpose, out.central);
+  read_enforcement(root, out.enforcement);
   read_metrics(root, out.metrics);
   read_state(root, out.state);
   read_log(root, out.log);
@@ -647,6 +654,23 @@ std::string_view to_string(LogFormat format) {
       return "text";
   }
   return "text";
+}
+
+std::string_view to_string(EnforcementMode mode) {
+  switch (mode) {
+    case EnforcementMode::enforce: return "enforce";
+    case EnforcementMode::audit: return "audit";
+    case EnforcementMode::off: return "off";
+  }
+  return "enforce";
+}
+
+std::string_view to_string(WhenAgentDown when) {
+  switch (when) {
+    case WhenAgentDown::deny: return "deny";
+    case WhenAgentDown::allow: return "allow";
+  }
+  return "deny";
 }
 
 }  // namespace gpunode::config

@@ -325,6 +325,20 @@ Parsed<LogFormat> log_format(std::string_view s) {
   return unexpected(std::string("expected text or json"));
 }
 
+Parsed<EnforcementMode> enforcement_mode(std::string_view s) {
+  for (auto mode : {EnforcementMode::enforce, EnforcementMode::audit, EnforcementMode::off}) {
+    if (s == to_string(mode)) return mode;
+  }
+  return unexpected(std::string("expected enforce, audit or off"));
+}
+
+Parsed<WhenAgentDown> when_agent_down(std::string_view s) {
+  for (auto when : {WhenAgentDown::deny, WhenAgentDown::allow}) {
+    if (s == to_string(when)) return when;
+  }
+  return unexpected(std::string("expected deny or allow"));
+}
+
 Parsed<Duration> rescan_interval(std::string_view s) {
   auto d = parse_duration(s);
   if (d && *d < std::chrono::seconds(1)) return unexpected(std::string("must be at least 1s"));

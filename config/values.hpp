@@ -42,6 +42,8 @@ Parsed<std::string> central_url(std::string_view s);
 Parsed<std::uint32_t> uid(std::string_view s);
 Parsed<LogLevel> log_level(std::string_view s);
 Parsed<LogFormat> log_format(std::string_view s);
+Parsed<EnforcementMode> enforcement_mode(std::string_view s);
+Parsed<WhenAgentDown> when_agent_down(std::string_view s);
 // parse_duration, at least 1s.
 Parsed<Duration> rescan_interval(std::string_view s);
 // parse_duration, 1s to 1h (central.heartbeat_interval).

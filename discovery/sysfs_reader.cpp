@@ -596,4 +596,13 @@ SysfsReader::~SysfsReader() = default;
 
 HostSnapshot SysfsReader::read() { return impl_->read(); }
 
+std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root, const std::string& address) {
+  auto parsed = PciAddress::parse(address);
+  if (!parsed) return std::nullopt;  // never a path of someone else's making
+  FileText f = read_small((host_root / "sys/bus/pci/devices" / parsed->to_string() / "class").string());
+  auto v = f.error ? std::nullopt : parse_integer(f.text);
+  if (!v || *v < 0 || *v > 0xffffff) return std::nullopt;
+  return static_cast<std::uint32_t>(*v);
+}
+
 }  // namespace gpunode::discovery

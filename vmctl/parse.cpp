@@ -105,6 +105,15 @@ std::optional<std::string> pci_address(const xmlNode* address) {
   return std::string{buf};
 }
 
+// An element's text content (empty for none).
+std::string text_of(const xmlNode* node) {
+  if (node == nullptr) return {};
+  xmlChar* content = xmlNodeGetContent(node);
+  std::string out{sv(content)};
+  xmlFree(content);
+  return out;
+}
+
 std::string element_xml(const TerminationRecord& r, bool with_namespace) {
   init_libxml();
   xmlNode* node = xmlNewNode(nullptr, x("termination"));
@@ -121,7 +130,8 @@ std::string element_xml(const TerminationRecord& r, bool with_namespace) {
   return out;
 }
 
-std::vector<std::string> addresses_of(const xmlDoc* doc) {
+// The PCI hostdevs' source addresses; `unreadable` counts those whose address cannot be read.
+std::vector<std::string> addresses_of(const xmlDoc* doc, std::size_t* unreadable = nullptr) {
   std::vector<std::string> out;
   const xmlNode* root = xmlDocGetRootElement(doc);
   if (!is_element(root, "domain")) return out;
@@ -131,8 +141,9 @@ std::vector<std::string> addresses_of(const xmlDoc* doc) {
     if (!is_element(hostdev, "hostdev") || attr(hostdev, "type") != "pci") continue;
     const xmlNode* source = first_child(hostdev, "source");
     const xmlNode* address = source == nullptr ? nullptr : first_child(source, "address");
-    if (address == nullptr) continue;
-    if (auto a = pci_address(address)) out.push_back(std::move(*a));
+    auto a = address == nullptr ? std::nullopt : pci_address(address);
+    if (a) out.push_back(std::move(*a));
+    else if (unreadable != nullptr) ++*unreadable;
   }
   std::ranges::sort(out);
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -178,7 +189,17 @@ std::optional<TerminationRecord> parse_termination(std::string_view xml) {
 DomainXmlFacts parse_domain_xml(std::string_view domain_xml) {
   Doc doc = parse(domain_xml);
   if (!doc) return {};
-  return DomainXmlFacts{addresses_of(doc.get()), workload_of(doc.get()), termination_of(doc.get())};
+  DomainXmlFacts facts;
+  facts.pci_addresses = addresses_of(doc.get(), &facts.unreadable_pci_hostdevs);
+  facts.label = workload_of(doc.get());
+  facts.termination = termination_of(doc.get());
+  const xmlNode* root = xmlDocGetRootElement(doc.get());
+  facts.is_domain = is_element(root, "domain") && root->ns == nullptr;
+  if (facts.is_domain) {
+    facts.name = text_of(first_child(root, "name"));
+    facts.uuid = text_of(first_child(root, "uuid"));
+  }
+  return facts;
 }
 
 std::string termination_xml(const TerminationRecord& record) { return element_xml(record, true); }

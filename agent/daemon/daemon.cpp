@@ -213,13 +213,14 @@ struct Daemon::Parts {
     log.configure(fresh.config.log.level, fresh.config.log.format);
     peers->configure(fresh.config.admin);
     peers->resolve();
-    asio::post(core, [this, v = *v, u = fresh.config.node.unsellable_units]() mutable {
+    asio::post(core, [this, v = *v, u = fresh.config.node.unsellable_units, mode = fresh.config.enforcement.mode]() mutable {
       node->set_verifier(std::move(v));
       node->set_unsellable(std::move(u));
+      node->set_enforcement(mode);
       driver->changed();
     });
-    say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers, central API files"
-                                 : "reloaded: TLS files, token keys, log level and format, unsellable units, admin peers");
+    say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers, central API files"
+                                 : "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers");
     return true;
   }
 
@@ -286,7 +287,7 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   else p->say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
 
   service::ServiceOptions so{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, p->opt.version,
-                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace)};
+                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace), cfg.enforcement.mode};
   Parts* raw = p.get();
   auto sink = [raw](service::LogLevel level, const std::string& text) { raw->log.log(level, text); };
   service::Clock clock = p->opt.clock ? p->opt.clock : [] { return std::chrono::system_clock::now(); };

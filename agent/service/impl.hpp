@@ -21,6 +21,7 @@
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/spot_plan.hpp"
+#include "admitted.hpp"
 #include "authenticator.hpp"
 #include "inventory.hpp"
 #include "state_store.hpp"
@@ -80,6 +81,9 @@ struct NodeService::Impl {
   detail::TerminationLedger terminations;
   using BatchVm = detail::BatchVm;
   using Batch = detail::Batch;
+  // Domains the hook's admission let through that libvirt has not listed running yet.
+  detail::AdmittedDomains admitted;
+  AdmissionCounts admissions;
   // The workloads as last listed (GET .../state shows them; a change moves the revision).
   json::array observed_workloads;
   std::string observed_digest;
@@ -155,6 +159,8 @@ struct NodeService::Impl {
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
   ApiResponse capacity(const ApiRequest& q, const Caller& c);
   ApiResponse admission(const ApiRequest& q, const Caller& c);
+  // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
+  ApiResponse domain_admission(const ApiRequest& q);
 
   // release (CONTRACT §4)
   ApiResponse release(const ApiRequest& q, const Caller& c, const r::Reservation& current);

@@ -224,6 +224,8 @@ std::optional<reservations::Time> NodeService::tick() {
 }
 void NodeService::rescan() { impl_->scan(false); }
 void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
+void NodeService::set_enforcement(config::EnforcementMode mode) { impl_->opt.enforcement = mode; }
+AdmissionCounts NodeService::admission_counts() const { return impl_->admissions; }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
   impl_->authenticator.set_verifier(std::move(verifier));
 }

@@ -63,6 +63,10 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     scan(false);
     return json_response(json::object{{"revision", store.revision()}});
   }
+  if (q.path == "/v1/admin/domain-admission" && q.via == ApiRequest::Via::admin_socket) {
+    if (q.method != "POST") return method_not_allowed("POST");
+    return domain_admission(q);
+  }
   const auto seg = q.segments();
   if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
   if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {

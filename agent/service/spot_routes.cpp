@@ -190,6 +190,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
 std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>& domains) {
   const auto ws = occupants(domains);
   note_workloads(ws);
+  admitted.seen(domains);
   Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
   vacate(ws, ch);
   if (!ch.upserts.empty()) (void)commit(ch);

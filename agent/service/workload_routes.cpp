@@ -3,6 +3,7 @@
 
 #include <fmt/ranges.h>
 
+#include "gpunode/discovery/rules.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "impl.hpp"
 
@@ -20,6 +21,7 @@ std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Im
   }
   auto ws = occupants(*list);
   note_workloads(ws);
+  admitted.seen(*list);
   return ws;
 }
 
@@ -66,9 +68,18 @@ std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& 
   if (x.starts_at > t || checked.empty()) return std::nullopt;
   auto ws = workloads_now();
   if (!ws) return ws.error();
-  json::array blockers;
+  // Active domains hold their units; so do those the hook let through that are still starting
+  // (the start race, CONTRACT §9): libvirt lists them only once they run.
+  std::vector<const Workload*> holding;
   for (const auto& w : *ws) {
-    if (!w.domain.active()) continue;
+    if (w.domain.active()) holding.push_back(&w);
+  }
+  std::vector<Workload> starting;
+  for (const auto& [uuid, e] : admitted.starting(clock())) starting.push_back(Workload{e.domain, e.unit_ids});
+  for (const auto& w : starting) holding.push_back(&w);
+  json::array blockers;
+  for (const auto* held : holding) {
+    const auto& w = *held;
     if (std::none_of(w.unit_ids.begin(), w.unit_ids.end(), [&](const std::string& u) {
           return std::find(checked.begin(), checked.end(), u) != checked.end();
         })) {
@@ -139,6 +150,87 @@ ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
     }
   }
   return json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
+}
+
+// ---- the libvirt hook's admission (CONTRACT §9) ---------------------------------------------------
+// The domain's units are those its PCI hostdevs belong to; its org and tier come from its label
+// (unlabelled: on-demand of no org). Allowed exactly when entitled to every unit. A hostdev that
+// is a GPU of no unit, a device discovery never saw, or an address that cannot be read, is
+// unknown-unit: nothing unaccounted for reaches a guest.
+ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
+  auto body = parse_object(q.body, false);
+  if (!body) return body.error();
+  Fields f(*body, {"domainXml"});
+  auto xml = f.string("domainXml");
+  if (!body->contains("domainXml")) f.problems().push_back({"domainXml", "is required"});
+  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid domain admission request", f.problems());
+  const auto facts = vmctl::parse_domain_xml(*xml);
+  if (!facts.is_domain) {
+    return problem(400, "invalid-request", "domainXml is not a libvirt domain definition", {{"domainXml", "must be <domain> XML"}});
+  }
+  const auto mode = opt.enforcement;
+  const std::string org = facts.label ? facts.label->org : std::string();
+  const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
+  std::set<std::string> unit_set;
+  json::array reasons;
+  auto refuse = [&](std::string code, std::string message, const std::optional<std::string>& unit) {
+    reasons.emplace_back(json::object{{"code", std::move(code)}, {"message", std::move(message)}, {"unitId", opt_str(unit)}});
+  };
+  const auto owner = inventory.unit_of_address();
+  for (const auto& a : facts.pci_addresses) {
+    if (auto it = owner.find(a); it != owner.end()) {
+      unit_set.insert(it->second);
+      continue;
+    }
+    // Not a unit's: read what the function is (one small sysfs file, only for such hostdevs).
+    const auto cls = discovery::pci_class_of(opt.host_root, a);
+    if (!cls) {
+      refuse("unknown-unit", fmt::format("hostdev {} is no PCI function of node {}", a, opt.node_id), std::nullopt);
+    } else if (discovery::is_gpu_class(*cls)) {
+      refuse("unknown-unit", fmt::format("hostdev {} is a GPU of no unit of node {}", a, opt.node_id), std::nullopt);
+    }  // else not a GPU (a NIC, a disk controller): not the agent's to decide
+  }
+  if (facts.unreadable_pci_hostdevs > 0) {
+    refuse("unknown-unit", fmt::format("{} PCI hostdev(s) without a readable source address", facts.unreadable_pci_hostdevs), std::nullopt);
+  }
+  const std::vector<std::string> unit_ids(unit_set.begin(), unit_set.end());
+  if (mode == config::EnforcementMode::off) {
+    return json_response(json::object{{"allowed", true}, {"mode", "off"}, {"unitIds", strings_json(unit_ids)}, {"reasons", json::array{}}});
+  }
+  for (const auto& u : unit_ids) {
+    if (auto e = entitled(org, tier, u); !e.allowed()) refuse(e.code, e.message, u);
+  }
+  const bool allowed = reasons.empty();
+  const std::string name = facts.name.empty() ? "(unnamed)" : facts.name;
+  if (allowed || mode == config::EnforcementMode::audit) {
+    // It will start: until libvirt lists it running, a create must see it on its units.
+    vmctl::Domain d{facts.uuid, facts.name, "starting", facts.pci_addresses, facts.label, std::nullopt};
+    if (!facts.uuid.empty() && !unit_ids.empty()) admitted.admit(std::move(d), unit_ids, clock());
+  }
+  if (allowed) {
+    ++admissions.allowed;
+  } else {
+    (mode == config::EnforcementMode::audit ? admissions.audit_refused : admissions.refused) += 1;
+    std::vector<std::string> why;
+    for (const auto& rv : reasons) {
+      const auto& o = rv.get_object();
+      why.push_back(fmt::format("{}: {}", o.at("unitId").is_string() ? std::string(o.at("unitId").get_string()) : std::string("-"),
+                                std::string(o.at("code").get_string())));
+    }
+    say(LogLevel::warning, fmt::format("DOMAIN={} {} refused{} ({} {}): {}", name, facts.uuid, mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
+                                       vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
+    Change c{agent_caller(), q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
+    c.events.push_back(EventDraft{"workload.refused",
+                                  json::object{{"name", facts.name}, {"domainUuid", facts.uuid},
+                                               {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
+                                               {"org", org.empty() ? json::value(nullptr) : json::value(org)},
+                                               {"tier", vmctl::to_string(tier)}, {"unitIds", strings_json(unit_ids)},
+                                               {"reasons", reasons}, {"mode", config::to_string(mode)}}});
+    // The refusal stands even if it cannot be stored: the event is lost, the log line is not.
+    (void)commit(c);
+  }
+  return json_response(json::object{{"allowed", allowed}, {"mode", config::to_string(mode)}, {"unitIds", strings_json(unit_ids)},
+                                    {"reasons", std::move(reasons)}});
 }
 
 // ---- release (CONTRACT §4) -----------------------------------------------------------------------

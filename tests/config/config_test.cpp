@@ -72,6 +72,8 @@ void check_defaults(const Config& c) {
   CHECK(c.central.client_cert.empty());
   CHECK(c.central.client_key.empty());
   CHECK(c.central.heartbeat_interval == 30s);
+  CHECK(c.enforcement.mode == gpunode::config::EnforcementMode::enforce);
+  CHECK(c.enforcement.when_agent_down == gpunode::config::WhenAgentDown::deny);
   CHECK(c.metrics.listen.empty());
   CHECK(c.state.dir == "/var/lib/gpunode");
   CHECK(c.log.level == LogLevel::info);
@@ -539,6 +541,15 @@ TEST_CASE("bad durations are reported at the value, and their ranges are checked
         "agent.yaml:1:31: invalid value \"1h1s\" for central.heartbeat_interval: must be from 1s to 1h\n");
   CHECK(problems_of("central: {heartbeat_interval: 30}\n") ==
         "agent.yaml:1:31: invalid value \"30\" for central.heartbeat_interval: duration needs a unit, e.g. 30s\n");
+  CHECK(problems_of("enforcement: {mode: permissive, when_agent_down: maybe}\n") ==
+        "agent.yaml:1:21: invalid value \"permissive\" for enforcement.mode: expected enforce, audit or off\n"
+        "agent.yaml:1:50: invalid value \"maybe\" for enforcement.when_agent_down: expected deny or allow\n");
+  {
+    const LoadResult e = load_string("enforcement: {mode: audit, when_agent_down: allow}\n", "agent.yaml", Purpose::discover);
+    REQUIRE(e.ok());
+    CHECK(e.config.enforcement.mode == gpunode::config::EnforcementMode::audit);
+    CHECK(e.config.enforcement.when_agent_down == gpunode::config::WhenAgentDown::allow);
+  }
   const LoadResult r = load_string("central: {heartbeat_interval: 1m30s}\n", "agent.yaml", Purpose::discover);
   REQUIRE(r.ok());
   CHECK(r.config.central.heartbeat_interval == 90s);

@@ -179,3 +179,25 @@ TEST_CASE("parse_domain_xml: one parse gives what the three parsers give") {
   }
   CHECK(parse_domain_xml(docs[0]).pci_addresses == std::vector<std::string>{"0000:41:00.0", "0000:41:00.1"});
 }
+
+TEST_CASE("parse_domain_xml: name, uuid, and PCI hostdevs whose address cannot be read (the hook's admission)") {
+  const auto facts = parse_domain_xml(
+      "<domain type='kvm'><name>train-7</name><uuid>0b1e0f7c-5a52-4ad0-9a6a-9f3f0e2b7d11</uuid><devices>"
+      "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x41' slot='0x00' function='0x0'/></source></hostdev>"
+      "<hostdev mode='subsystem' type='pci'><source><address bus='0x999' slot='0' function='0'/></source></hostdev>"
+      "<hostdev mode='subsystem' type='pci'><source/></hostdev>"
+      "<hostdev mode='subsystem' type='usb'><source><vendor id='0x1'/></source></hostdev>"
+      "</devices></domain>");
+  CHECK(facts.is_domain);
+  CHECK(facts.name == "train-7");
+  CHECK(facts.uuid == "0b1e0f7c-5a52-4ad0-9a6a-9f3f0e2b7d11");
+  CHECK(facts.pci_addresses == std::vector<std::string>{"0000:41:00.0"});
+  CHECK(facts.unreadable_pci_hostdevs == 2);
+  CHECK_FALSE(parse_domain_xml("<network><name>default</name></network>").is_domain);
+  CHECK_FALSE(parse_domain_xml("<domain xmlns='urn:other'><name>x</name></domain>").is_domain);
+  CHECK_FALSE(parse_domain_xml("<domain><name>x</name>").is_domain);  // not well formed
+  const auto bare = parse_domain_xml("<domain/>");
+  CHECK(bare.is_domain);
+  CHECK(bare.name.empty());
+  CHECK(bare.unreadable_pci_hostdevs == 0);
+}

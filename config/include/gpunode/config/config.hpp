@@ -18,6 +18,10 @@ using Duration = std::chrono::milliseconds;
 
 enum class LogLevel { debug, info, warning, error };
 enum class LogFormat { text, json };
+// CONTRACT §9: what the libvirt hook's admission does with a refusal, and what the hook answers
+// when the agent cannot be asked.
+enum class EnforcementMode { enforce, audit, off };
+enum class WhenAgentDown { deny, allow };
 
 struct Config {
   struct Node {
@@ -57,6 +61,10 @@ struct Config {
     std::string ca, client_cert, client_key;  // each required when url is set
     Duration heartbeat_interval = std::chrono::seconds(30);
   } central;
+  struct Enforcement {
+    EnforcementMode mode = EnforcementMode::enforce;
+    WhenAgentDown when_agent_down = WhenAgentDown::deny;
+  } enforcement;
   struct Metrics {
     std::string listen;  // empty: /metrics on the admin socket only; else HOST:PORT (plain HTTP)
   } metrics;
@@ -121,5 +129,7 @@ std::vector<std::string> keys_needing_restart(const Config& running, const Confi
 
 std::string_view to_string(LogLevel level);
 std::string_view to_string(LogFormat format);
+std::string_view to_string(EnforcementMode mode);
+std::string_view to_string(WhenAgentDown when);
 
 }  // namespace gpunode::config

@@ -15,6 +15,11 @@
 
 namespace gpunode::discovery {
 
+// The class code of one PCI function (<host_root>/sys/bus/pci/devices/ADDRESS/class), read on
+// demand; nullopt when the host has no such function or the file cannot be read. `address` is
+// "dddd:bb:ss.f".
+std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root, const std::string& address);
+
 class SysfsReader {
  public:
   // `names` may be null (then devices carry no names); it must outlive the reader.

@@ -121,11 +121,15 @@ std::optional<WorkloadLabel> parse_workload(std::string_view xml);
 // The termination record, read the same way (namespace urn:gpunode:termination:1). nullopt when
 // missing or when the text is not XML; missing attributes are empty strings.
 std::optional<TerminationRecord> parse_termination(std::string_view xml);
-// The three above from one parse of a domain's XML (what list() needs for each domain).
+// The three above from one parse of a domain's XML (what list() needs for each domain), and what
+// the libvirt hook's admission needs besides (CONTRACT §9).
 struct DomainXmlFacts {
   std::vector<std::string> pci_addresses;
   std::optional<WorkloadLabel> label;
   std::optional<TerminationRecord> termination;
+  bool is_domain = false;                 // the text is XML whose root is <domain>
+  std::string name, uuid;                 // <name>, <uuid> (empty when missing)
+  std::size_t unreadable_pci_hostdevs = 0;  // <hostdev type='pci'> whose source address cannot be read
 };
 DomainXmlFacts parse_domain_xml(std::string_view domain_xml);
 // The §5 element: <termination xmlns="urn:gpunode:termination:1" reason=".." at=".." by=".." audit-id=".."/>

@@ -35,6 +35,12 @@ struct ServiceOptions {
   std::filesystem::path state_dir;
   std::string version;
   std::chrono::seconds shutdown_grace{0};  // libvirt.shutdown_grace: terminate-spot's default grace
+  config::EnforcementMode enforcement = config::EnforcementMode::enforce;  // enforcement.mode (§9)
+};
+
+// What the libvirt hook's admission decided so far (CONTRACT §6 gpunode_domain_admissions_total).
+struct AdmissionCounts {
+  std::uint64_t allowed = 0, refused = 0, audit_refused = 0;
 };
 
 // The domains as the hypervisor listed them for one request (or why it could not).
@@ -111,6 +117,9 @@ class NodeService {
   // SIGHUP: what can be reloaded.
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   void set_unsellable(std::vector<std::string> unsellable);
+  void set_enforcement(config::EnforcementMode mode);
+
+  [[nodiscard]] AdmissionCounts admission_counts() const;
 
   [[nodiscard]] std::int64_t revision() const;
 

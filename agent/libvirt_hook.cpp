@@ -1,0 +1,148 @@
+// gpunode-agent libvirt-hook (see libvirt_hook.hpp).
+#include "libvirt_hook.hpp"
+
+#include <sys/stat.h>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+namespace gpunode::agent {
+namespace {
+
+namespace json = boost::json;
+
+constexpr std::chrono::seconds kAskBound{5};  // CONTRACT §9: the agent answers within 5 s or is down
+constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
+
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// The verdict when the agent cannot be asked.
+HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
+  if (when_down == config::WhenAgentDown::allow) {
+    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", socket, why)}};
+  }
+  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", socket, why)}};
+}
+
+std::string str(const json::object& o, std::string_view key, std::string_view otherwise = "") {
+  const auto* v = o.if_contains(key);
+  return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string(otherwise);
+}
+
+}  // namespace
+
+bool hook_asks(std::string_view operation, std::string_view sub_operation) {
+  return sub_operation == "begin" && (operation == "prepare" || operation == "migrate" || operation == "restore");
+}
+
+bool may_have_pci_hostdev(std::string_view xml) {
+  constexpr std::string_view kTag = "<hostdev";
+  for (std::size_t at = xml.find(kTag); at != std::string_view::npos; at = xml.find(kTag, at + 1)) {
+    std::size_t i = at + kTag.size();
+    if (i >= xml.size()) return true;  // cut short: let the agent judge
+    if (!blank(xml[i]) && xml[i] != '>' && xml[i] != '/') continue;  // <hostdevfoo: another element
+    // Attributes up to the tag's end: NAME = 'VALUE' | "VALUE".
+    while (i < xml.size() && xml[i] != '>') {
+      while (i < xml.size() && (blank(xml[i]) || xml[i] == '/')) ++i;
+      const std::size_t name_at = i;
+      while (i < xml.size() && !blank(xml[i]) && xml[i] != '=' && xml[i] != '>' && xml[i] != '/') ++i;
+      const std::string_view name = xml.substr(name_at, i - name_at);
+      if (name.find_first_of("'\"<") != std::string_view::npos) return true;  // not a tag we can read: ask
+      while (i < xml.size() && blank(xml[i])) ++i;
+      if (i >= xml.size()) return true;
+      if (xml[i] != '=') {
+        if (name.empty() && xml[i] != '>') return true;  // not a tag we can read: ask
+        continue;
+      }
+      ++i;
+      while (i < xml.size() && blank(xml[i])) ++i;
+      if (i >= xml.size() || (xml[i] != '\'' && xml[i] != '"')) return true;
+      const char quote = xml[i++];
+      const std::size_t end = xml.find(quote, i);
+      if (end == std::string_view::npos) return true;
+      if (name == "type" && xml.substr(i, end - i) == "pci") return true;
+      i = end + 1;
+    }
+  }
+  return false;
+}
+
+HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer, const std::string& socket,
+                         const std::string& name, config::WhenAgentDown when_down) {
+  if (!answer) {
+    const auto& e = answer.error();
+    std::string why;
+    switch (e.kind) {
+      case ctl::TransportError::Kind::missing: why = "no socket"; break;
+      case ctl::TransportError::Kind::denied: why = "permission denied"; break;
+      case ctl::TransportError::Kind::not_listening: why = "nobody listens on the socket"; break;
+      case ctl::TransportError::Kind::refused_peer: why = "the agent refused this caller"; break;
+      case ctl::TransportError::Kind::timeout: why = fmt::format("no answer within {} s", kAskBound.count()); break;
+      case ctl::TransportError::Kind::broken: why = "the exchange failed"; break;
+    }
+    if (!e.detail.empty()) why += " (" + e.detail + ")";
+    return agent_down(socket, why, when_down);
+  }
+  const auto& r = *answer;
+  boost::system::error_code ec;
+  const auto body = json::parse(r.body, ec);
+  const json::object* o = !ec ? body.if_object() : nullptr;
+  // An agent that cannot decide (5xx), or one without the route (404: an older agent), is down.
+  if (r.status >= 500 || r.status == 404) {
+    return agent_down(socket, fmt::format("answered {}{}", r.status, o ? ": " + str(*o, "detail") : std::string()), when_down);
+  }
+  if (r.status != 200) {  // the agent refuses the question itself (a domain XML it cannot read)
+    return {1, {fmt::format("gpunode: domain {} refused: -: {}: {}", name, o ? str(*o, "code", "invalid-request") : "invalid-request",
+                            o ? str(*o, "detail") : fmt::format("the agent answered {}", r.status))}};
+  }
+  const json::value* allowed = o ? o->if_contains("allowed") : nullptr;
+  const json::value* reasons = o ? o->if_contains("reasons") : nullptr;
+  if (allowed == nullptr || !allowed->is_bool() || reasons == nullptr || !reasons->is_array()) {
+    return agent_down(socket, "its answer is not a domain admission", when_down);
+  }
+  if (allowed->get_bool()) return {};
+  const std::string mode = str(*o, "mode", "enforce");
+  HookVerdict v{mode == "enforce" ? 1 : 0, {}};
+  for (const auto& rv : reasons->get_array()) {
+    const json::object* reason = rv.if_object();
+    if (reason == nullptr) continue;
+    const std::string line = fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message"));
+    v.stderr_lines.push_back(mode == "enforce" ? fmt::format("gpunode: domain {} refused: {}", name, line)
+                                               : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", name, mode, line));
+  }
+  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", name));
+  return v;
+}
+
+HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
+                             const std::string& config_file, std::string_view domain_xml) {
+  if (args.size() < 3) return {2, {"gpunode: libvirt-hook expects NAME OPERATION SUB-OPERATION [EXTRA] (libvirt's hook arguments)"}};
+  const std::string& name = args[0];
+  if (!hook_asks(args[1], args[2]) || !may_have_pci_hostdev(domain_xml)) return {};
+
+  // admin.socket and enforcement.when_agent_down from agent.yaml; a missing file means the defaults.
+  config::Config cfg;
+  struct stat st {};
+  if (::stat(config_file.c_str(), &st) == 0) {
+    auto loaded = config::load_file(config_file, config::Purpose::discover);
+    if (!loaded.ok()) {
+      // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
+      return {1, {fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string())}};
+    }
+    cfg = std::move(loaded.config);
+  } else {
+    cfg.admin.socket = std::string(kDefaultSocket);
+  }
+  const std::string socket = socket_flag.value_or(cfg.admin.socket);
+
+  ctl::Request q;
+  q.method = "POST";
+  q.target = "/v1/admin/domain-admission";
+  q.body = json::serialize(json::object{{"domainXml", domain_xml}});
+  q.content_type = "application/json";
+  q.timeout = kAskBound;
+  ctl::UnixClient client(socket, "gpunode-libvirt-hook");
+  return hook_verdict(client.call(q), socket, name, cfg.enforcement.when_agent_down);
+}
+
+}  // namespace gpunode::agent

@@ -1,0 +1,125 @@
+// The libvirt hook's rules (CONTRACT §9): which calls ask, the tag scan, and the verdict on each
+// answer the agent can give (or not give).
+#include <doctest/doctest.h>
+
+#include "libvirt_hook.hpp"
+
+using gpunode::agent::hook_asks;
+using gpunode::agent::hook_verdict;
+using gpunode::agent::may_have_pci_hostdev;
+using gpunode::config::WhenAgentDown;
+using gpunode::ctl::Response;
+using gpunode::ctl::TransportError;
+
+namespace {
+
+std::expected<Response, TransportError> answer(unsigned status, std::string body) {
+  return Response{status, {{"content-type", "application/json"}}, std::move(body)};
+}
+
+std::expected<Response, TransportError> failure(TransportError::Kind kind, std::string detail = "") {
+  return std::unexpected(TransportError{kind, "/run/gpunode/admin.sock", std::move(detail)});
+}
+
+}  // namespace
+
+TEST_CASE("only prepare, migrate and restore begin ask") {
+  CHECK(hook_asks("prepare", "begin"));
+  CHECK(hook_asks("migrate", "begin"));
+  CHECK(hook_asks("restore", "begin"));
+  for (const char* op : {"start", "started", "stopped", "release", "reconnect", "attach"}) CHECK_FALSE(hook_asks(op, "begin"));
+  CHECK_FALSE(hook_asks("prepare", "end"));
+  CHECK_FALSE(hook_asks("prepare", "-"));
+  CHECK_FALSE(hook_asks("", ""));
+}
+
+TEST_CASE("the tag scan finds every spelling of a PCI hostdev, and never misses one") {
+  CHECK(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'/></devices></domain>"));
+  CHECK(may_have_pci_hostdev(R"(<domain><devices><hostdev mode="subsystem" type="pci"></hostdev></devices></domain>)"));
+  CHECK(may_have_pci_hostdev("<hostdev\n    type = 'pci'\n    mode='subsystem'>"));
+  CHECK(may_have_pci_hostdev("<hostdev type='pci'/>"));
+  // Other hostdevs and elements whose name starts alike are not PCI hostdevs.
+  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='usb'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdevice type='pci'/><interface type='hostdev'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev("<domain><name>vm</name><devices><disk type='file'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev(""));
+  CHECK_FALSE(may_have_pci_hostdev("<hostdev mode='subsystem' type='pcie'/>"));
+  // What it cannot read, it hands to the agent.
+  CHECK(may_have_pci_hostdev("<hostdev"));
+  CHECK(may_have_pci_hostdev("<hostdev type='pci"));
+  CHECK(may_have_pci_hostdev("<hostdev type=pci>"));
+  CHECK(may_have_pci_hostdev("<hostdev \"x\">"));
+}
+
+TEST_CASE("allowed: exit 0, nothing said") {
+  auto v = hook_verdict(answer(200, R"({"allowed":true,"mode":"enforce","unitIds":["u-1"],"reasons":[]})"), "/s", "vm1", WhenAgentDown::deny);
+  CHECK(v.exit_code == 0);
+  CHECK(v.stderr_lines.empty());
+}
+
+TEST_CASE("refused: exit 1, one line per reason; audit mode lets it start") {
+  const std::string refused =
+      R"({"allowed":false,"mode":"enforce","unitIds":["u-0000-41-00-0","u-0000-42-00-0"],"reasons":[)"
+      R"({"code":"unit-reserved","message":"u-0000-41-00-0 is held by an active reservation","unitId":"u-0000-41-00-0"},)"
+      R"({"code":"unknown-unit","message":"hostdev 0000:05:00.0 is a GPU of no unit of node n","unitId":null}]})";
+  auto v = hook_verdict(answer(200, refused), "/s", "train-7", WhenAgentDown::allow);
+  CHECK(v.exit_code == 1);
+  REQUIRE(v.stderr_lines.size() == 2);
+  CHECK(v.stderr_lines[0] == "gpunode: domain train-7 refused: u-0000-41-00-0: unit-reserved: u-0000-41-00-0 is held by an active reservation");
+  CHECK(v.stderr_lines[1] == "gpunode: domain train-7 refused: -: unknown-unit: hostdev 0000:05:00.0 is a GPU of no unit of node n");
+  std::string audit = refused;
+  audit.replace(audit.find("enforce"), 7, "audit");
+  auto a = hook_verdict(answer(200, audit), "/s", "train-7", WhenAgentDown::deny);
+  CHECK(a.exit_code == 0);
+  REQUIRE(a.stderr_lines.size() == 2);
+  CHECK(a.stderr_lines[0].find("would be refused (audit mode") != std::string::npos);
+  // A question the agent refuses (a definition it cannot read) refuses the start.
+  auto bad = hook_verdict(answer(400, R"({"code":"invalid-request","detail":"domainXml is not a libvirt domain definition"})"), "/s", "x",
+                          WhenAgentDown::allow);
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.stderr_lines == std::vector<std::string>{"gpunode: domain x refused: -: invalid-request: domainXml is not a libvirt domain definition"});
+}
+
+TEST_CASE("the agent cannot be asked: when_agent_down decides, and the line says why") {
+  const std::vector<std::expected<Response, TransportError>> down{
+      failure(TransportError::Kind::missing, "No such file or directory"),
+      failure(TransportError::Kind::not_listening),
+      failure(TransportError::Kind::denied),
+      failure(TransportError::Kind::refused_peer),
+      failure(TransportError::Kind::timeout),
+      failure(TransportError::Kind::broken, "not HTTP"),
+      answer(503, R"({"code":"storage-unavailable","detail":"disk full"})"),
+      answer(500, "not json"),
+      answer(404, R"({"code":"not-found","detail":"no such resource"})"),  // an agent without the route
+      answer(200, R"({"allowed":"yes"})"),                                  // not an admission
+      answer(200, "garbage"),
+  };
+  for (const auto& d : down) {
+    auto deny = hook_verdict(d, "/run/gpunode/admin.sock", "vm", WhenAgentDown::deny);
+    CHECK(deny.exit_code == 1);
+    REQUIRE(deny.stderr_lines.size() == 1);
+    CHECK(deny.stderr_lines[0].starts_with("gpunode: agent unreachable at /run/gpunode/admin.sock: "));
+    auto allow = hook_verdict(d, "/run/gpunode/admin.sock", "vm", WhenAgentDown::allow);
+    CHECK(allow.exit_code == 0);
+    REQUIRE(allow.stderr_lines.size() == 1);
+    CHECK(allow.stderr_lines[0].find("allowed (enforcement.when_agent_down: allow)") != std::string::npos);
+  }
+  CHECK(hook_verdict(failure(TransportError::Kind::timeout), "/s", "vm", WhenAgentDown::deny).stderr_lines[0] ==
+        "gpunode: agent unreachable at /s: no answer within 5 s");
+  CHECK(hook_verdict(answer(503, R"({"detail":"disk full"})"), "/s", "vm", WhenAgentDown::deny).stderr_lines[0] ==
+        "gpunode: agent unreachable at /s: answered 503: disk full");
+}
+
+TEST_CASE("the whole hook: other operations and domains without PCI hostdevs never ask; bad arguments are usage errors") {
+  using gpunode::agent::run_libvirt_hook;
+  const std::string gpu = "<domain><name>vm</name><devices><hostdev mode='subsystem' type='pci'/></devices></domain>";
+  // No agent anywhere: had it asked, deny would refuse.
+  const std::optional<std::string> nowhere = "/nonexistent/gpunode/admin.sock";
+  CHECK(run_libvirt_hook({"vm", "started", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 0);
+  CHECK(run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", "<domain><devices/></domain>").exit_code == 0);
+  auto asked = run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", gpu);
+  CHECK(asked.exit_code == 1);
+  REQUIRE(asked.stderr_lines.size() == 1);
+  CHECK(asked.stderr_lines[0].starts_with("gpunode: agent unreachable at /nonexistent/gpunode/admin.sock: no socket"));
+  CHECK(run_libvirt_hook({"vm"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 2);
+}
