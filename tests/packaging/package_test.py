@@ -255,8 +255,10 @@ def cmd_install(out, src):
             st = os.lstat(full)
             c.eq(f"installed {path} is {mode}", stat_mode(st.st_mode), mode)
 
-        # Maintainer scripts run against the scratch root: DPKG_ROOT, as for a bootstrap. systemctl
-        # and deb-systemd-invoke are stand-ins that only record their calls.
+        # Maintainer scripts run against the scratch root: DPKG_ROOT, as for a bootstrap (the real
+        # systemd-sysusers, systemd-tmpfiles and deb-systemd-helper act on that root). systemctl and
+        # deb-systemd-invoke, which would talk to the host's systemd, are stand-ins that only record
+        # their calls.
         bindir = os.path.join(scratch, "bin")
         os.makedirs(bindir)
         calls = os.path.join(scratch, "calls.log")
@@ -265,7 +267,9 @@ def cmd_install(out, src):
         env = dict(os.environ, DPKG_ROOT=root, PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
         def script(name, *args):
-            p = run([os.path.join(ctl_dir, name), *args], env=env)
+            # As dpkg runs them: deb-systemd-helper refuses to act without DPKG_MAINTSCRIPT_*.
+            p = run([os.path.join(ctl_dir, name), *args],
+                    env=dict(env, DPKG_MAINTSCRIPT_PACKAGE="gpunode-agent", DPKG_MAINTSCRIPT_NAME=name))
             c.eq(f"{name} {' '.join(args)} exits 0", p.returncode, 0)
             if p.returncode != 0 or p.stderr:
                 print(f"# {name}: {p.stdout}{p.stderr}", flush=True)
