@@ -4,7 +4,7 @@ PRESET ?= release
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan test-tsan demo bench clean format
+.PHONY: all deps build test test-asan test-tsan demo bench package clean format
 
 all: build
 
@@ -28,8 +28,16 @@ test-asan:
 test-tsan:
 	$(MAKE) test PRESET=tsan
 
-demo: build
+# The demo runs gpunode-agent and prints gpunodectl commands: it builds those two only (not the
+# tests and benchmarks `build` makes).
+demo: deps $(BUILD)/build.ninja
+	cmake --build --preset $(PRESET) -j $(JOBS) --target gpunode-agent gpunodectl
 	@bash scripts/demo.sh $(BUILD)/gpunode-agent
+
+# The Debian package from the build tree: build/<preset>/gpunode-agent_VERSION_ARCH.deb (and, from
+# a build with debug information such as the release preset, the -dbgsym .ddeb beside it).
+package: build
+	cd $(BUILD) && cpack -G DEB
 
 bench: build
 	@bash tests/bench/run.sh $(BUILD)

@@ -15,6 +15,11 @@ PACKAGES=(
   libsqlite3-dev libssl-dev openssl
   # tests and tools
   python3 curl
+  # the Debian package (tests/packaging): cpack's dpkg-shlibdeps (dpkg-dev), lintian, the maintainer
+  # scripts' systemd-sysusers, systemd-tmpfiles and deb-systemd-helper (systemd,
+  # init-system-helpers: only the tools; nothing is started), systemd-analyze verify and security
+  # (systemd), man --warnings for the manual pages (man-db, groff-base)
+  dpkg-dev lintian systemd init-system-helpers man-db groff-base
   # tests/integration/libvirtd_test.py: a private libvirtd (libvirt-daemon) with its QEMU driver
   # (libvirt-daemon-driver-qemu) and the emulator (qemu-system-x86, which brings SeaBIOS). Not
   # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.

@@ -1,0 +1,493 @@
+#!/usr/bin/env python3
+"""The Debian package (issue #13): built by cpack from the build tree, compared with the checked-in
+manifest, judged by lintian, and installed into a scratch root where its maintainer scripts run
+and its agent serves gpunodectl. Nothing outside the scratch directories is touched.
+
+    package_test.py build    BUILD_DIR OUT_DIR      cpack -G DEB into OUT_DIR (the fixture)
+    package_test.py contents OUT_DIR SOURCE_DIR     paths, modes, owners (packaging/manifest.txt),
+                                                    control fields and files, stripped binaries,
+                                                    the dbgsym package, man pages, docs
+    package_test.py lintian  OUT_DIR SOURCE_DIR     no error; each warning listed in
+                                                    packaging/lintian.txt with its reason
+    package_test.py install  OUT_DIR SOURCE_DIR     a scratch root: postinst (users, groups,
+                                                    directories, enablement), the start gate,
+                                                    systemd-analyze verify and security, the
+                                                    shipped config, the agent serving
+                                                    `gpunodectl status`, prerm and postrm
+
+Each check prints one line; the last line is `N passed, M failed`."""
+import glob
+import gzip
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+sys.dont_write_bytecode = True
+import lab as L  # noqa: E402
+
+UNIT = "gpunode-agent.service"
+MAX_EXPOSURE = 2.0
+
+
+def run(cmd, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("timeout", 300)
+    return subprocess.run(cmd, **kw)
+
+
+def the_deb(out):
+    debs = sorted(glob.glob(os.path.join(out, "gpunode-agent_*.deb")))
+    if len(debs) != 1:
+        raise SystemExit(f"want one gpunode-agent_*.deb in {out}, found {debs}")
+    return debs[0]
+
+
+def listing(deb):
+    """dpkg-deb -c as {path: (mode, owner)}; a symlink's path is followed by its target."""
+    entries = {}
+    for line in run(["dpkg-deb", "-c", deb], check=True).stdout.splitlines():
+        parts = line.split(None, 5)
+        mode, owner, path = parts[0], parts[1], parts[5]
+        entries[path] = (mode, owner)
+    return entries
+
+
+def manifest(src):
+    """packaging/manifest.txt: `MODE OWNER PATH` lines; `#` starts a comment."""
+    entries = {}
+    with open(os.path.join(src, "packaging", "manifest.txt"), encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                mode, owner, path = line.split(None, 2)
+                entries[path] = (mode, owner)
+    return entries
+
+
+def control(deb):
+    fields, key = {}, None
+    for line in run(["dpkg-deb", "-f", deb], check=True).stdout.splitlines():
+        if line.startswith(" ") and key:
+            fields[key] += "\n" + line
+        else:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+# ---------------------------------------------------------------------------------------------
+
+def cmd_build(build, out):
+    c = L.Checks("package.build")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    t0 = time.time()
+    p = run(["cpack", "-G", "DEB", "--config", os.path.join(build, "CPackConfig.cmake"), "-B", out], timeout=900)
+    print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+    c.eq("cpack -G DEB exits 0", p.returncode, 0)
+    debs = glob.glob(os.path.join(out, "gpunode-agent_*.deb"))
+    arch = run(["dpkg", "--print-architecture"]).stdout.strip()
+    c.check(f"one gpunode-agent_VERSION_{arch}.deb ({time.time() - t0:.0f}s)",
+            len(debs) == 1 and debs[0].endswith(f"_{arch}.deb"), debs)
+    shutil.rmtree(os.path.join(out, "_CPack_Packages"), ignore_errors=True)
+    return c.finish()
+
+
+def cmd_contents(out, src):
+    c = L.Checks("package.contents")
+    deb = the_deb(out)
+    got, want = listing(deb), manifest(src)
+    for path in sorted(set(got) | set(want)):
+        if path not in want:
+            c.check(f"{path} is in the manifest", False, f"{got[path]} in the package only")
+        elif path not in got:
+            c.check(f"{path} is in the package", False, f"{want[path]} in the manifest only")
+        else:
+            c.eq(f"{path} {want[path][0]} {want[path][1]}", got[path], want[path])
+
+    f = control(deb)
+    c.eq("Package", f.get("Package"), "gpunode-agent")
+    c.check("Version is VERSION-REVISION", re.fullmatch(r"\d+\.\d+\.\d+-\d+", f.get("Version", "")), f.get("Version"))
+    c.eq("Architecture", f.get("Architecture"), run(["dpkg", "--print-architecture"]).stdout.strip())
+    depends = f.get("Depends", "")
+    for lib in ("libc6", "libstdc++6", "libvirt0", "libpci3", "libyaml-cpp0.7", "libsqlite3-0", "libssl3"):
+        c.check(f"Depends names {lib} (dpkg-shlibdeps)", re.search(rf"(^|, ){re.escape(lib)}( |,|$)", depends), depends)
+    for dep in ("systemd", "init-system-helpers", "pci.ids"):
+        c.check(f"Depends names {dep}", dep in depends, depends)
+
+    with tempfile.TemporaryDirectory(prefix="gpunode-pkg-") as d:
+        ctl = os.path.join(d, "DEBIAN")
+        run(["dpkg-deb", "-e", deb, ctl], check=True)
+        for name, mode in (("postinst", 0o755), ("prerm", 0o755), ("postrm", 0o755), ("conffiles", 0o644)):
+            st = os.stat(os.path.join(ctl, name))
+            c.eq(f"control file {name} is {mode:o}", st.st_mode & 0o7777, mode)
+        with open(os.path.join(ctl, "conffiles"), encoding="utf-8") as cf:
+            c.eq("conffiles", cf.read().split(), ["/etc/gpunode/agent.yaml"])
+
+        root = os.path.join(d, "root")
+        run(["dpkg-deb", "-x", deb, root], check=True)
+        for exe in ("usr/bin/gpunode-agent", "usr/bin/gpunodectl"):
+            sections = run(["readelf", "-S", "-W", os.path.join(root, exe)]).stdout
+            c.check(f"{exe} is stripped (no .symtab, no .debug_*)",
+                    ".symtab" not in sections and ".debug_" not in sections, "sections left")
+        for page in ("usr/share/man/man8/gpunode-agent.8.gz", "usr/share/man/man1/gpunodectl.1.gz",
+                     "usr/share/man/man5/agent.yaml.5.gz"):
+            with gzip.open(os.path.join(root, page), "rt", encoding="utf-8") as g:
+                text = g.read()
+            c.check(f"{page} is gzipped roff with the version", text.startswith(".TH ") and "@VERSION@" not in text, text[:80])
+            w = run(["man", "--warnings", "-l", "-Tutf8", "-Z", os.path.join(root, page)],
+                    env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"))
+            c.eq(f"{page}: groff has no warning", w.stderr.strip(), "")
+        with open(os.path.join(root, "usr/share/doc/gpunode-agent/copyright"), encoding="utf-8") as cp:
+            c.check("copyright is machine-readable (DEP-5)",
+                    cp.readline().strip() == "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/", "")
+        with gzip.open(os.path.join(root, "usr/share/doc/gpunode-agent/changelog.Debian.gz"), "rt", encoding="utf-8") as ch:
+            first = ch.readline()
+        c.check("changelog.Debian.gz opens with this version",
+                first.startswith(f"gpunode-agent ({f.get('Version')}) "), first)
+
+        # Debug symbols: split out into the -dbgsym package when the build has them.
+        ddebs = glob.glob(os.path.join(out, "gpunode-agent-dbgsym_*.ddeb"))
+        cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(out))), "CMakeCache.txt")
+        build_type = ""
+        for line in open(cache, encoding="utf-8") if os.path.exists(cache) else []:
+            if line.startswith("CMAKE_BUILD_TYPE:"):
+                build_type = line.split("=", 1)[1].strip()
+        if build_type in ("RelWithDebInfo", "Debug") or ddebs:
+            c.eq(f"one gpunode-agent-dbgsym .ddeb ({build_type or 'build type unknown'})", len(ddebs), 1)
+            if ddebs:
+                dbg = os.path.join(d, "dbg")
+                run(["dpkg-deb", "-x", ddebs[0], dbg], check=True)
+                for exe in ("usr/bin/gpunode-agent", "usr/bin/gpunodectl"):
+                    note = run(["readelf", "-n", os.path.join(root, exe)]).stdout
+                    m = re.search(r"Build ID: ([0-9a-f]+)", note)
+                    bid = m.group(1) if m else ""
+                    path = os.path.join(dbg, "usr/lib/debug/.build-id", bid[:2], bid[2:] + ".debug")
+                    has = bool(bid) and os.path.exists(path) and ".debug_info" in run(["readelf", "-S", "-W", path]).stdout
+                    c.check(f"{exe}'s debug info is in the dbgsym package (build id {bid[:12]}...)", has, path)
+        else:
+            print(f"# build type {build_type}: no debug information to split out", flush=True)
+    return c.finish()
+
+
+def cmd_lintian(out, src):
+    c = L.Checks("package.lintian")
+    deb = the_deb(out)
+    p = run(["lintian", "--no-tag-display-limit", "--display-info", deb], timeout=600)
+    print("# lintian output:", flush=True)
+    for line in p.stdout.splitlines():
+        print(f"#   {line}", flush=True)
+    print(p.stderr, end="", flush=True)
+    c.check("lintian ran", p.returncode in (0, 1) and "not found" not in p.stderr, p.stderr)
+    tags = [line for line in p.stdout.splitlines() if re.match(r"^[EWIPX]: ", line)]
+    errors = [t for t in tags if t.startswith("E: ")]
+    c.eq("lintian reports no error", errors, [])
+    explained = set()
+    with open(os.path.join(src, "packaging", "lintian.txt"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"^([WI]): (\S+)", line)
+            if m:
+                explained.add((m.group(1), m.group(2)))
+    for t in tags:
+        if t.startswith(("W: ", "I: ")):
+            kind, tag = t[0], t.split()[2]
+            c.check(f"{kind}: {tag} is explained in packaging/lintian.txt", (kind, tag) in explained, t)
+    return c.finish()
+
+
+# ---------------------------------------------------------------------------------------------
+
+def write_stub(bindir, name, log):
+    path = os.path.join(bindir, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
+    os.chmod(path, 0o755)
+
+
+def read_lines(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def passwd_entry(root, file, name):
+    for line in read_lines(os.path.join(root, "etc", file)):
+        fields = line.split(":")
+        if fields[0] == name:
+            return fields
+    return None
+
+
+def wait_for(pred, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def cmd_install(out, src):
+    c = L.Checks("package.install")
+    deb = the_deb(out)
+    scratch = tempfile.mkdtemp(prefix="gpunode-pkg-install-")
+    agent_proc = None
+    try:
+        root = os.path.join(scratch, "root")
+        ctl_dir = os.path.join(scratch, "DEBIAN")
+        run(["dpkg-deb", "-x", deb, root], check=True)
+        run(["dpkg-deb", "-e", deb, ctl_dir], check=True)
+        want = manifest(src)
+
+        # Modes as the manifest says (owners: dpkg-deb -x keeps them only as root).
+        for path, (mode, _) in sorted(want.items()):
+            full = os.path.join(root, path.lstrip("./"))
+            st = os.lstat(full)
+            c.eq(f"installed {path} is {mode}", stat_mode(st.st_mode), mode)
+
+        # Maintainer scripts run against the scratch root: DPKG_ROOT, as for a bootstrap (the real
+        # systemd-sysusers, systemd-tmpfiles and deb-systemd-helper act on that root). systemctl and
+        # deb-systemd-invoke, which would talk to the host's systemd, are stand-ins that only record
+        # their calls.
+        bindir = os.path.join(scratch, "bin")
+        os.makedirs(bindir)
+        calls = os.path.join(scratch, "calls.log")
+        for name in ("systemctl", "deb-systemd-invoke"):
+            write_stub(bindir, name, calls)
+        env = dict(os.environ, DPKG_ROOT=root, PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+
+        def script(name, *args):
+            # As dpkg runs them: deb-systemd-helper refuses to act without DPKG_MAINTSCRIPT_*.
+            p = run([os.path.join(ctl_dir, name), *args],
+                    env=dict(env, DPKG_MAINTSCRIPT_PACKAGE="gpunode-agent", DPKG_MAINTSCRIPT_NAME=name))
+            c.eq(f"{name} {' '.join(args)} exits 0", p.returncode, 0)
+            if p.returncode != 0 or p.stderr:
+                print(f"# {name}: {p.stdout}{p.stderr}", flush=True)
+            return p
+
+        script("postinst", "configure")
+        user = passwd_entry(root, "passwd", "gpunode")
+        c.check("postinst: user gpunode exists (sysusers), no login, home /var/lib/gpunode",
+                user is not None and user[5] == "/var/lib/gpunode" and user[6].endswith("nologin"), user)
+        c.check("postinst: user gpunode is a system user (uid < 1000)", user is not None and int(user[2]) < 1000, user)
+        for group in ("gpunode", "gpunode-admin", "libvirt"):
+            c.check(f"postinst: group {group} exists", passwd_entry(root, "group", group) is not None, group)
+        tls = os.path.join(root, "etc/gpunode/tls")
+        st = os.stat(tls) if os.path.isdir(tls) else None
+        gid = int(passwd_entry(root, "group", "gpunode")[2]) if passwd_entry(root, "group", "gpunode") else -1
+        c.check("postinst: /etc/gpunode/tls 0750 root:gpunode (tmpfiles)",
+                st is not None and stat_mode(st.st_mode) == "drwxr-x---" and st.st_uid == 0 and st.st_gid == gid,
+                st and (oct(st.st_mode), st.st_uid, st.st_gid, gid))
+        link = os.path.join(root, "etc/systemd/system/multi-user.target.wants", UNIT)
+        c.check("postinst: the unit is enabled (multi-user.target.wants)",
+                os.path.islink(link) and os.readlink(link) == f"/usr/lib/systemd/system/{UNIT}",
+                os.path.islink(link) and os.readlink(link))
+        c.eq("postinst: systemd not asked anything where it does not run", read_lines(calls), [])
+
+        # The start gate: with systemd running there, an unconfigured node is not started.
+        os.makedirs(os.path.join(root, "run/systemd/system"))
+        p = script("postinst", "configure")
+        c.eq("postinst, not configured: daemon-reload, no start", read_lines(calls), ["systemctl --system daemon-reload"])
+        c.check("postinst, not configured: says what to fill in", "node.id and node.owner_org" in p.stderr, p.stderr)
+        conf = os.path.join(root, "etc/gpunode/agent.yaml")
+        with open(conf, encoding="utf-8") as f:
+            shipped = f.read()
+        filled = shipped.replace('id: ""', "id: node-pkg-1", 1).replace('owner_org: ""', "owner_org: org-pkg-owner", 1)
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(filled)
+        os.remove(calls)
+        script("postinst", "configure")
+        c.eq("postinst, configured (first install): started", read_lines(calls),
+             ["systemctl --system daemon-reload", f"deb-systemd-invoke start {UNIT}"])
+        os.remove(calls)
+        script("postinst", "configure", "0.0.9-1")
+        c.eq("postinst, configured (upgrade): restarted", read_lines(calls),
+             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}"])
+
+        # The shipped config: invalid only for want of node.id and node.owner_org.
+        agent = os.path.join(root, "usr/bin/gpunode-agent")
+        ctlbin = os.path.join(root, "usr/bin/gpunodectl")
+        shipped_file = os.path.join(scratch, "shipped.yaml")
+        with open(shipped_file, "w", encoding="utf-8") as f:
+            f.write(shipped)
+        p = run([agent, "check-config", "--config", shipped_file])
+        c.check("the shipped config as is: check-config names exactly node.id and node.owner_org",
+                p.returncode == 1 and len(p.stderr.strip().splitlines()) == 2 and "node.id" in p.stderr
+                and "node.owner_org" in p.stderr, p.stderr)
+        p = run([agent, "check-config", "--config", conf])
+        c.check("the shipped config, node.id and owner_org filled in: check-config accepts it", p.returncode == 0, p.stderr)
+
+        # systemd-analyze on the packaged unit. verify needs ExecStart to exist: a scratch copy
+        # naming the packaged binary where it lies here; its man pages are found there too.
+        unit_src = os.path.join(root, "usr/lib/systemd/system", UNIT)
+        units = os.path.join(scratch, "units")
+        os.makedirs(units)
+        with open(unit_src, encoding="utf-8") as f:
+            text = f.read()
+        c.check("the unit starts /usr/bin/gpunode-agent run --config /etc/gpunode/agent.yaml",
+                "\nExecStart=/usr/bin/gpunode-agent run --config /etc/gpunode/agent.yaml\n" in text, "")
+        with open(os.path.join(units, UNIT), "w", encoding="utf-8") as f:
+            f.write(text.replace("/usr/bin/gpunode-agent", agent))
+        p = run(["systemd-analyze", "verify", os.path.join(units, UNIT)],
+                env=dict(os.environ, MANPATH=os.path.join(root, "usr/share/man")))
+        c.check("systemd-analyze verify: no complaint", p.returncode == 0 and not p.stderr.strip(), p.stdout + p.stderr)
+        p = run(["systemd-analyze", "security", "--offline=yes", "--no-pager", unit_src])
+        m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", p.stdout)
+        exposure = float(m.group(1)) if m else 99.0
+        print("# systemd-analyze security, every line above 0:", flush=True)
+        for line in p.stdout.splitlines():
+            if re.search(r"\s\d\.\d$", line) and not re.search(r"\s0\.0$", line):
+                print(f"#   {line.rstrip()}", flush=True)
+        c.check(f"systemd-analyze security --offline=yes: exposure {exposure} <= {MAX_EXPOSURE}",
+                exposure <= MAX_EXPOSURE, p.stdout[-300:] + p.stderr)
+
+        # The packaged agent from the filled-in config, its host, state and socket in the scratch
+        # area, libvirt's test driver; under systemd's notify protocol.
+        lab = os.path.join(scratch, "lab")
+        os.makedirs(lab)
+        host = os.path.join(lab, "host")
+        run([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host], check=True)
+        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+              "-subj", "/CN=127.0.0.1", "-keyout", os.path.join(lab, "tls.key"), "-out", os.path.join(lab, "tls.crt")])
+        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
+        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
+        state = os.path.join(root, "var/lib/gpunode")
+        sock = os.path.join(root, "run/gpunode/admin.sock")
+        os.makedirs(os.path.dirname(sock))
+        port = L.free_port()
+        cfg = (filled.replace("host_root: /", f"host_root: {host}", 1)
+               .replace('listen: "0.0.0.0:8443"', f'listen: "127.0.0.1:{port}"', 1)
+               .replace("/etc/gpunode/tls/agent.crt", os.path.join(lab, "tls.crt"))
+               .replace("/etc/gpunode/tls/agent.key", os.path.join(lab, "tls.key"))
+               .replace("/etc/gpunode/issuer.pub", os.path.join(lab, "issuer.pub"))
+               .replace("/run/gpunode/admin.sock", sock)
+               .replace("allowed_uids: [0]", f"allowed_uids: [{os.getuid()}]")
+               .replace("uri: qemu:///system", "uri: test:///default")
+               .replace("dir: /var/lib/gpunode", f"dir: {state}"))
+        cfg_file = os.path.join(lab, "agent.yaml")
+        with open(cfg_file, "w", encoding="utf-8") as f:
+            f.write(cfg)
+        changed = sum(1 for a, b in zip(filled.splitlines(), cfg.splitlines()) if a != b)
+        c.check(f"the run config is the shipped one but for {changed} lines that place it here (at most 9)",
+                0 < changed <= 9, changed)
+
+        # As root, the agent runs as the unit runs it: the package's gpunode user (its uid in the
+        # scratch root), no capability, no new privileges, and a supplementary group it gives the
+        # admin socket to (nogroup standing in for gpunode-admin, which the host does not know).
+        as_unit = []
+        if os.geteuid() == 0:
+            uid, gid = int(user[2]), int(user[3])
+            for path in (scratch, lab, os.path.join(root, "var"), os.path.join(root, "var/lib"), os.path.join(root, "run")):
+                os.chmod(path, 0o755)
+            os.makedirs(state, exist_ok=True)
+            for path in (state, os.path.dirname(sock)):
+                os.chown(path, uid, gid)
+            os.chmod(os.path.join(lab, "tls.key"), 0o644)
+            with open(cfg_file, "w", encoding="utf-8") as f:
+                f.write(cfg.replace("allowed_group: gpunode-admin", "allowed_group: nogroup"))
+            as_unit = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--groups=65534", "--inh-caps=-all",
+                       "--bounding-set=-all", "--no-new-privs"]
+
+        notify_path = os.path.join(lab, "notify")
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(notify_path)
+        os.chmod(notify_path, 0o666)  # the agent may run as another user (above)
+        notify.settimeout(20)
+        log = open(os.path.join(lab, "agent.log"), "wb")
+        agent_proc = subprocess.Popen([*as_unit, agent, "run", "--config", cfg_file], stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True,
+                                      env=dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="2000000",
+                                               WATCHDOG_PID=""))
+        messages = []
+        deadline = time.time() + 20
+        while time.time() < deadline and "READY=1" not in messages and agent_proc.poll() is None:
+            try:
+                messages.append(notify.recv(4096).decode())
+            except socket.timeout:
+                break
+        c.check("the packaged agent tells systemd READY=1", "READY=1" in messages, f"{messages} {tail(lab)}")
+        s = os.stat(sock) if os.path.exists(sock) else None
+        c.check("its admin socket is 0660", s is not None and stat_mode(s.st_mode) == "srw-rw----", s and oct(s.st_mode))
+        if as_unit:
+            c.check(f"as uid {uid} without capabilities, it gave the socket to its supplementary group",
+                    s is not None and s.st_uid == uid and s.st_gid == 65534, s and (s.st_uid, s.st_gid))
+        p = run([ctlbin, "--socket", sock, "status"], timeout=60)
+        c.check("the packaged gpunodectl status answers over the admin socket",
+                p.returncode == 0 and "node-pkg-1" in p.stdout, f"rc={p.returncode} {p.stdout[:400]} {p.stderr[:400]}")
+        version = run([agent, "version"]).stdout.split()[-1]
+        c.check(f"status shows the packaged agent's version {version}", version in p.stdout, p.stdout[:400])
+        p = run([ctlbin, "--socket", sock, "--json", "units"], timeout=60)
+        units = L.Resp(200, {}, p.stdout.encode()).json or {}
+        c.eq("gpunodectl --json units lists the demo host's units", sorted(u.get("id") for u in units.get("units", [])),
+             L.ALL_UNITS)
+        c.check("WATCHDOG=1 follows within the watchdog interval",
+                wait_for(lambda: pet(notify, messages), 3), messages)
+        agent_proc.terminate()
+        rc = agent_proc.wait(30)
+        c.eq("SIGTERM stops it with status 0", rc, 0)
+        notify.settimeout(1)
+        c.check("and it said STOPPING=1", pet(notify, messages, "STOPPING=1") or "STOPPING=1" in messages, messages)
+        agent_proc = None
+        notify.close()
+        log.close()
+
+        # Removal: stopped on remove, state kept; on purge the state goes.
+        os.remove(calls)
+        script("prerm", "upgrade", "0.2.0-1")
+        c.eq("prerm upgrade: not stopped (postinst restarts it)", read_lines(calls), [])
+        script("prerm", "remove")
+        c.eq("prerm remove: stopped", read_lines(calls), [f"deb-systemd-invoke stop {UNIT}"])
+        script("postrm", "remove")
+        c.check("postrm remove: the state is kept", os.path.exists(os.path.join(state, "state.db")), os.listdir(root))
+        script("postrm", "purge")
+        c.check("postrm purge: the state is gone", not os.path.exists(state), state)
+        c.check("postrm purge: the enablement is gone", not os.path.lexists(link), link)
+    finally:
+        if agent_proc is not None and agent_proc.poll() is None:
+            agent_proc.kill()
+            agent_proc.wait(10)
+        L.remove_tree(scratch, "package install scratch root")
+    return c.finish()
+
+
+def pet(notify, messages, want="WATCHDOG=1"):
+    try:
+        messages.append(notify.recv(4096).decode())
+    except (socket.timeout, BlockingIOError):
+        return False
+    return want in messages
+
+
+def tail(lab):
+    try:
+        with open(os.path.join(lab, "agent.log"), encoding="utf-8", errors="replace") as f:
+            return f.read()[-2000:]
+    except OSError:
+        return ""
+
+
+def stat_mode(mode):
+    import stat
+    return stat.filemode(mode)
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    what, a, b = sys.argv[1:]
+    return {"build": cmd_build, "contents": cmd_contents, "lintian": cmd_lintian, "install": cmd_install}[what](a, b)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
