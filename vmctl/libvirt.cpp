@@ -18,13 +18,15 @@
 #include <type_traits>
 #include <utility>
 
-#include <libvirt/libvirt.h>
-#include <libvirt/virterror.h>
-
 #include "gpunode/vmctl/vmctl.hpp"
+#include "libvirt_api.hpp"
 
 namespace gpunode::vmctl {
 namespace {
+
+// libvirt's functions, once loaded: called only where libvirt_api() succeeded (the adapter's
+// constructor checks, and every call goes through open(), which refuses without it).
+const detail::LibvirtApi& lv() { return *detail::libvirt_api(); }
 
 void ignore_error(void* /*user_data*/, virErrorPtr /*error*/) {}
 
@@ -33,8 +35,8 @@ void ignore_error(void* /*user_data*/, virErrorPtr /*error*/) {}
 void init_libvirt() {
   static std::once_flag once;
   std::call_once(once, [] {
-    virInitialize();
-    virSetErrorFunc(nullptr, ignore_error);
+    lv().virInitialize();
+    lv().virSetErrorFunc(nullptr, ignore_error);
   });
 }
 
@@ -44,16 +46,16 @@ void init_libvirt() {
 void start_event_loop() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (virEventRegisterDefaultImpl() < 0) return;
+    if (lv().virEventRegisterDefaultImpl() < 0) return;
     std::thread([] {
-      while (virEventRunDefaultImpl() == 0) {
+      while (lv().virEventRunDefaultImpl() == 0) {
       }
     }).detach();
   });
 }
 
 struct DomainFree {
-  void operator()(virDomainPtr domain) const { virDomainFree(domain); }
+  void operator()(virDomainPtr domain) const { lv().virDomainFree(domain); }
 };
 using DomainHandle = std::unique_ptr<std::remove_pointer_t<virDomainPtr>, DomainFree>;
 using SharedDomain = std::shared_ptr<std::remove_pointer_t<virDomainPtr>>;
@@ -142,17 +144,19 @@ struct Connection {
   Connection& operator=(const Connection&) = delete;
   ~Connection() {
     handles.clear();  // each holds a reference to the connection
-    if (lifecycle_id >= 0) (void)virConnectDomainEventDeregisterAny(ptr, lifecycle_id);
-    if (close_registered) (void)virConnectUnregisterCloseCallback(ptr, on_close);
-    virConnectClose(ptr);
-    virResetLastError();
+    if (lifecycle_id >= 0) (void)lv().virConnectDomainEventDeregisterAny(ptr, lifecycle_id);
+    if (close_registered) (void)lv().virConnectUnregisterCloseCallback(ptr, on_close);
+    lv().virConnectClose(ptr);
+    lv().virResetLastError();
   }
 };
 using ConnRef = std::shared_ptr<Connection>;
 
 class Libvirt final : public Hypervisor {
  public:
-  explicit Libvirt(std::string uri) : uri_(std::move(uri)) { init_libvirt(); }
+  explicit Libvirt(std::string uri) : uri_(std::move(uri)) {
+    if (detail::libvirt_api()) init_libvirt();
+  }
   // Nothing else may call the adapter now. The watcher goes first: once it is gone no callback
   // runs it; then the connection closes with the members.
   ~Libvirt() override { Watchers::get().set(watcher_id_, {}); }
@@ -163,7 +167,7 @@ class Libvirt final : public Hypervisor {
     auto conn = connection();
     if (!conn) return std::unexpected(conn.error());
     virDomainPtr* raw = nullptr;
-    const int n = virConnectListAllDomains((*conn)->ptr, &raw, 0);
+    const int n = lv().virConnectListAllDomains((*conn)->ptr, &raw, 0);
     if (n < 0) return std::unexpected(fail(*conn));
     std::vector<DomainHandle> handles;
     handles.reserve(static_cast<std::size_t>(n));
@@ -196,10 +200,10 @@ class Libvirt final : public Hypervisor {
     for (int attempt = 0; attempt < 2; ++attempt) {
       auto flags = definition_flags(conn, domain);
       if (!flags) return std::unexpected(flags.error());
-      if (virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(), ns.c_str(),
+      if (lv().virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(), ns.c_str(),
                                *flags) == 0)
         return {};
-      virErrorPtr last = virGetLastError();
+      virErrorPtr last = lv().virGetLastError();
       const bool retry = attempt == 0 && last != nullptr && last->code == VIR_ERR_OPERATION_INVALID &&
                          (*flags & VIR_DOMAIN_AFFECT_LIVE) != 0;
       if (!retry) return std::unexpected(fail_on(conn, uuid));
@@ -213,11 +217,11 @@ class Libvirt final : public Hypervisor {
     if (!target) return std::unexpected(target.error());
     const std::string ns{termination_ns};
     const unsigned flags = which == Definition::live ? VIR_DOMAIN_AFFECT_LIVE : VIR_DOMAIN_AFFECT_CONFIG;
-    CString text{virDomainGetMetadata(target->domain.get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
+    CString text{lv().virDomainGetMetadata(target->domain.get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
     if (!text) {
-      virErrorPtr last = virGetLastError();
+      virErrorPtr last = lv().virGetLastError();
       if (last != nullptr && last->code == VIR_ERR_NO_DOMAIN_METADATA) {
-        virResetLastError();
+        lv().virResetLastError();
         return std::optional<TerminationRecord>{};
       }
       return std::unexpected(fail_on(target->conn, uuid));
@@ -226,10 +230,10 @@ class Libvirt final : public Hypervisor {
   }
 
   std::expected<void, VmError> shutdown(const std::string& uuid) override {
-    return act(uuid, [](virDomainPtr d) { return virDomainShutdown(d); });
+    return act(uuid, [](virDomainPtr d) { return lv().virDomainShutdown(d); });
   }
   std::expected<void, VmError> destroy(const std::string& uuid) override {
-    return act(uuid, [](virDomainPtr d) { return virDomainDestroy(d); });
+    return act(uuid, [](virDomainPtr d) { return lv().virDomainDestroy(d); });
   }
 
   std::expected<std::string, VmError> state(const std::string& uuid) override {
@@ -237,7 +241,7 @@ class Libvirt final : public Hypervisor {
     if (!target) return std::unexpected(target.error());
     int state = 0;
     int reason = 0;
-    if (virDomainGetState(target->domain.get(), &state, &reason, 0) < 0)
+    if (lv().virDomainGetState(target->domain.get(), &state, &reason, 0) < 0)
       return std::unexpected(fail_on(target->conn, uuid));
     return std::string{state_name(state)};
   }
@@ -251,7 +255,7 @@ class Libvirt final : public Hypervisor {
   // again, whatever libvirt still delivers.
   void watch(std::function<void()> on_change) override {
     const bool watching = static_cast<bool>(on_change);
-    if (watching) start_event_loop();  // before the connection that is to hear events opens
+    if (watching && detail::libvirt_api()) start_event_loop();  // before the connection that is to hear events opens
     Watchers::get().set(watcher_id_, std::move(on_change));
     ConnRef old;  // released after the unlock
     std::lock_guard lock{mu_};
@@ -270,21 +274,22 @@ class Libvirt final : public Hypervisor {
   // A fresh connection with, when watched, lifecycle events, a close callback and keepalive.
   // Round trips: called without mu_.
   std::expected<ConnRef, VmError> open(bool watched) {
-    virConnectPtr raw = virConnectOpen(uri_.c_str());
+    if (const auto& api = detail::libvirt_api(); !api) return std::unexpected(VmError{VmError::Kind::unavailable, api.error()});
+    virConnectPtr raw = lv().virConnectOpen(uri_.c_str());
     if (raw == nullptr) {
-      virErrorPtr last = virGetLastError();
+      virErrorPtr last = lv().virGetLastError();
       std::string message = last != nullptr && last->message != nullptr ? last->message : "cannot connect";
-      virResetLastError();
+      lv().virResetLastError();
       return std::unexpected(VmError{VmError::Kind::unavailable, uri_ + ": " + message});
     }
     auto conn = std::make_shared<Connection>(raw);
     if (watched) {
       void* opaque = reinterpret_cast<void*>(watcher_id_);
-      conn->lifecycle_id = virConnectDomainEventRegisterAny(raw, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+      conn->lifecycle_id = lv().virConnectDomainEventRegisterAny(raw, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
                                                             VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
-      conn->close_registered = virConnectRegisterCloseCallback(raw, on_close, opaque, nullptr) == 0;
-      (void)virConnectSetKeepAlive(raw, 5, 3);  // not every driver has keepalive (test:/// has not)
-      virResetLastError();
+      conn->close_registered = lv().virConnectRegisterCloseCallback(raw, on_close, opaque, nullptr) == 0;
+      (void)lv().virConnectSetKeepAlive(raw, 5, 3);  // not every driver has keepalive (test:/// has not)
+      lv().virResetLastError();
     }
     return conn;
   }
@@ -300,7 +305,7 @@ class Libvirt final : public Hypervisor {
       watched = watched_;
     }
     if (current != nullptr) {
-      if (virConnectIsAlive(current->ptr) == 1) return current;
+      if (lv().virConnectIsAlive(current->ptr) == 1) return current;
       forget(current);
     }
     auto fresh = open(watched);
@@ -329,11 +334,11 @@ class Libvirt final : public Hypervisor {
   // The error of the libvirt call on `conn` that just failed, classified (before any other libvirt
   // call resets it); a dead connection is forgotten so that the next call opens a fresh one.
   VmError fail(const ConnRef& conn) {
-    virErrorPtr last = virGetLastError();
+    virErrorPtr last = lv().virGetLastError();
     const int code = last != nullptr ? last->code : VIR_ERR_INTERNAL_ERROR;
     std::string message = last != nullptr && last->message != nullptr ? last->message : "unknown libvirt error";
-    virResetLastError();
-    if (connection_error(code) || virConnectIsAlive(conn->ptr) != 1) {
+    lv().virResetLastError();
+    if (connection_error(code) || lv().virConnectIsAlive(conn->ptr) != 1) {
       forget(conn);
       return VmError{VmError::Kind::unavailable, std::move(message)};
     }
@@ -352,7 +357,7 @@ class Libvirt final : public Hypervisor {
       std::lock_guard lock{mu_};
       if (auto it = (*conn)->handles.find(uuid); it != (*conn)->handles.end()) return Target{*conn, it->second};
     }
-    virDomainPtr raw = virDomainLookupByUUIDString((*conn)->ptr, uuid.c_str());
+    virDomainPtr raw = lv().virDomainLookupByUUIDString((*conn)->ptr, uuid.c_str());
     if (raw == nullptr) {
       VmError error = fail(*conn);
       error.message += " (uuid " + uuid + ")";
@@ -380,9 +385,9 @@ class Libvirt final : public Hypervisor {
   }
 
   std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, virDomainPtr domain) {
-    const int active = virDomainIsActive(domain);
+    const int active = lv().virDomainIsActive(domain);
     if (active < 0) return std::unexpected(fail(conn));
-    const int persistent = virDomainIsPersistent(domain);
+    const int persistent = lv().virDomainIsPersistent(domain);
     if (persistent < 0) return std::unexpected(fail(conn));
     unsigned flags = 0;
     if (active == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
@@ -401,18 +406,18 @@ class Libvirt final : public Hypervisor {
   std::expected<Domain, VmError> describe(const ConnRef& conn, virDomainPtr handle) {
     Domain domain;
     char uuid[VIR_UUID_STRING_BUFLEN];
-    if (virDomainGetUUIDString(handle, uuid) < 0) return std::unexpected(fail(conn));
+    if (lv().virDomainGetUUIDString(handle, uuid) < 0) return std::unexpected(fail(conn));
     domain.uuid = uuid;
-    const char* name = virDomainGetName(handle);
+    const char* name = lv().virDomainGetName(handle);
     if (name == nullptr) return std::unexpected(fail(conn));
     domain.name = name;
     int state = 0;
     int reason = 0;
-    if (virDomainGetState(handle, &state, &reason, 0) < 0) return std::unexpected(fail(conn));
+    if (lv().virDomainGetState(handle, &state, &reason, 0) < 0) return std::unexpected(fail(conn));
     domain.state = state_name(state);
     // The current definition: live when active, else persistent. It holds the metadata with its
     // namespaces, the hostdevs normalised by libvirt, in one snapshot.
-    CString xml{virDomainGetXMLDesc(handle, 0)};
+    CString xml{lv().virDomainGetXMLDesc(handle, 0)};
     if (!xml) return std::unexpected(fail(conn));
     auto facts = parse_domain_xml(xml.get());  // one parse for all three
     domain.pci_addresses = std::move(facts.pci_addresses);
