@@ -272,7 +272,7 @@ def cmd_install(out, src):
         # `systemctl --quiet is-active UNIT` answers from ACTIVE, the units "running" here.
         active = os.path.join(scratch, "active")
         with open(os.path.join(bindir, "systemctl"), "a", encoding="utf-8") as f:
-            f.write(f'[ "$1 $2" = "--quiet is-active" ] && exec grep -qx "$3" "{active}"\nexit 0\n')
+            f.write(f'[ "$1 $2" = "--quiet is-active" ] && exec grep -qsx "$3" "{active}"\nexit 0\n')
 
         def actions():
             """The calls that change something (not the is-active questions)."""
@@ -335,7 +335,7 @@ def cmd_install(out, src):
             f.write("libvirtd.service\n")
         script("postinst", "configure", "0.0.9-1")
         c.eq("postinst, configured (upgrade), libvirtd running: restarted, libvirtd reloaded (not restarted)", actions(),
-             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}", "systemctl reload libvirtd.service"])
+             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}", "deb-systemd-invoke reload libvirtd.service"])
 
         # The shipped config: invalid only for want of node.id and node.owner_org.
         agent = os.path.join(root, "usr/bin/gpunode-agent")
@@ -488,7 +488,7 @@ def cmd_install(out, src):
         os.remove(calls)
         script("postrm", "purge")
         c.eq("postrm purge, libvirtd running: reloaded (forgets the hook dpkg deleted)", actions(),
-             ["systemctl reload libvirtd.service"])
+             ["deb-systemd-invoke reload libvirtd.service"])
         c.check("postrm purge: the state is gone", not os.path.exists(state), state)
         c.check("postrm purge: the enablement is gone", not os.path.lexists(link), link)
     finally:
