@@ -20,3 +20,7 @@ python3 "$top/tests/bench/api_bench.py" "$build"
 # into) the same node. TERMINATE_ITERATIONS (default 20); --per-process adds 64 virsh processes.
 echo
 "$build/tests/bench/terminate_bench" --iterations "${TERMINATE_ITERATIONS:-20}" --steps
+# The libvirt hook bench (tests/bench/hook_bench.py): an allowed start's hook beside /bin/true and
+# beside a domain without hostdevs, RUNS (default 200) each, against the agent on the demo host.
+echo
+python3 "$top/tests/bench/hook_bench.py" "$build"

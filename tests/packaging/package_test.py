@@ -33,6 +33,7 @@ sys.dont_write_bytecode = True
 import lab as L  # noqa: E402
 
 UNIT = "gpunode-agent.service"
+HOOK = "/etc/libvirt/hooks/qemu.d/50-gpunode"
 MAX_EXPOSURE = 2.0
 
 
@@ -119,7 +120,7 @@ def cmd_contents(out, src):
     c.eq("Architecture", f.get("Architecture"), run(["dpkg", "--print-architecture"]).stdout.strip())
     depends = f.get("Depends", "")
     for lib in ("libc6", "libstdc++6", "libvirt0", "libpci3", "libyaml-cpp0.7", "libsqlite3-0", "libssl3"):
-        c.check(f"Depends names {lib} (dpkg-shlibdeps)", re.search(rf"(^|, ){re.escape(lib)}( |,|$)", depends), depends)
+        c.check(f"Depends names {lib} (dpkg-shlibdeps; libvirt0 also by name, for dlopen)", re.search(rf"(^|, ){re.escape(lib)}( |,|$)", depends), depends)
     for dep in ("systemd", "init-system-helpers", "pci.ids"):
         c.check(f"Depends names {dep}", dep in depends, depends)
 
@@ -130,7 +131,7 @@ def cmd_contents(out, src):
             st = os.stat(os.path.join(ctl, name))
             c.eq(f"control file {name} is {mode:o}", st.st_mode & 0o7777, mode)
         with open(os.path.join(ctl, "conffiles"), encoding="utf-8") as cf:
-            c.eq("conffiles", cf.read().split(), ["/etc/gpunode/agent.yaml"])
+            c.eq("conffiles", cf.read().split(), ["/etc/gpunode/agent.yaml", "/etc/libvirt/hooks/qemu.d/50-gpunode"])
 
         root = os.path.join(d, "root")
         run(["dpkg-deb", "-x", deb, root], check=True)
@@ -138,6 +139,10 @@ def cmd_contents(out, src):
             sections = run(["readelf", "-S", "-W", os.path.join(root, exe)]).stdout
             c.check(f"{exe} is stripped (no .symtab, no .debug_*)",
                     ".symtab" not in sections and ".debug_" not in sections, "sections left")
+        with open(os.path.join(root, HOOK.lstrip("/")), encoding="utf-8") as hf:
+            hook = hf.read()
+        c.check(f"{HOOK} is a sh script that execs gpunode-agent libvirt-hook with libvirt's arguments",
+                hook.startswith("#!/bin/sh\n") and 'exec /usr/bin/gpunode-agent libvirt-hook "$@"\n' in hook, hook[-200:])
         for page in ("usr/share/man/man8/gpunode-agent.8.gz", "usr/share/man/man1/gpunodectl.1.gz",
                      "usr/share/man/man5/agent.yaml.5.gz"):
             with gzip.open(os.path.join(root, page), "rt", encoding="utf-8") as g:
@@ -264,6 +269,14 @@ def cmd_install(out, src):
         calls = os.path.join(scratch, "calls.log")
         for name in ("systemctl", "deb-systemd-invoke"):
             write_stub(bindir, name, calls)
+        # `systemctl --quiet is-active UNIT` answers from ACTIVE, the units "running" here.
+        active = os.path.join(scratch, "active")
+        with open(os.path.join(bindir, "systemctl"), "a", encoding="utf-8") as f:
+            f.write(f'[ "$1 $2" = "--quiet is-active" ] && exec grep -qsx "$3" "{active}"\nexit 0\n')
+
+        def actions():
+            """The calls that change something (not the is-active questions)."""
+            return [l for l in read_lines(calls) if " is-active " not in l]
         env = dict(os.environ, DPKG_ROOT=root, PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
         def script(name, *args):
@@ -293,11 +306,19 @@ def cmd_install(out, src):
                 os.path.islink(link) and os.readlink(link) == f"/usr/lib/systemd/system/{UNIT}",
                 os.path.islink(link) and os.readlink(link))
         c.eq("postinst: systemd not asked anything where it does not run", read_lines(calls), [])
+        hook_file = os.path.join(root, HOOK.lstrip("/"))
+        if not os.path.exists("/usr/bin/gpunode-agent"):
+            p = run(["sh", hook_file, "vm", "prepare", "begin", "-"], input="<domain><devices><hostdev type='pci'/></devices></domain>")
+            c.eq("the hook with no /usr/bin/gpunode-agent (removed, not purged): exit 0, silent",
+                 (p.returncode, p.stdout, p.stderr), (0, "", ""))
 
         # The start gate: with systemd running there, an unconfigured node is not started.
         os.makedirs(os.path.join(root, "run/systemd/system"))
         p = script("postinst", "configure")
-        c.eq("postinst, not configured: daemon-reload, no start", read_lines(calls), ["systemctl --system daemon-reload"])
+        c.eq("postinst, not configured: daemon-reload, no start; libvirtd not running: not touched", actions(),
+             ["systemctl --system daemon-reload"])
+        c.eq("postinst: asks whether libvirtd and virtqemud run", [l for l in read_lines(calls) if " is-active " in l],
+             ["systemctl --quiet is-active libvirtd.service", "systemctl --quiet is-active virtqemud.service"])
         c.check("postinst, not configured: says what to fill in", "node.id and node.owner_org" in p.stderr, p.stderr)
         conf = os.path.join(root, "etc/gpunode/agent.yaml")
         with open(conf, encoding="utf-8") as f:
@@ -307,12 +328,14 @@ def cmd_install(out, src):
             f.write(filled)
         os.remove(calls)
         script("postinst", "configure")
-        c.eq("postinst, configured (first install): started", read_lines(calls),
+        c.eq("postinst, configured (first install): started", actions(),
              ["systemctl --system daemon-reload", f"deb-systemd-invoke start {UNIT}"])
         os.remove(calls)
+        with open(active, "w", encoding="utf-8") as f:
+            f.write("libvirtd.service\n")
         script("postinst", "configure", "0.0.9-1")
-        c.eq("postinst, configured (upgrade): restarted", read_lines(calls),
-             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}"])
+        c.eq("postinst, configured (upgrade), libvirtd running: restarted, libvirtd reloaded (not restarted)", actions(),
+             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}", "deb-systemd-invoke reload libvirtd.service"])
 
         # The shipped config: invalid only for want of node.id and node.owner_org.
         agent = os.path.join(root, "usr/bin/gpunode-agent")
@@ -430,6 +453,19 @@ def cmd_install(out, src):
         units = L.Resp(200, {}, p.stdout.encode()).json or {}
         c.eq("gpunodectl --json units lists the demo host's units", sorted(u.get("id") for u in units.get("units", [])),
              L.ALL_UNITS)
+        # The packaged hook, pointed at the packaged binary, asks the packaged agent (CONTRACT §9).
+        hook_run = os.path.join(lab, "50-gpunode")
+        with open(hook_file, encoding="utf-8") as f:
+            text = f.read().replace("/usr/bin/gpunode-agent", agent)
+        with open(hook_run, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(hook_run, 0o755)
+        xml = ("<domain type='kvm'><name>pkg-vm</name><devices><hostdev mode='subsystem' type='pci'><source>"
+               "<address domain='0x0000' bus='0x62' slot='0x00' function='0x0'/></source></hostdev></devices></domain>")
+        p = run([hook_run, "pkg-vm", "prepare", "begin", "-", "--socket", sock, "--config", cfg_file], input=xml, timeout=30)
+        c.check("the packaged hook asks the packaged agent: a GPU of no unit is refused (exit 1, unknown-unit)",
+                p.returncode == 1 and p.stderr.startswith("gpunode: domain pkg-vm refused: -: unknown-unit: "),
+                f"rc={p.returncode} {p.stderr}")
         c.check("WATCHDOG=1 follows within the watchdog interval",
                 wait_for(lambda: pet(notify, messages), 3), messages)
         agent_proc.terminate()
@@ -449,7 +485,10 @@ def cmd_install(out, src):
         c.eq("prerm remove: stopped", read_lines(calls), [f"deb-systemd-invoke stop {UNIT}"])
         script("postrm", "remove")
         c.check("postrm remove: the state is kept", os.path.exists(os.path.join(state, "state.db")), os.listdir(root))
+        os.remove(calls)
         script("postrm", "purge")
+        c.eq("postrm purge, libvirtd running: reloaded (forgets the hook dpkg deleted)", actions(),
+             ["deb-systemd-invoke reload libvirtd.service"])
         c.check("postrm purge: the state is gone", not os.path.exists(state), state)
         c.check("postrm purge: the enablement is gone", not os.path.lexists(link), link)
     finally:
