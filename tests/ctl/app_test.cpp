@@ -97,7 +97,7 @@ TEST_CASE("the socket: --socket, else admin.socket of agent.yaml, else the defau
   f.config = "admin: [oops]\n";
   auto r = f.run({"workloads"});
   CHECK(r.exit_code == 3);
-  CHECK(r.err == "gpunodectl: cannot read admin.socket from /etc/gpunode/agent.yaml: line 1: admin: a mapping is expected; pass --socket PATH\n");
+  CHECK(r.err == "gpunodectl: cannot read admin.socket: /etc/gpunode/agent.yaml:1:8: admin must be a mapping, not a list; pass --socket PATH\n");
 }
 
 TEST_CASE("a problem: exit 1, `gpunodectl: CODE: detail` and one line per field error; --json prints its body") {

@@ -13,7 +13,7 @@ sys.dont_write_bytecode = True
 from checks import Checks  # noqa: E402
 
 CTL = sys.argv[1]
-FORBIDDEN = ("libvirt", "libpci", "libyaml-cpp", "libssl", "libcrypto", "libsqlite3", "libsystemd")
+FORBIDDEN = ("libvirt", "libpci", "libssl", "libcrypto", "libsqlite3", "libsystemd")
 check = Checks()
 
 needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]",

@@ -1,10 +1,9 @@
 // gpunode/ctl/socket_path.hpp: which admin socket gpunodectl talks to (CONTRACT §8): --socket, else
 // `admin.socket` of /etc/gpunode/agent.yaml when that file is readable, else /run/gpunode/admin.sock.
 //
-// gpunodectl reads that one key without a YAML library (it links none, to start fast): the reader
-// below understands what agent.yaml holds (block mappings, `admin: {socket: ...}` flow mappings,
-// plain, 'single' and "double" quoted scalars, comments). A file it cannot follow there is an
-// error naming the file and line, never a silent fall back to another socket.
+// The file is read by the agent's own loader (gpunode::config), so gpunodectl reads exactly what
+// the agent reads. A file the loader refuses is an error naming FILE:LINE:COLUMN, never a silent
+// fall back to another socket.
 #pragma once
 
 #include <expected>
@@ -17,9 +16,9 @@ namespace gpunode::ctl {
 inline constexpr std::string_view kDefaultConfig = "/etc/gpunode/agent.yaml";
 inline constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
 
-// `admin.socket` of an agent.yaml text; nullopt when the text does not set it. The error says
-// which line could not be read ("line 14: ...").
-std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text);
+// `admin.socket` of an agent.yaml text (`file` names it in errors); nullopt when the text leaves it
+// at the default. The error is the loader's first problem ("FILE:LINE:COLUMN: ...").
+std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text, const std::string& file);
 
 struct SocketChoice {
   std::string path;
