@@ -13,8 +13,9 @@ PACKAGES=(
   libyaml-cpp-dev libfmt-dev doctest-dev libcli11-dev
   # storage, crypto, service integration
   libsqlite3-dev libssl-dev openssl
-  # tests and tools
-  python3 curl
+  # tests and tools (the integration tests check every answer against docs/openapi.yaml with
+  # python3-jsonschema, JSON Schema 2020-12, and python3-yaml)
+  python3 python3-jsonschema python3-yaml curl
   # the Debian package (tests/packaging): cpack's dpkg-shlibdeps (dpkg-dev), lintian, the maintainer
   # scripts' systemd-sysusers, systemd-tmpfiles and deb-systemd-helper (systemd,
   # init-system-helpers: only the tools; nothing is started), systemd-analyze verify and security

@@ -12,7 +12,12 @@ One Lab is one temp dir holding:
   agent.yaml      written by write_config(); state/ the agent's state dir; agent.log its output
 
 Every process the lab starts is stopped by its own PID (stop/kill); close() removes the dir.
-Python 3 stdlib + the openssl CLI only.
+
+Every answer Lab.call gets is checked against the API document, docs/openapi.yaml (ApiDocument):
+the status must be one the operation documents, the required headers must be there, and the body
+must match the schema of its status and content type (an undocumented route: the generic problem
+schema). A mismatch is a failed check of the running test. Python 3 stdlib, the openssl CLI, and
+python3-jsonschema and python3-yaml (scripts/install-deps.sh) for the document.
 """
 import base64
 import calendar
@@ -21,6 +26,7 @@ import hmac
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,11 +36,21 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+
+try:
+    import jsonschema
+    import yaml
+except ImportError as _missing:  # loud: the document is checked on every answer, never skipped
+    raise SystemExit(f"lab.py: the Python module {_missing.name!r} is missing; the integration tests check every "
+                     "answer against docs/openapi.yaml with python3-jsonschema and python3-yaml "
+                     "(scripts/install-deps.sh installs them)") from None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
 CENTRAL = os.path.join(os.path.dirname(HERE), "central")
 DEMO_HOST = os.path.join(FIXTURES, "hosts", "demo_node.py")
+API_DOCUMENT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "openapi.yaml")
 
 NODE = "node-integ-1"
 OWNER = "org-owner"
@@ -172,12 +188,162 @@ class Resp:
 
 
 # ---------------------------------------------------------------------------------------------
+# the API document: every answer is checked against docs/openapi.yaml
+
+class ApiDocument:
+    """docs/openapi.yaml, loaded once per process; check() finds the operation of an answer
+    (method and path template, on the transport that carried it) and returns what does not match
+    (a list of strings; empty: it matches). Schema validators are built once per response."""
+
+    def __init__(self, path=API_DOCUMENT):
+        with open(path, encoding="utf-8") as f:
+            self.doc = yaml.safe_load(f)
+        self.path = path
+        self.cls = jsonschema.Draft202012Validator
+        self.routes = []  # (regex, template, path item)
+        for template, item in self.doc["paths"].items():
+            rx = "".join(f"(?P<{part[1:-1]}>[^/]+)" if part.startswith("{") else re.escape(part)
+                         for part in re.split(r"(\{[^}/]+\})", template))
+            self.routes.append((re.compile(rx + r"\Z"), template, item))
+        self._validators = {}
+        self._lock = threading.Lock()
+        self.checked = 0
+
+    def resolve(self, node):
+        while isinstance(node, dict) and "$ref" in node and len(node) == 1:
+            ref = node["$ref"]
+            assert ref.startswith("#/"), ref
+            node = self.doc
+            for part in ref[2:].split("/"):
+                node = node[part.replace("~1", "/").replace("~0", "~")]
+        return node
+
+    def validator(self, key, schema):
+        """A validator for `schema` (whose $refs point into the document), built once per key."""
+        with self._lock:
+            v = self._validators.get(key)
+            if v is None:
+                root = dict(schema)
+                root["components"] = self.doc["components"]  # so "#/components/..." resolves
+                v = self.cls(root, format_checker=self.cls.FORMAT_CHECKER)
+                self._validators[key] = v
+            return v
+
+    def operation(self, method, path, transport):
+        """(template, operation) documented for this call, or (None, None)."""
+        for rx, template, item in self.routes:
+            if rx.match(path):
+                op = item.get(method.lower())
+                if op is not None and transport in op.get("x-gpunode-transport", ["https"]):
+                    return template, op
+                return None, None
+        return None, None
+
+    def _schema_errors(self, key, schema, value):
+        v = self.validator(key, schema)
+        out = []
+        for e in sorted(v.iter_errors(value), key=lambda e: list(e.absolute_path))[:3]:
+            where = "/" + "/".join(str(p) for p in e.absolute_path)
+            msg = f"body at {where}: {e.message[:200]} (schema {'/'.join(str(p) for p in e.absolute_schema_path)})"
+            if e.context:  # oneOf/anyOf: the nearest miss says more
+                branches = {}
+                for c in e.context:
+                    branches.setdefault(c.relative_schema_path[0], []).append(c)
+                best = min(branches.values(), key=len)[0]
+                msg += f"; nearest: at /{'/'.join(str(p) for p in best.absolute_path)}: {best.message[:200]}"
+            out.append(msg)
+        return out
+
+    def component_errors(self, name, value):
+        """What does not match components/schemas/NAME in value (empty: it matches)."""
+        return self._schema_errors(("component", name), {"$ref": f"#/components/schemas/{name}"}, value)
+
+    def check(self, method, target, transport, resp):
+        """What does not match the document in this answer (empty: it matches)."""
+        self.checked += 1
+        path = urllib.parse.urlsplit(target).path
+        template, op = self.operation(method, path, transport)
+        ctype = (resp.h("content-type") or "").split(";")[0].strip().lower()
+        if op is None:
+            # An undocumented route (a probe, a method the path does not have, an admin-socket
+            # route over HTTPS): a problem, whatever its code.
+            if resp.status < 400:
+                return [f"undocumented route answered {resp.status}"]
+            if ctype != "application/problem+json":
+                return [f"undocumented route answered {resp.status} with content type {ctype!r}, want application/problem+json"]
+            if resp.json is None:
+                return ["the problem body is not JSON"]
+            return self._schema_errors(("problem",), {"$ref": "#/components/schemas/Problem"}, resp.json)
+        responses = op["responses"]
+        documented = responses.get(str(resp.status))
+        if documented is None:
+            return [f"status {resp.status} is not documented (documented: {', '.join(sorted(responses))})"]
+        documented = self.resolve(documented)
+        problems = []
+        for name, h in (documented.get("headers") or {}).items():
+            h = self.resolve(h)
+            value = resp.h(name)
+            if value is None:
+                if h.get("required"):
+                    problems.append(f"header {name} is missing")
+                continue
+            if "schema" in h:
+                key = ("header", template, method, resp.status, name)
+                if not self.validator(key, h["schema"]).is_valid(value):
+                    problems.append(f"header {name}: {value!r} does not match {h['schema']}")
+        content = documented.get("content")
+        if not content:
+            if resp.body:
+                problems.append(f"status {resp.status} documents no body; got {len(resp.body)} bytes")
+            return problems
+        media = content.get(ctype)
+        if media is None:
+            return problems + [f"content type {ctype!r} is not documented for {resp.status} (documented: {', '.join(content)})"]
+        if not ctype.endswith("json"):
+            return problems
+        if resp.json is None and resp.body.strip() != b"null":
+            return problems + ["the body is not JSON"]
+        schema = (media.get("x-gpunode-schema-by-transport") or {}).get(transport) or media.get("schema")
+        if schema is not None:
+            problems += self._schema_errors((template, method, resp.status, ctype, transport), schema, resp.json)
+        return problems
+
+
+_API_DOC = None
+_API_DOC_LOCK = threading.Lock()
+_CURRENT_CHECKS = None  # the running test's Checks: a mismatch is one of its failed checks
+
+
+def api_document():
+    global _API_DOC
+    with _API_DOC_LOCK:
+        if _API_DOC is None:
+            _API_DOC = ApiDocument()
+        return _API_DOC
+
+
+def check_against_document(method, target, transport, resp):
+    """Checks one answer against docs/openapi.yaml; a mismatch fails the running test."""
+    problems = api_document().check(method, target, transport, resp)
+    if not problems:
+        return
+    path = urllib.parse.urlsplit(target).path
+    label = f"openapi: {method} {path} via {transport} answered {resp.status} as docs/openapi.yaml says"
+    got = "; ".join(problems) + f"; body: {resp.body[:300].decode(errors='replace')}"
+    if _CURRENT_CHECKS is None:
+        raise AssertionError(f"{label}: {got}")
+    _CURRENT_CHECKS.check(label, False, got)
+
+
+# ---------------------------------------------------------------------------------------------
 # checks: one line each, "N passed, M failed" at the end
 
 class Checks:
     def __init__(self, name):
+        global _CURRENT_CHECKS
         self.name, self.passed, self.failed = name, 0, 0
         self.lock = threading.Lock()
+        _CURRENT_CHECKS = self
 
     def check(self, label, cond, got=""):
         with self.lock:
@@ -209,6 +375,8 @@ class Checks:
         return self.check(label, ok, f"{resp!r} content-type={resp.h('content-type')!r}; want {w}")
 
     def finish(self):
+        if _API_DOC is not None:
+            print(f"# {_API_DOC.checked} answers checked against docs/openapi.yaml", flush=True)
         print(f"{self.passed} passed, {self.failed} failed", flush=True)
         return 1 if self.failed else 0
 
@@ -519,9 +687,11 @@ log:
         try:
             c.request(method, path, body=data, headers=h)
             r = c.getresponse()
-            return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+            resp = Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
         finally:
             c.close()
+        check_against_document(method, path, "admin-socket" if unix else "https", resp)
+        return resp
 
     def get(self, path, token=None, **kw):
         return self.call("GET", path, token=token, **kw)
@@ -583,4 +753,13 @@ def run_with_central(name, body):
                 body(c, lab, fc)
             finally:
                 fc.close()
+            # What the agent reported matches the API document's Event and Heartbeat (CONTRACT §6).
+            doc = api_document()
+            with fc.lock:
+                events, beats = list(fc.events.values()), [h["body"] for h in fc.heartbeats]
+            bad = [f"seq {e.get('seq')} {e.get('type')}: {p}" for e in events for p in doc.component_errors("Event", e)]
+            c.check(f"openapi: every event the central API got ({len(events)}) matches components/schemas/Event",
+                    not bad, "; ".join(bad[:5]))
+            bad = [p for b in beats for p in doc.component_errors("Heartbeat", b)]
+            c.check(f"openapi: every heartbeat ({len(beats)}) matches components/schemas/Heartbeat", not bad, "; ".join(bad[:5]))
     return run_main(name, main)
