@@ -124,6 +124,10 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
 
 ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   if (!(c.who.admin() || c.who.operator_role())) return forbidden("admission is answered for platform admins and operators");
+  // A POST: an Idempotency-Key replays the first answer (CONTRACT §4 Conventions), even though
+  // the question changes nothing.
+  std::optional<IdempotencyDraft> idem;
+  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
   if (!body) return body.error();
   Fields f(*body, {"orgId", "tier", "unitIds"});
@@ -149,7 +153,10 @@ ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
       if (!e.allowed()) reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
     }
   }
-  return json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
+  auto answer = json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
+  if (!idem) return answer;
+  Change keep{c, q.request_id, now(), {}, {}, {}, {}, {}, std::move(idem), {}};  // the answer alone: no revision moves
+  return commit_response(keep, std::move(answer));
 }
 
 // ---- the libvirt hook's admission (CONTRACT §9) ---------------------------------------------------
@@ -257,7 +264,9 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
     x.released_unit_ids.push_back(u);
     std::erase(x.reclaiming_unit_ids, u);
   }
-  if (newly.empty()) return json_response(json::object{{"reservation", to_json(current)}});  // already released: no-op
+  if (newly.empty()) {  // already released: a no-op, answered like a change (with its ETag)
+    return with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag", etag_of_version(current.version));
+  }
   std::sort(x.released_unit_ids.begin(), x.released_unit_ids.end());
   const r::Time t = now();
   x.version += 1;

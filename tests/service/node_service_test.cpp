@@ -570,6 +570,7 @@ TEST_CASE("release, capacity and admission") {
   auto again = lab.call("POST", p + "/release", lab.token("org-mgr"), R"({"unitIds":["u-0000-41-00-0"]})");
   CHECK(again.status == 200);
   CHECK(Lab::body(again).at("reservation").at("version") == Lab::body(rel).at("reservation").at("version"));  // a no-op
+  CHECK(again.header("ETag") == rel.header("ETag"));  // answered like a change: the reservation's ETag
 
   CHECK(cap("org-other")["u-0000-41-00-0"].first == "spot");
   CHECK(cap("org-other")["u-0000-41-00-0"].second.is_null());  // a spot entry never names a reservation
@@ -588,6 +589,16 @@ TEST_CASE("release, capacity and admission") {
   CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"orgId":"org-aud","tier":"spot","unitIds":[]})").status == 400);
   CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"tier":"spot","unitIds":["u-0000-41-00-0"]})").status == 400);
   CHECK(lab.call("POST", Lab::path("/admission"), lab.token(kOwner), R"({"orgId":"o","tier":"spot","unitIds":["u"]})").status == 403);
+  // Idempotency-Key: the first answer replays; another body with the key is 422 (CONTRACT §4).
+  const std::vector<std::pair<std::string, std::string>> key{{"idempotency-key", "adm-1"}};
+  const std::string q1 = R"({"orgId":"org-x","tier":"spot","unitIds":["u-0000-41-00-0"]})";
+  auto first = lab.call("POST", Lab::path("/admission"), oper, q1, key);
+  REQUIRE(first.status == 200);
+  auto replayed = lab.call("POST", Lab::path("/admission"), oper, q1, key);
+  CHECK(replayed.body == first.body);
+  CHECK(replayed.header("Idempotent-Replayed") == "true");
+  CHECK(code_of(lab.call("POST", Lab::path("/admission"), oper, R"({"orgId":"org-y","tier":"spot","unitIds":["u-0000-41-00-0"]})", key)) ==
+        "idempotency-key-reuse");
 
   auto ended = lab.call("POST", p + "/end", admin, "");
   REQUIRE(ended.status == 200);
