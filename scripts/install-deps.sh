@@ -15,6 +15,10 @@ PACKAGES=(
   libsqlite3-dev libssl-dev openssl
   # tests and tools
   python3 curl
+  # tests/integration/metrics_test.py: `promtool check metrics` on /metrics. Debian ships promtool
+  # only in the server's package; on a host that runs systemd it also enables a Prometheus server
+  # on :9090 (`systemctl disable --now prometheus` on a test machine that does not want it).
+  prometheus
   # tests/integration/libvirtd_test.py: a private libvirtd (libvirt-daemon) with its QEMU driver
   # (libvirt-daemon-driver-qemu) and the emulator (qemu-system-x86, which brings SeaBIOS). Not
   # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.
