@@ -20,3 +20,7 @@ python3 "$top/tests/bench/api_bench.py" "$build"
 # into) the same node. TERMINATE_ITERATIONS (default 20); --per-process adds 64 virsh processes.
 echo
 "$build/tests/bench/terminate_bench" --iterations "${TERMINATE_ITERATIONS:-20}" --steps
+# The reporting and polling bench (tests/bench/metrics_bench.py): a 10,000-event backlog drained to
+# the fake central API (events/s, RSS while draining vs idle), and a 304 state poll beside a full one.
+echo
+python3 "$top/tests/bench/metrics_bench.py" "$build"
