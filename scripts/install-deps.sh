@@ -21,6 +21,10 @@ PACKAGES=(
   # init-system-helpers: only the tools; nothing is started), systemd-analyze verify and security
   # (systemd), man --warnings for the manual pages (man-db, groff-base)
   dpkg-dev lintian systemd init-system-helpers man-db groff-base
+  # tests/integration/metrics_test.py: `promtool check metrics` on /metrics. Debian ships promtool
+  # only in the server's package; on a host that runs systemd it also enables a Prometheus server
+  # on :9090 (`systemctl disable --now prometheus` on a test machine that does not want it).
+  prometheus
   # tests/integration/libvirtd_test.py: a private libvirtd (libvirt-daemon) with its QEMU driver
   # (libvirt-daemon-driver-qemu) and the emulator (qemu-system-x86, which brings SeaBIOS). Not
   # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.

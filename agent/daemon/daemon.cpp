@@ -26,6 +26,9 @@
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
+#include "gpunode/metrics/node_metrics.hpp"
+#include "gpunode/report/outbox.hpp"
+#include "gpunode/reservations/model.hpp"
 #include "gpunode/store/state_lock.hpp"
 
 namespace gpunode::daemon {
@@ -87,6 +90,13 @@ struct Daemon::Parts {
   std::unique_ptr<service::NodeService> node;  // core thread only
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   std::shared_ptr<AdminPeers> peers;
+  // gpunode_http_*: recorded by the server's observer on the net thread as each answer is sent,
+  // read by /metrics on the core thread. Shared; HttpMetrics guards itself with its own mutex.
+  metrics::HttpMetrics http_metrics;
+  // The outbox table as /metrics reads it (depth, oldest event, acknowledged seq): core thread
+  // only, a SQLite connection of its own, opened at the first scrape.
+  std::optional<report::Outbox> outbox;
+  bool outbox_warned = false;
 
   asio::io_context net;
   asio::io_context core;
@@ -142,7 +152,80 @@ struct Daemon::Parts {
     });
   }
 
+  // GET /metrics (CONTRACT §6), on the core thread: the node's numbers are the service's own, read
+  // between two requests, so a scrape sees every change answered before it, and the net thread
+  // never waits for them (it posts the scrape here as it posts every request).
+  std::string metrics_text() {
+    metrics::Snapshot s;
+    s.version = opt.version;
+    s.node = node->gauges();
+    s.delivery = delivery();
+    s.libvirt_connected = hypervisor && hypervisor->connected();
+    return metrics::render(s, http_metrics);
+  }
+  // The outbox from its table, whether reporting runs or not (undelivered events are what the
+  // table holds: with reporting off, every event written since the state directory began, or since
+  // an earlier run's last acknowledgement); the acknowledged seq and failures from the reporter,
+  // else what the table says is acknowledged, and no failure.
+  metrics::Delivery delivery() {
+    metrics::Delivery d;
+    if (!outbox) {
+      auto o = report::Outbox::open(std::filesystem::path(cfg.state.dir) / "state.db");
+      if (o) outbox.emplace(std::move(*o));
+      else if (!std::exchange(outbox_warned, true)) say(LogLevel::warning, "metrics: cannot read the outbox: " + o.error());
+    }
+    if (outbox) {
+      if (auto st = outbox->stats()) {
+        d.outbox_events = st->depth;
+        const auto oldest = st->oldest_at ? reservations::parse_time(*st->oldest_at) : std::nullopt;
+        if (oldest) d.oldest_undelivered_age_seconds = std::max(0.0, std::chrono::duration<double>(std::chrono::system_clock::now() - *oldest).count());
+      } else {
+        say(LogLevel::warning, "metrics: cannot read the outbox: " + st.error());
+      }
+      if (!reporter) {
+        if (auto a = outbox->acknowledged()) d.acked_seq = *a;
+      }
+    }
+    if (reporter) {
+      const auto st = reporter->status();
+      d.acked_seq = st.acked_seq;
+      for (std::size_t i = 0; i < report::kFailureKinds; ++i) {
+        if (auto at = metrics::index_of(metrics::kFailureReasons, report::label(static_cast<report::Failure>(i)))) d.failures[*at] = st.failures[i];
+      }
+    }
+    return d;
+  }
+  void serve_metrics(const http::Request& q, http::Reply reply) {
+    if (q.method != "GET") {
+      auto r = http::problem(405, "method-not-allowed", "Method not allowed", "allowed: GET");
+      r.headers.emplace_back("Allow", "GET");
+      return reply(std::move(r));
+    }
+    asio::post(core, [this, reply = std::move(reply)] {
+      try {
+        reply(http::Response{200, {{"Content-Type", std::string(metrics::kContentType)}}, metrics_text()});
+      } catch (const std::exception& e) {
+        say(LogLevel::error, fmt::format("internal error serving /metrics: {}", e.what()));
+        reply(http::problem(500, "internal", "Internal error", "the metrics could not be gathered"));
+      }
+    });
+  }
+
   // ---- net thread ----
+  // Every request: /metrics on the admin socket and metrics.listen is the daemon's own; the
+  // metrics listener serves nothing else but /healthz (as HTTPS answers it); the rest goes to the
+  // core thread's Driver.
+  void on_request(http::Request q, http::Reply reply) {
+    const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
+    if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket)) return serve_metrics(q, std::move(reply));
+    if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "Not found", "no such resource"));
+    asio::post(core, [this, q = std::move(q), reply = std::move(reply)]() mutable {
+      driver->submit(to_api(std::move(q)), [reply = std::move(reply)](service::ApiResponse r) {
+        reply(http::Response{r.status, std::move(r.headers), std::move(r.body)});
+      });
+    });
+  }
+
   void arm_watchdog(std::chrono::microseconds interval) {
     // Pets only while the core loop turns too: a wedged state thread must look dead to systemd.
     const auto now = std::chrono::steady_clock::now().time_since_epoch();
@@ -321,19 +404,21 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!gid && !cfg.admin.allowed_group.empty()) {
     p->say(LogLevel::info, fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only", cfg.admin.allowed_group));
   }
-  p->server.emplace(p->net, http::Limits{}, [raw](http::Request q, http::Reply reply) {
-    asio::post(raw->core, [raw, q = std::move(q), reply = std::move(reply)]() mutable {
-      raw->driver->submit(to_api(std::move(q)), [reply = std::move(reply)](service::ApiResponse r) {
-        reply(http::Response{r.status, std::move(r.headers), std::move(r.body)});
-      });
-    });
-  }, [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); });
+  p->server.emplace(
+      p->net, http::Limits{}, [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); },
+      [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); },
+      [raw](const http::Answered& a) { raw->http_metrics.record(a.method, a.path, a.status, a.took); });
   const auto where = config::parse_listen(cfg.api.listen);  // checked when the config was loaded
   if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
   if (auto l = p->server->listen_tls(where->host, where->port, *tls); !l) return std::unexpected(l.error());
   auto peers = p->peers;
   if (auto l = p->server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); }); !l) {
     return std::unexpected(l.error());
+  }
+  if (!cfg.metrics.listen.empty()) {
+    const auto m = config::parse_listen(cfg.metrics.listen);  // checked when the config was loaded
+    if (!m) return std::unexpected(fmt::format("metrics.listen: {}", m.error()));
+    if (auto l = p->server->listen_plain(m->host, m->port); !l) return std::unexpected(fmt::format("metrics.listen: {}", l.error()));
   }
 
   if (*central) {
@@ -365,8 +450,9 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
 
 int Daemon::run(bool signals) {
   auto& p = *p_;
-  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}", p.opt.version, p.cfg.node.id, p.cfg.api.listen,
-                                    p.cfg.admin.socket));
+  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}{}", p.opt.version, p.cfg.node.id, p.cfg.api.listen,
+                                    p.cfg.admin.socket,
+                                    p.cfg.metrics.listen.empty() ? std::string() : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
   sd_notify("READY=1");
   if (auto interval = sd_watchdog_interval()) p.arm_watchdog(*interval);
   if (signals) {

@@ -62,18 +62,19 @@ struct UnixListener {
 };
 
 struct ServerState : std::enable_shared_from_this<ServerState> {
-  ServerState(net::io_context& io_ctx, Limits l, Handler h, LogFn lg)
-      : io(io_ctx), limits(l), handler(std::move(h)), log_fn(std::move(lg)) {}
+  ServerState(net::io_context& io_ctx, Limits l, Handler h, LogFn lg, Observer o)
+      : io(io_ctx), limits(l), handler(std::move(h)), log_fn(std::move(lg)), observer(std::move(o)) {}
 
   net::io_context& io;
   const Limits limits;
   const Handler handler;
   const LogFn log_fn;
+  const Observer observer;
 
   // Guards everything below, and every call on an acceptor (initiating an accept, closing it).
   mutable std::mutex mu;
   std::shared_ptr<ssl::context> tls;
-  std::vector<std::unique_ptr<tcp::acceptor>> tcp_acceptors;
+  std::vector<std::unique_ptr<tcp::acceptor>> tcp_acceptors;  // HTTPS and plain HTTP alike
   std::vector<std::unique_ptr<UnixListener>> unix_listeners;
   bool accepting = true;
   std::uint16_t port = 0;
@@ -82,6 +83,14 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   bool draining = false;
   std::vector<std::function<void()>> done;
   std::unique_ptr<net::steady_timer> drain_timer;
+
+  void observe(const Answered& a) const {
+    if (!observer) return;
+    try {
+      observer(a);
+    } catch (...) {  // an observer that throws must not take a connection down
+    }
+  }
 
   void log(std::string_view message) const {
     if (!log_fn) return;
@@ -144,8 +153,8 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
     });
   }
 
-  void accept_tcp(tcp::acceptor* a);
-  void on_tcp_accept(tcp::acceptor* a, beast::error_code ec, tcp::socket socket);
+  void accept_tcp(tcp::acceptor* a, bool plain);
+  void on_tcp_accept(tcp::acceptor* a, bool plain, beast::error_code ec, tcp::socket socket);
   void accept_unix(UnixListener* l);
   void on_unix_accept(UnixListener* l, beast::error_code ec, unix_proto::socket socket);
 };
@@ -158,6 +167,7 @@ using detail::ServerState;
 using detail::SessionBase;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 using UnixStream = beast::basic_stream<unix_proto, net::any_io_executor, beast::unlimited_rate_policy>;
+using PlainStream = beast::tcp_stream;
 
 constexpr std::size_t kReadChunk = 4096;
 constexpr std::size_t kMaxLingerBytes = 1024 * 1024;
@@ -349,6 +359,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   // An answer the server gives itself to a request it could not read: then it closes.
   void reject(Response r, bool fields_parsed = false) {
+    started_ = std::chrono::steady_clock::now();
+    method_.clear();
+    path_.clear();
     linger_ = true;
     keep_alive_ = false;
     version_ = 11;
@@ -363,6 +376,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void on_request() {
+    started_ = std::chrono::steady_clock::now();
     phase_ = Phase::handling;
     auto msg = parser_->release();
     parser_.reset();
@@ -426,6 +440,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       r = problem(500, "internal", "Internal error", "the request could not be handled");
       status = 500;
     }
+    st_->observe(Answered{method_, path_, status, std::chrono::steady_clock::now() - started_, peer_.kind});
     bool close = !keep_alive_ || draining_ || linger_;
     auto& res = res_.emplace(bhttp::status::ok, version_);
     res.result(status);
@@ -519,6 +534,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::string request_id_;
   std::string method_;
   std::string path_;
+  std::chrono::steady_clock::time_point started_{};  // the request read whole (or refused)
   unsigned version_ = 11;
   std::uint64_t id_ = 0;
   Phase phase_ = Phase::start;
@@ -601,15 +617,15 @@ std::expected<std::vector<gid_t>, std::string> peer_groups(int fd) {
 
 namespace detail {
 
-void ServerState::accept_tcp(tcp::acceptor* a) {
+void ServerState::accept_tcp(tcp::acceptor* a, bool plain) {
   std::lock_guard lock(mu);
   if (!accepting) return;
-  a->async_accept(net::make_strand(io), [self = shared_from_this(), a](beast::error_code ec, tcp::socket socket) {
-    self->on_tcp_accept(a, ec, std::move(socket));
+  a->async_accept(net::make_strand(io), [self = shared_from_this(), a, plain](beast::error_code ec, tcp::socket socket) {
+    self->on_tcp_accept(a, plain, ec, std::move(socket));
   });
 }
 
-void ServerState::on_tcp_accept(tcp::acceptor* a, beast::error_code ec, tcp::socket socket) {
+void ServerState::on_tcp_accept(tcp::acceptor* a, bool plain, beast::error_code ec, tcp::socket socket) {
   if (ec) {
     if (ec == net::error::operation_aborted) return;
     {
@@ -617,24 +633,28 @@ void ServerState::on_tcp_accept(tcp::acceptor* a, beast::error_code ec, tcp::soc
       if (!accepting) return;
     }
     log(fmt::format("http: accept failed: {}", ec.message()));
-    retry_later([self = shared_from_this(), a] { self->accept_tcp(a); });
+    retry_later([self = shared_from_this(), a, plain] { self->accept_tcp(a, plain); });
     return;
   }
   std::shared_ptr<ssl::context> ctx;
-  {
+  if (!plain) {
     std::lock_guard lock(mu);
     ctx = tls;
   }
   Peer peer;
-  peer.kind = Peer::Kind::tcp;
+  peer.kind = plain ? Peer::Kind::plain_tcp : Peer::Kind::tcp;
   beast::error_code rec;
   socket.set_option(tcp::no_delay(true), rec);  // responses are whole; never wait for Nagle
   auto remote = socket.remote_endpoint(rec);
   peer.address = rec ? std::string("?") : endpoint_text(remote);
-  auto& context = *ctx;
-  std::make_shared<Session<TlsStream>>(shared_from_this(), std::move(peer), std::move(ctx), std::move(socket), context)
-      ->start();
-  accept_tcp(a);
+  if (plain) {
+    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr, std::move(socket))->start();
+  } else {
+    auto& context = *ctx;
+    std::make_shared<Session<TlsStream>>(shared_from_this(), std::move(peer), std::move(ctx), std::move(socket), context)
+        ->start();
+  }
+  accept_tcp(a, plain);
 }
 
 void ServerState::accept_unix(UnixListener* l) {
@@ -695,8 +715,8 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
 
 }  // namespace detail
 
-Server::Server(net::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log)
-    : state_(std::make_shared<detail::ServerState>(io, limits, std::move(handler), std::move(log))) {}
+Server::Server(net::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log, Observer observer)
+    : state_(std::make_shared<detail::ServerState>(io, limits, std::move(handler), std::move(log), std::move(observer))) {}
 
 Server::~Server() {
   state_->stop_accepting();
@@ -704,12 +724,14 @@ Server::~Server() {
   for (auto& s : live) s->force_close();
 }
 
-std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port, std::shared_ptr<ssl::context> tls) {
-  const std::string listen = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
-  if (!tls) return std::unexpected(fmt::format("listen {}: no TLS context", listen));
-  auto ep = endpoint_of(state_->io, host, port);
+namespace {
+
+// Binds and listens on host:port for listen_tls and listen_plain; errors name the address and the step.
+std::expected<std::unique_ptr<tcp::acceptor>, std::string> bind_tcp(net::io_context& io, const std::string& listen,
+                                                                    const std::string& host, std::uint16_t port) {
+  auto ep = endpoint_of(io, host, port);
   if (!ep) return std::unexpected(fmt::format("cannot listen on {}: {}", listen, ep.error()));
-  auto a = std::make_unique<tcp::acceptor>(state_->io);
+  auto a = std::make_unique<tcp::acceptor>(io);
   beast::error_code ec;
   auto failed = [&](std::string_view step) {
     return std::unexpected(fmt::format("cannot listen on {}: {}: {}", listen, step, ec.message()));
@@ -718,16 +740,45 @@ std::expected<void, std::string> Server::listen_tls(const std::string& host, std
   if (a->set_option(net::socket_base::reuse_address(true), ec); ec) return failed("SO_REUSEADDR");
   if (a->bind(*ep, ec); ec) return failed("bind");
   if (a->listen(net::socket_base::max_listen_connections, ec); ec) return failed("listen");
-  auto bound = a->local_endpoint(ec);
-  tcp::acceptor* raw = a.get();
+  return a;
+}
+
+std::string listen_text(const std::string& host, std::uint16_t port) {
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+}  // namespace
+
+std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port, std::shared_ptr<ssl::context> tls) {
+  const std::string listen = listen_text(host, port);
+  if (!tls) return std::unexpected(fmt::format("listen {}: no TLS context", listen));
+  auto a = bind_tcp(state_->io, listen, host, port);
+  if (!a) return std::unexpected(a.error());
+  beast::error_code ec;
+  auto bound = (*a)->local_endpoint(ec);
+  tcp::acceptor* raw = a->get();
   {
     std::lock_guard lock(state_->mu);
     if (!state_->accepting) return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
     state_->tls = std::move(tls);
     if (state_->port == 0 && !ec) state_->port = bound.port();
-    state_->tcp_acceptors.push_back(std::move(a));
+    state_->tcp_acceptors.push_back(std::move(*a));
   }
-  state_->accept_tcp(raw);
+  state_->accept_tcp(raw, false);
+  return {};
+}
+
+std::expected<void, std::string> Server::listen_plain(const std::string& host, std::uint16_t port) {
+  const std::string listen = listen_text(host, port);
+  auto a = bind_tcp(state_->io, listen, host, port);
+  if (!a) return std::unexpected(a.error());
+  tcp::acceptor* raw = a->get();
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->accepting) return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
+    state_->tcp_acceptors.push_back(std::move(*a));
+  }
+  state_->accept_tcp(raw, true);
   return {};
 }
 

@@ -88,6 +88,10 @@ struct NodeService::Impl {
   json::array observed_workloads;
   std::string observed_digest;
   Authenticator authenticator{nullptr};
+  // The counters of /metrics (terminations by result, domain admissions by result) since start;
+  // gauges() adds the rest. The last scan's duration (read and rules), in seconds.
+  metrics::NodeGauges counted;
+  double last_scan_seconds = 0;
 
   Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {}
 
@@ -115,6 +119,7 @@ struct NodeService::Impl {
   json::array units_json(const Caller& caller) const { return units_json(caller, inventory); }
   json::array units_json(const Caller& caller, const detail::Inventory& of) const;
   void scan(bool first);
+  metrics::NodeGauges gauges() const;
 
   // terms
   std::optional<r::Time> apply_terms();

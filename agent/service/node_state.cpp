@@ -87,10 +87,12 @@ json::array NodeService::Impl::units_json(const Caller& caller, const detail::In
 }
 
 void NodeService::Impl::scan(bool first) {
+  const auto started = std::chrono::steady_clock::now();
   if (!reader) reader = std::make_unique<discovery::SysfsReader>(opt.host_root, opt.policy, names);
   auto snapshot = reader->read();
   for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
   auto fresh = discovery::build_units(snapshot, opt.policy);
+  last_scan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   auto next = inventory.scan(std::move(fresh), first ? store.present_unit_ids() : std::vector<std::string>{},
                              [this](const std::string& id) { return store.unit_doc(id); });
   if (!next.changed(store.inventory_digest())) {
@@ -110,6 +112,28 @@ void NodeService::Impl::scan(bool first) {
   if (!commit(c)) return;
   inventory = std::move(next.next);
   say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", inventory.present().size(), inventory.absent().size()));
+}
+
+metrics::NodeGauges NodeService::Impl::gauges() const {
+  metrics::NodeGauges g = counted;
+  constexpr std::size_t kNone = 2;  // metrics::kUnitClasses: a class it does not name counts as none
+  auto unit = [&](std::string_view cls, bool reservable) {
+    ++g.units[metrics::index_of(metrics::kUnitClasses, cls).value_or(kNone)][reservable ? 1 : 0];
+  };
+  // As units_json() lists them: every present unit, and each absent one not present again.
+  for (const auto& u : inventory.present()) unit(discovery::to_string(u.cls), u.reservable);
+  for (const auto& [id, doc] : inventory.absent()) {
+    if (inventory.find(id)) continue;
+    const auto* cls = doc.if_contains("class");
+    const auto* res = doc.if_contains("reservable");
+    unit(cls && cls->is_string() ? std::string_view(cls->get_string()) : std::string_view("none"), res && res->is_bool() && res->get_bool());
+  }
+  for (const auto& [id, x] : reservations) {
+    if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(x.state))) ++g.reservations[*i];
+  }
+  g.revision = store.revision();
+  g.discovery_seconds = last_scan_seconds;
+  return g;
 }
 
 // ---- terms ---------------------------------------------------------------------------------------
@@ -235,6 +259,8 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->scan(false);
 }
 std::int64_t NodeService::revision() const { return impl_->store.revision(); }
+metrics::NodeGauges NodeService::gauges() const { return impl_->gauges(); }
+void NodeService::count_admission(metrics::Admission result) { impl_->counted.count_admission(result); }
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {

@@ -128,6 +128,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
   Change ch{agent ? agent_caller() : b.caller, agent ? std::nullopt : b.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
   json::array terminated, left = b.left_running;
   std::optional<std::string> unavailable;
+  std::uint64_t ok = 0, failed = 0;  // outcomes recorded by this commit (gpunode_terminations_total)
   for (std::size_t i = 0; i < b.vms.size(); ++i) {
     const auto& vm = b.vms[i];
     const auto& d = vm.domain;
@@ -152,6 +153,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
                                                   {"reservationId", opt_str(holder)}, {"by", vm.record.by},
                                                   {"auditId", vm.record.audit_id}, {"reason", "capacity-reclaim"}}});
       row.state = "done";
+      ++ok;
       terminated.emplace_back(json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
       say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id, d.uuid, vm.record.by, who,
                                       result->detail));
@@ -160,6 +162,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
       ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "failed",
                                      fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
       row.state = "failed";
+      ++failed;
       if (result || result.error().kind != vmctl::VmError::Kind::not_found) left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
       say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
     }
@@ -171,8 +174,13 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
     vacate(ws, ch);
   }
   const bool changes = !ch.audits.empty() || !ch.upserts.empty();
+  auto counted_outcomes = [&] {  // once their records are committed
+    counted.terminations_ok += ok;
+    counted.terminations_failed += failed;
+  };
   if (unavailable) {  // not a final answer: not kept for Idempotency-Key replays
     if (changes && !commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
+    counted_outcomes();
     json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
     return problem(503, "hypervisor-unavailable",
                    fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are finished by the agent once it answers", *unavailable),
@@ -183,6 +191,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
   if (!changes && !ch.idempotency) return out;
   if (ch.idempotency) ch.idempotency->response = out;  // the outcome and its idempotent answer: one commit
   if (!commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
+  counted_outcomes();
   return out;
 }
 

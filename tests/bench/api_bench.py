@@ -212,17 +212,27 @@ def bench_nginx(client, lab):
 
 # ---- main -------------------------------------------------------------------------------------
 
-def main():
-    if len(sys.argv) != 2:
-        print(f"usage: {sys.argv[0]} BUILD_DIR", file=sys.stderr)
+def binaries(argv):
+    """(build dir, the agent, the C++ client) from `SCRIPT BUILD_DIR`, or an exit code (usage, not built)."""
+    name = os.path.basename(argv[0])
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} BUILD_DIR", file=sys.stderr)
         return 2
-    build = os.path.abspath(sys.argv[1])
+    build = os.path.abspath(argv[1])
     agent = os.path.join(build, "gpunode-agent")
     client = os.path.join(build, "tests", "bench", "api_bench")
     for f in (agent, client):
         if not os.access(f, os.X_OK):
-            print(f"api_bench.py: {f} is not built", file=sys.stderr)
+            print(f"{name}: {f} is not built", file=sys.stderr)
             return 1
+    return build, agent, client
+
+
+def main():
+    found = binaries(sys.argv)
+    if isinstance(found, int):
+        return found
+    build, agent, client = found
 
     t_start = time.time()
     say(f"== API bench: gpunode-agent on loopback, {os.cpu_count()} CPUs, load average "

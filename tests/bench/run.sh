@@ -24,3 +24,7 @@ echo
 # beside a domain without hostdevs, RUNS (default 200) each, against the agent on the demo host.
 echo
 python3 "$top/tests/bench/hook_bench.py" "$build"
+# The reporting and polling bench (tests/bench/metrics_bench.py): a 10,000-event backlog drained to
+# the fake central API (events/s, RSS while draining vs idle), and a 304 state poll beside a full one.
+echo
+python3 "$top/tests/bench/metrics_bench.py" "$build"

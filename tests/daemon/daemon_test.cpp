@@ -439,3 +439,39 @@ TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grac
   REQUIRE(terminated.size() == 1);
   CHECK(terminated[0].at("vmId") == "vm-s1");
 }
+
+TEST_CASE("daemon: /metrics on the admin socket while requests run: values follow the changes, each answer counted once") {
+  Node n;
+  n.start();
+  const auto sock = n.dir_ / "run/admin.sock";
+  auto metric = [](const std::string& raw, const std::string& series) -> std::optional<double> {
+    const auto at = raw.find("\n" + series + " ");
+    if (at == std::string::npos) return std::nullopt;
+    return std::stod(raw.substr(at + series.size() + 2));
+  };
+  const auto first = over_admin_socket(sock, "/metrics");
+  REQUIRE(first.starts_with("HTTP/1.1 200"));
+  CHECK(first.find("Content-Type: text/plain; version=0.0.4; charset=utf-8") != std::string::npos);
+  CHECK(metric(first, R"(gpunode_reservations{state="active"})") == 0.0);
+  // Creates on the core thread (in process), GETs over the admin socket (net thread, counted by the
+  // server's observer) and scrapes (core thread, reading what the net thread recorded), all at once.
+  constexpr int kCreates = 5, kGets = 20, kScrapes = 10;
+  std::thread creates([&] {
+    const auto t0 = std::chrono::system_clock::now() + 48h;
+    for (int i = 0; i < kCreates; ++i) n.create(U2, iso(t0 + std::chrono::hours(2 * i)), iso(t0 + std::chrono::hours(2 * i + 1)));
+  });
+  std::thread gets([&] {
+    for (int i = 0; i < kGets; ++i) CHECK(over_admin_socket(sock, Node::path("/units")).starts_with("HTTP/1.1 200"));
+  });
+  for (int i = 0; i < kScrapes; ++i) CHECK(over_admin_socket(sock, "/metrics").starts_with("HTTP/1.1 200"));
+  creates.join();
+  gets.join();
+  const auto last = over_admin_socket(sock, "/metrics");
+  CHECK(metric(last, R"(gpunode_reservations{state="scheduled"})") == double(kCreates));
+  CHECK(metric(last, "gpunode_state_revision") == double(n.revision()));
+  CHECK(metric(last, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="200"})") == double(kGets));
+  CHECK(metric(last, R"(gpunode_http_requests_total{route="/metrics",method="GET",code="200"})") == double(kScrapes + 1));
+  CHECK(metric(last, R"(gpunode_http_request_duration_seconds_count{route="/v1/nodes/{nodeId}/units",method="GET"})") == double(kGets));
+  CHECK(metric(last, R"(gpunode_terminations_total{result="ok"})") == 0.0);
+  CHECK(metric(last, "gpunode_outbox_events") > 0.0);  // reporting is off: every event waits
+}

@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpunode/http/server.hpp"
@@ -152,6 +153,13 @@ class Client {
   static std::unique_ptr<Client> plain_unix(const std::string& path) {
     auto c = std::make_unique<Client>();
     c->fd_ = connect_unix(path);
+    c->ok = c->fd_ >= 0;
+    return c;
+  }
+
+  static std::unique_ptr<Client> plain_tcp(std::uint16_t port) {
+    auto c = std::make_unique<Client>();
+    c->fd_ = connect_tcp(port);
     c->ok = c->fd_ >= 0;
     return c;
   }
@@ -334,6 +342,8 @@ struct Fixture {
   std::optional<Server> server;
   std::vector<std::thread> threads;
   TempDir dir;
+  // What the server's observer saw (I/O threads write, the test reads): under log_mu.
+  std::vector<std::tuple<std::string, std::string, unsigned, Peer::Kind>> answered;
 
   explicit Fixture(Limits limits = test_limits()) {
     server.emplace(
@@ -341,6 +351,10 @@ struct Fixture {
         [this](std::string_view m) {
           std::lock_guard lock(log_mu);
           logs.emplace_back(m);
+        },
+        [this](const gpunode::http::Answered& a) {
+          std::lock_guard lock(log_mu);
+          answered.emplace_back(std::string(a.method), std::string(a.path), a.status, a.via);
         });
     threads.emplace_back([this] { io.run(); });
     threads.emplace_back([this] { io.run(); });
@@ -394,7 +408,7 @@ struct Fixture {
       o["bodySize"] = r.body.size();
       o["body"] = r.body.size() <= 1024 ? r.body : std::string{};
       o["requestId"] = r.request_id;
-      o["peerKind"] = r.peer.kind == Peer::Kind::tcp ? "tcp" : "unix";
+      o["peerKind"] = r.peer.kind == Peer::Kind::tcp ? "tcp" : r.peer.kind == Peer::Kind::plain_tcp ? "plain" : "unix";
       o["peerAddress"] = r.peer.address;
       o["uid"] = r.peer.uid ? json::value(*r.peer.uid) : json::value(nullptr);
       o["pid"] = r.peer.pid ? json::value(*r.peer.pid) : json::value(nullptr);
@@ -1180,4 +1194,45 @@ TEST_CASE("concurrency: 20 clients x 20 requests") {
   for (auto& t : clients) t.join();
   CHECK(answered == 400);
   CHECK(eventually([&] { return f.server->open_connections() == 0; }));
+}
+
+TEST_CASE("plain HTTP listener (metrics.listen): no TLS, its own peer kind; every answer observed, the server's own too") {
+  Fixture f;
+  const std::uint16_t port = [] {  // a free port: bound and released
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    ::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    ::close(fd);
+    return ntohs(sa.sin_port);
+  }();
+  auto l = f.server->listen_plain("127.0.0.1", port);
+  REQUIRE_MESSAGE(l.has_value(), (l ? "" : l.error()));
+  auto c = Client::plain_tcp(port);
+  REQUIRE(c->ok);
+  auto r = c->roundtrip(request("GET", "/echo?x=1"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(r->problem().at("peerKind") == "plain");
+  r = c->roundtrip(request("GET", "/nothing-here"));
+  REQUIRE(r);
+  CHECK(r->status == 404);
+  auto big = Client::plain_tcp(port);
+  REQUIRE(big->ok);
+  r = big->roundtrip(request("GET", "/echo", {}, {"X-Big: " + std::string(9 * 1024, 'a')}));
+  REQUIRE(r);
+  CHECK(r->status == 431);
+  CHECK(eventually([&] {
+    std::lock_guard lock(f.log_mu);
+    return f.answered.size() == 3;
+  }));
+  std::lock_guard lock(f.log_mu);
+  REQUIRE(f.answered.size() == 3);
+  CHECK(f.answered[0] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"GET", "/echo", 200, Peer::Kind::plain_tcp});
+  CHECK(f.answered[1] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"GET", "/nothing-here", 404, Peer::Kind::plain_tcp});
+  CHECK(f.answered[2] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"", "", 431, Peer::Kind::plain_tcp});
+  CHECK(f.server->tls_port() == 0);  // a plain listener is not the HTTPS port
 }

@@ -468,7 +468,8 @@ class Lab:
             ctx.load_cert_chain(f"{self.dir}/client.crt", f"{self.dir}/client.key")
         return ctx
 
-    def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None, central=""):
+    def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None, central="",
+                    metrics_listen=""):
         d = self.dir
         if client_ca is None:
             client_ca = self.mtls
@@ -496,7 +497,9 @@ admin:
 libvirt:
   uri: test:///default
   shutdown_grace: 0s
-{central}state:
+{central}metrics:
+  listen: "{metrics_listen}"
+state:
   dir: {self.state}
 log:
   level: {log_level}

@@ -1,10 +1,12 @@
 // gpunode/daemon/daemon.hpp: `gpunode-agent run` as an object (CONTRACT §1, §2, §4, §7).
 //
 // Threads, and what each owns:
-// - net (the thread that calls run()): the HTTPS listener and the admin socket (Beast), the
-//   signals, the watchdog. It never blocks: no fsync, no libvirt, no NSS, no file reads.
-// - core (one thread of its own): the NodeService (SQLite, discovery, the clock's terms) and the
-//   Driver (requests, parked long polls). A request is parsed on net, handled on core, answered
+// - net (the thread that calls run()): the HTTPS listener, the admin socket and metrics.listen
+//   (Beast), the signals, the watchdog. It never blocks: no fsync, no libvirt, no NSS, no file
+//   reads. It records each answer in the HTTP metrics (metrics::HttpMetrics, its own mutex).
+// - core (one thread of its own): the NodeService (SQLite, discovery, the clock's terms), the
+//   Driver (requests, parked long polls) and GET /metrics (the service's numbers, the outbox table
+//   on a connection of its own). A request is parsed on net, handled on core, answered
 //   back on net.
 // - lists (one thread): Hypervisor::list(), for requests and refreshes.
 // - terminations (four threads): batches of spot terminations, which wait out grace periods.

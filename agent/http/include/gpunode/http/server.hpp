@@ -55,7 +55,9 @@
 namespace gpunode::http {
 
 struct Peer {
-  enum class Kind { tcp, unix_socket } kind = Kind::tcp;
+  // tcp: the HTTPS listener; unix_socket: the admin socket; plain_tcp: a plain-HTTP listener
+  // (listen_plain: metrics.listen), which the handler limits to what it may serve there.
+  enum class Kind { tcp, unix_socket, plain_tcp } kind = Kind::tcp;
   std::string address;  // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
   std::optional<uid_t> uid;  // SO_PEERCRED, admin socket only
   std::optional<gid_t> gid;  // the peer's effective (primary) group
@@ -88,6 +90,19 @@ struct Response {
 
 using Reply = std::function<void(Response)>;          // any thread, exactly once (later calls ignored)
 using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
+
+// One answer as it is queued for writing: the handler's, or one the server gives itself (400, 413,
+// 431; then `method` and `path` are empty, the request line not being known). `took` runs from the
+// request read whole to the answer queued. For metrics (gpunode_http_requests_total).
+struct Answered {
+  std::string_view method;
+  std::string_view path;
+  unsigned status = 0;
+  std::chrono::nanoseconds took{0};
+  Peer::Kind via = Peer::Kind::tcp;
+};
+// Called on an I/O thread for every answer; must not block (and a throw is ignored).
+using Observer = std::function<void(const Answered&)>;
 
 using FieldError = gpunode::json::FieldError;
 
@@ -133,7 +148,8 @@ struct ServerState;
 // Every member function may be called from any thread. `log` may be called from any I/O thread.
 class Server {
  public:
-  Server(boost::asio::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log);
+  Server(boost::asio::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log,
+         Observer observer = {});
   ~Server();  // stops accepting and closes every connection
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -143,6 +159,9 @@ class Server {
   // config::parse_listen.
   std::expected<void, std::string> listen_tls(const std::string& host, std::uint16_t port,
                                               std::shared_ptr<boost::asio::ssl::context> tls);
+  // Plain HTTP (no TLS, no peer check) on `host` and `port`, as listen_tls binds them; its peers
+  // are Peer::Kind::plain_tcp. For metrics.listen: bind it to loopback.
+  std::expected<void, std::string> listen_plain(const std::string& host, std::uint16_t port);
   // The admin socket (CONTRACT §7: `mode` 0660). Creates the socket's directory mode 0750 if
   // missing (only the last level; chowned to `group` when given), unlinks a stale socket first
   // (only if it is a socket and nobody answers on it), binds, gives the socket to `group` when

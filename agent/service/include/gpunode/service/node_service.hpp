@@ -21,6 +21,7 @@
 #include "gpunode/config/config.hpp"
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
@@ -122,6 +123,13 @@ class NodeService {
   [[nodiscard]] AdmissionCounts admission_counts() const;
 
   [[nodiscard]] std::int64_t revision() const;
+
+  // The node's numbers for /metrics (CONTRACT §6), as of the last change or tick: units by class
+  // and reservable as GET units lists them (absent ones included), reservations by state, the
+  // revision, the last scan's duration, and the counters since start. O(units + reservations).
+  [[nodiscard]] metrics::NodeGauges gauges() const;
+  // gpunode_domain_admissions_total: one domain admission decided (the libvirt hook's route).
+  void count_admission(metrics::Admission result);
 
   struct Impl;
 
