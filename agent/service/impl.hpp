@@ -83,7 +83,6 @@ struct NodeService::Impl {
   using Batch = detail::Batch;
   // Domains the hook's admission let through that libvirt has not listed running yet.
   detail::AdmittedDomains admitted;
-  AdmissionCounts admissions;
   // The workloads as last listed (GET .../state shows them; a change moves the revision).
   json::array observed_workloads;
   std::string observed_digest;

@@ -249,7 +249,6 @@ std::optional<reservations::Time> NodeService::tick() {
 void NodeService::rescan() { impl_->scan(false); }
 void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
 void NodeService::set_enforcement(config::EnforcementMode mode) { impl_->opt.enforcement = mode; }
-AdmissionCounts NodeService::admission_counts() const { return impl_->admissions; }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
   impl_->authenticator.set_verifier(std::move(verifier));
 }
@@ -260,7 +259,6 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
 }
 std::int64_t NodeService::revision() const { return impl_->store.revision(); }
 metrics::NodeGauges NodeService::gauges() const { return impl_->gauges(); }
-void NodeService::count_admission(metrics::Admission result) { impl_->counted.count_admission(result); }
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {

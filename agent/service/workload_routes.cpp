@@ -215,9 +215,9 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
     if (!facts.uuid.empty() && !unit_ids.empty()) admitted.admit(std::move(d), unit_ids, clock());
   }
   if (allowed) {
-    ++admissions.allowed;
+    counted.count_admission(metrics::Admission::allowed);
   } else {
-    (mode == config::EnforcementMode::audit ? admissions.audit_refused : admissions.refused) += 1;
+    counted.count_admission(mode == config::EnforcementMode::audit ? metrics::Admission::audit_refused : metrics::Admission::refused);
     std::vector<std::string> why;
     for (const auto& rv : reasons) {
       const auto& o = rv.get_object();

@@ -43,6 +43,7 @@ class Stream:
         self.versions = {}      # id -> highest acknowledged version
         self.notes = {}         # id -> (acked note, [notes sent after it without an answer])
         self.ended = set()      # acknowledged ends
+        self.maybe_ended = set()  # ends sent (maybe applied without an answer, before a kill)
         self.unexpected = []    # 4xx/5xx answers that should not happen
         self.stop = False
         self.base = int(time.time()) + 200 * 86400
@@ -81,8 +82,12 @@ class Stream:
                 self.versions[rid] = max(self.versions[rid], r.json["version"])
                 self.notes[rid] = (note, [])
                 return True
+            if r.status == 409 and r.code() == "reservation-ended" and rid in self.maybe_ended:
+                self.ended.add(rid)  # an earlier end, cut off by a kill before its answer, was applied
+                return False
             self.unexpected.append((f"amend {rid}", repr(r)))
             return False
+        self.maybe_ended.add(rid)
         r = self.call("POST", self.lab.npath(f"/reservations/{rid}/end"), {"reason": "crash test"})
         if r.status == 200:
             self.ended.add(rid)

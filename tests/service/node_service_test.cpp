@@ -1239,10 +1239,10 @@ TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement ta
   CHECK(refused[2].at("data").at("vmId").is_null());  // "legacy2" is unlabelled
   CHECK(refused[2].at("data").at("org").is_null());
   CHECK(refused[2].at("data").at("tier") == "on-demand");
-  const auto counts = lab.service_->admission_counts();
-  CHECK(counts.refused == 12);
-  CHECK(counts.audit_refused == 0);
-  CHECK(counts.allowed == 6);
+  const auto counts = lab.service_->gauges().admissions;  // allowed, refused, audit-refused
+  CHECK(counts[0] == 6);
+  CHECK(counts[1] == 12);
+  CHECK(counts[2] == 0);
 
   // Only on the admin socket; bad bodies are 400.
   CHECK(admit(lab, domain_xml("x", "d-19", {}), admin).status == 404);
@@ -1260,8 +1260,8 @@ TEST_CASE("domain admission: audit mode lets a refused domain start and counts i
   CHECK_FALSE(audit.allowed);
   CHECK(audit.mode == "audit");
   CHECK(audit.codes == std::vector<std::string>{"u-0000-41-00-0:unit-reserved"});
-  CHECK(lab.service_->admission_counts().audit_refused == 1);
-  CHECK(lab.service_->admission_counts().refused == 0);
+  CHECK(lab.service_->gauges().admissions[2] == 1);  // audit-refused
+  CHECK(lab.service_->gauges().admissions[1] == 0);  // refused
   auto refused = lab.events("workload.refused");
   REQUIRE(refused.size() == 1);
   CHECK(refused[0].at("data").at("mode") == "audit");

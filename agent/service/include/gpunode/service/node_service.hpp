@@ -39,10 +39,6 @@ struct ServiceOptions {
   config::EnforcementMode enforcement = config::EnforcementMode::enforce;  // enforcement.mode (§9)
 };
 
-// What the libvirt hook's admission decided so far (CONTRACT §6 gpunode_domain_admissions_total).
-struct AdmissionCounts {
-  std::uint64_t allowed = 0, refused = 0, audit_refused = 0;
-};
 
 // The domains as the hypervisor listed them for one request (or why it could not).
 struct WorkloadListing {
@@ -120,16 +116,12 @@ class NodeService {
   void set_unsellable(std::vector<std::string> unsellable);
   void set_enforcement(config::EnforcementMode mode);
 
-  [[nodiscard]] AdmissionCounts admission_counts() const;
-
   [[nodiscard]] std::int64_t revision() const;
 
   // The node's numbers for /metrics (CONTRACT §6), as of the last change or tick: units by class
   // and reservable as GET units lists them (absent ones included), reservations by state, the
   // revision, the last scan's duration, and the counters since start. O(units + reservations).
   [[nodiscard]] metrics::NodeGauges gauges() const;
-  // gpunode_domain_admissions_total: one domain admission decided (the libvirt hook's route).
-  void count_admission(metrics::Admission result);
 
   struct Impl;
 
