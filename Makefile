@@ -3,6 +3,8 @@
 PRESET ?= release
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
+# Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
+TEST_JOBS ?= $(JOBS)
 
 .PHONY: all deps build test test-asan test-tsan demo bench package clean format
 
@@ -18,15 +20,18 @@ build: deps $(BUILD)/build.ninja
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
 test: build
-	ctest --preset $(PRESET) -j $(JOBS)
+	ctest --preset $(PRESET) -j $(TEST_JOBS)
 
+# The sanitizers' tests mostly wait too, slower: twice as many at a time keeps CI short.
 test-asan:
-	$(MAKE) test PRESET=asan
+	$(MAKE) test PRESET=asan TEST_JOBS=$$(( $(JOBS) * 2 ))
 
 # ThreadSanitizer over the unit tests and the in-process daemon tests (label `unit`). The preset
 # passes -Wno-tsan: GCC 12 warns that TSan cannot see the std::atomic_thread_fence Asio uses.
-test-tsan:
-	$(MAKE) test PRESET=tsan
+test-tsan: deps
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS) --target unit-tests
+	ctest --preset tsan -j $(JOBS)
 
 # The demo runs gpunode-agent and prints gpunodectl commands: it builds those two only (not the
 # tests and benchmarks `build` makes).
@@ -40,6 +45,7 @@ package: build
 	cd $(BUILD) && cpack -G DEB
 
 bench: build
+	cmake --build --preset $(PRESET) -j $(JOBS) --target benchmarks
 	@bash tests/bench/run.sh $(BUILD)
 
 format:
