@@ -22,15 +22,17 @@ build: deps $(BUILD)/build.ninja
 test: build
 	ctest --preset $(PRESET) -j $(TEST_JOBS)
 
-# The sanitizers' tests mostly wait too, slower: twice as many at a time keeps CI short.
+# The sanitizers' tests mostly wait too, slower: twice as many at a time keeps CI short. The
+# package's tests run in the release build only (a package of sanitized binaries shows nothing more).
 test-asan:
 	$(MAKE) test PRESET=asan TEST_JOBS=$$(( $(JOBS) * 2 ))
 
-# ThreadSanitizer over the unit tests and the in-process daemon tests (label `unit`). The preset
-# passes -Wno-tsan: GCC 12 warns that TSan cannot see the std::atomic_thread_fence Asio uses.
+# ThreadSanitizer over the tests that run threads (label `threads`: the in-process daemon, the HTTP
+# server, the reporter, metrics, the libvirt adapter, gpunodectl's client). The preset passes
+# -Wno-tsan: GCC 12 warns that TSan cannot see the std::atomic_thread_fence Asio uses.
 test-tsan: deps
 	cmake --preset tsan
-	cmake --build --preset tsan -j $(JOBS) --target unit-tests
+	cmake --build --preset tsan -j $(JOBS) --target thread-tests
 	ctest --preset tsan -j $(JOBS)
 
 # The demo runs gpunode-agent and prints gpunodectl commands: it builds those two only (not the

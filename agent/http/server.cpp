@@ -2,7 +2,8 @@
 // Shape after Beast's example/http/server/async-ssl and example/advanced/server-flex-awaitable:
 // a timeout before every async operation, a body and a header limit, one fail() that ignores
 // ssl::error::stream_truncated. The Session is templated on its stream: TLS over TCP, or plain
-// over the admin socket.
+// (the admin socket and metrics.listen's TCP, both as a generic stream socket: one instantiation
+// of the Session's code for the two, which is most of this file's compile time).
 #include "gpunode/http/server.hpp"
 
 #include <sys/socket.h>
@@ -23,6 +24,7 @@
 #include <unordered_map>
 
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
@@ -166,8 +168,7 @@ namespace {
 using detail::ServerState;
 using detail::SessionBase;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-using UnixStream = beast::basic_stream<unix_proto, net::any_io_executor, beast::unlimited_rate_policy>;
-using PlainStream = beast::tcp_stream;
+using PlainStream = beast::basic_stream<net::generic::stream_protocol, net::any_io_executor, beast::unlimited_rate_policy>;
 
 constexpr std::size_t kReadChunk = 4096;
 constexpr std::size_t kMaxLingerBytes = 1024 * 1024;
@@ -648,7 +649,9 @@ void ServerState::on_tcp_accept(tcp::acceptor* a, bool plain, beast::error_code 
   auto remote = socket.remote_endpoint(rec);
   peer.address = rec ? std::string("?") : endpoint_text(remote);
   if (plain) {
-    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr, std::move(socket))->start();
+    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr,
+                                           net::generic::stream_protocol::socket(std::move(socket)))
+        ->start();
   } else {
     auto& context = *ctx;
     std::make_shared<Session<TlsStream>>(shared_from_this(), std::move(peer), std::move(ctx), std::move(socket), context)
@@ -705,7 +708,9 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
     log(fmt::format("admin socket {}: refused a peer: cannot read SO_PEERCRED: {}", l->path, std::strerror(errno)));
   }
   if (ok) {
-    std::make_shared<Session<UnixStream>>(shared_from_this(), std::move(peer), nullptr, std::move(socket))->start();
+    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr,
+                                           net::generic::stream_protocol::socket(std::move(socket)))
+        ->start();
   } else {
     beast::error_code cec;
     socket.close(cec);
