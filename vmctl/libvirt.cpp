@@ -247,6 +247,7 @@ class Libvirt final : public Hypervisor {
   }
 
   bool connected() const override { return connected_.load(); }
+  bool watching() const override { return events_.load(); }
 
   // Swapping one function for another keeps the connection (its callbacks reach whatever function
   // the watcher id has now). Starting or stopping to watch drops it: the next call opens one that
@@ -263,6 +264,7 @@ class Libvirt final : public Hypervisor {
     watched_ = watching;
     old = std::exchange(conn_, nullptr);
     connected_ = false;
+    events_ = false;
   }
 
  private:
@@ -319,6 +321,7 @@ class Libvirt final : public Hypervisor {
     }
     conn_ = *fresh;
     connected_ = true;
+    events_ = conn_->lifecycle_id >= 0 && conn_->close_registered;
     return conn_;
   }
 
@@ -329,6 +332,7 @@ class Libvirt final : public Hypervisor {
     if (conn_ != conn) return;
     dropped = std::exchange(conn_, nullptr);
     connected_ = false;
+    events_ = false;
   }
 
   // The error of the libvirt call on `conn` that just failed, classified (before any other libvirt
@@ -443,6 +447,7 @@ class Libvirt final : public Hypervisor {
   ConnRef conn_;
   bool watched_ = false;
   std::atomic<bool> connected_{false};  // read by connected() without mu_
+  std::atomic<bool> events_{false};     // the current connection delivers lifecycle and close events; read by watching()
   static constexpr std::size_t kMaxHandles = 4096;
 };
 

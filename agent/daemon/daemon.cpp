@@ -22,6 +22,8 @@
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
 #include "gpunode/daemon/sd_notify.hpp"
+#include "gpunode/daemon/uevents.hpp"
+#include "gpunode/daemon/wall_timer.hpp"
 #include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/http/client_tls.hpp"
@@ -107,8 +109,14 @@ struct Daemon::Parts {
   // Set once by stop(); read by the termination pool's sleeper and the loops (any thread).
   std::atomic<bool> stopping = false;
   std::optional<Driver> driver;  // core thread only, after start()
-  asio::steady_timer term_timer{core};
+  // Core thread only: the next term (reservations::Time) as an instant of the wall clock, re-armed
+  // after every change; the backstop rescan; the kernel's device events and the short wait that
+  // turns a burst of them into one rescan.
+  std::unique_ptr<WallTimer> term_timer;
   asio::steady_timer rescan_timer{core};
+  std::unique_ptr<UeventMonitor> uevents;
+  asio::steady_timer uevent_timer{core};
+  bool uevent_armed = false;
   // The core loop's last turn seen by the watchdog (steady clock, ns): written on core, read on net.
   std::atomic<std::int64_t> core_beat{0};
   // The state's revision as the core last published it (after each commit that moved it): written
@@ -127,26 +135,56 @@ struct Daemon::Parts {
   void say(LogLevel level, const std::string& text) const { log.log(level, text); }
 
   // ---- core thread ----
+  // Applies the terms that are due, then sleeps until the next one. Not a tick: an idle agent does
+  // not wake (CONTRACT §7: a term takes effect within a second of its instant).
+  void run_terms() {
+    node->tick();
+    driver->changed();  // re-arms through on_revision when a term moved the revision
+    arm_terms();
+  }
+  // After every change (a request, a term, a rescan): the next term may be sooner or gone.
   void arm_terms() {
-    auto next = node->tick();
-    driver->changed();
-    auto wait = std::chrono::milliseconds(1000);  // at the latest every second: "within a second"
-    if (next) {
-      auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*next - std::chrono::system_clock::now());
-      wait = std::clamp(until, std::chrono::milliseconds(50), wait);
+    if (stopping) return;
+    const auto next = node->next_term();
+    const auto now = std::chrono::system_clock::now();
+    std::chrono::system_clock::time_point when;
+    if (!opt.clock) {
+      // Nothing pending: wake once an hour all the same (the idempotency keys' 24 h retention).
+      when = next ? std::chrono::system_clock::time_point(*next) : now + std::chrono::hours(1);
+    } else {
+      // A test's clock is not the kernel's: at the latest every second, as the clock says.
+      auto wait = std::chrono::milliseconds(1000);
+      if (next) wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(*next - opt.clock()), std::chrono::milliseconds(0), wait);
+      when = now + wait;
     }
-    term_timer.expires_after(wait);
-    term_timer.async_wait([this](const boost::system::error_code& e) {
-      if (!e) arm_terms();
+    term_timer->wait_until(when, [this](WallTimer::Woken why) {
+      if (why == WallTimer::Woken::clock_set) say(LogLevel::info, "the system clock was set: looking at the reservations' terms again");
+      run_terms();
+    });
+  }
+  void rescan_now() {
+    node->rescan();
+    driver->changed();
+  }
+  // A PCI device added, removed, bound or unbound: rescan 200 ms after the first of a burst.
+  void on_uevent(const Uevent& e) {
+    say(LogLevel::debug, fmt::format("uevent: {} {} ({})", e.action, e.devpath, e.subsystem));
+    if (uevent_armed || stopping) return;
+    uevent_armed = true;
+    uevent_timer.expires_after(std::chrono::milliseconds(200));
+    uevent_timer.async_wait([this](const boost::system::error_code& ec) {
+      uevent_armed = false;
+      if (!ec && !stopping) rescan_now();
     });
   }
   void arm_rescan() {
     rescan_timer.expires_after(cfg.discovery.rescan_interval);
     rescan_timer.async_wait([this](const boost::system::error_code& e) {
       if (e) return;
-      node->rescan();
-      driver->changed();
-      if (!stopping) driver->refresh();
+      rescan_now();
+      // The workloads: libvirt's events refresh them as they come; without events (none
+      // registered, or the connection lost) the interval does.
+      if (!stopping && !hypervisor->watching()) driver->refresh();
       asio::post(slow, [this] { peers->resolve(); });  // a group created since start counts now
       arm_rescan();
     });
@@ -316,8 +354,10 @@ struct Daemon::Parts {
     lists.join();
     slow.join();
     asio::post(core, [this] {
-      term_timer.cancel();
+      term_timer->cancel();
       rescan_timer.cancel();
+      uevent_timer.cancel();
+      if (uevents) uevents->stop();
       if (driver) driver->stop();
       core_work.reset();
     });
@@ -392,8 +432,12 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   };
   dopt.max_retry = std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
   p->revision = p->node->revision();
+  auto term_timer = WallTimer::open(p->core);
+  if (!term_timer) return std::unexpected(term_timer.error());
+  p->term_timer = std::move(*term_timer);
   dopt.on_revision = [raw](std::int64_t revision) {
     raw->revision = revision;
+    raw->arm_terms();
     if (raw->reporter) raw->reporter->notify();  // a change is a commit, and every event is one
   };
   p->driver.emplace(p->core, *p->node, p->hypervisor, std::move(dopt), sink);
@@ -439,8 +483,15 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   }
 
   p->core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (auto u = UeventMonitor::open(p->core)) {
+    p->uevents = std::move(*u);
+  } else {
+    p->say(LogLevel::info, fmt::format("kernel device events are not available ({}): rescanning every {} s only", u.error(),
+                                       std::chrono::duration_cast<std::chrono::seconds>(cfg.discovery.rescan_interval).count()));
+  }
   asio::post(p->core, [raw] {
-    raw->arm_terms();
+    if (raw->uevents) raw->uevents->watch([raw](const Uevent& e) { raw->on_uevent(e); });
+    raw->run_terms();
     raw->arm_rescan();
     raw->driver->refresh();  // finishes terminations an earlier run left pending
   });

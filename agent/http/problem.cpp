@@ -35,19 +35,32 @@ bool sane_request_id(std::string_view id) {
   return true;
 }
 
+// A UUID in version 4's layout from a per-thread generator seeded once from OpenSSL's randomness
+// (the kernel's): no system call and no formatting library per request. Unique, not secret.
 std::string generate_request_id() {
+  thread_local std::mt19937_64 rng = [] {
+    std::array<std::uint32_t, 8> seed{};
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(seed.data()), static_cast<int>(sizeof seed)) != 1) {
+      std::random_device dev;
+      for (auto& x : seed) x = dev();
+    }
+    std::seed_seq seq(seed.begin(), seed.end());
+    return std::mt19937_64(seq);
+  }();
   std::array<unsigned char, 16> b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    for (auto& x : b) x = static_cast<unsigned char>(rng());
+  for (std::size_t half = 0; half < 2; ++half) {
+    const std::uint64_t v = rng();
+    for (std::size_t i = 0; i < 8; ++i) b[half * 8 + i] = static_cast<unsigned char>(v >> (8 * i));
   }
   b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 10
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string s;
   s.reserve(36);
   for (std::size_t i = 0; i < b.size(); ++i) {
     if (i == 4 || i == 6 || i == 8 || i == 10) s.push_back('-');
-    s += fmt::format("{:02x}", b[i]);
+    s.push_back(kHex[b[i] >> 4]);
+    s.push_back(kHex[b[i] & 0x0f]);
   }
   return s;
 }

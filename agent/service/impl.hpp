@@ -120,8 +120,24 @@ struct NodeService::Impl {
   void scan(bool first);
   metrics::NodeGauges gauges() const;
 
-  // terms
+  // terms: the reservations not ended, by the instant of their next term (scheduled: startsAt,
+  // active: endsAt), kept by commit() and load(). apply_terms() and next_term() look only here, so
+  // their cost does not grow with the reservations kept in history.
+  std::set<std::pair<r::Time, std::string>> term_queue;
+  std::map<std::string, r::Time, std::less<>> term_at;  // each queued reservation's key in term_queue
+  void queue_term(const r::Reservation& x);
   std::optional<r::Time> apply_terms();
+  std::optional<r::Time> next_term() const;
+
+  // GET units' and GET state's answers at the current revision, by route and caller class (what
+  // the rules look at: org, roles, via), each with its ETag: built once per revision and class, not
+  // per request. Everything they show moves the revision when it changes. Bounded: cleared when
+  // the revision moves, and when a 65th class comes.
+  std::int64_t read_cache_revision = -1;
+  std::map<std::string, ApiResponse, std::less<>> read_cache;
+  static constexpr std::size_t kReadCacheClasses = 64;
+  template <class Build>
+  ApiResponse cached_read(std::string_view route, const Caller& c, Build&& build);
 
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
@@ -147,6 +163,7 @@ struct NodeService::Impl {
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
   ApiResponse conditional(const ApiRequest& q, ApiResponse resp) const;
+  static std::string strong_etag(std::string_view body);
 
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
   using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
@@ -183,5 +200,24 @@ struct NodeService::Impl {
   Outcome terminate_spot(const ApiRequest& q, const Caller& c);
   Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
 };
+
+template <class Build>
+ApiResponse NodeService::Impl::cached_read(std::string_view route, const Caller& c, Build&& build) {
+  if (const auto rev = store.revision(); rev != read_cache_revision) {
+    read_cache.clear();
+    read_cache_revision = rev;
+  }
+  std::string key = fmt::format("{}\x1f{}\x1f{}\x1f", route, c.who.via, c.who.org.value_or(""));
+  auto roles = c.who.roles;
+  std::sort(roles.begin(), roles.end());
+  for (const auto& r : roles) (key += r) += '\x1e';
+  if (auto hit = read_cache.find(key); hit != read_cache.end()) return hit->second;
+  ApiResponse resp = build();
+  if (resp.status != 200) return resp;
+  if (!resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
+  if (read_cache.size() >= kReadCacheClasses) read_cache.clear();
+  read_cache.emplace(std::move(key), resp);
+  return resp;
+}
 
 }  // namespace gpunode::service

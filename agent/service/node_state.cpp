@@ -33,6 +33,7 @@ void NodeService::Impl::load() {
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
   list_stale = true;
+  for (const auto& [id, x] : reservations) queue_term(x);
   if (const auto n = terminations.pending().size(); n > 0) {
     say(LogLevel::warning, fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
   }
@@ -46,7 +47,10 @@ std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Ch
     return done;
   }
   // Committed: now memory follows.
-  for (const auto& x : c.upserts) reservations[x.id] = x;
+  for (const auto& x : c.upserts) {
+    reservations[x.id] = x;
+    queue_term(x);
+  }
   // The rules' list follows in place (it is in id order, like the map): no copy of every
   // reservation per commit, which made a create cost grow with the number of reservations.
   if (!list_stale) {
@@ -137,9 +141,22 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
 }
 
 // ---- terms ---------------------------------------------------------------------------------------
+void NodeService::Impl::queue_term(const r::Reservation& x) {
+  if (auto was = term_at.find(x.id); was != term_at.end()) {
+    term_queue.erase({was->second, x.id});
+    term_at.erase(was);
+  }
+  if (x.state == r::State::ended) return;
+  const r::Time at = x.state == r::State::scheduled ? std::min(x.starts_at, x.ends_at) : x.ends_at;
+  term_queue.emplace(at, x.id);
+  term_at.emplace(x.id, at);
+}
+
 std::optional<r::Time> NodeService::Impl::apply_terms() {
   const r::Time t = now();
-  for (const auto& tr : r::due_transitions(all_reservations(), t)) {
+  std::vector<r::Reservation> due;
+  for (auto it = term_queue.begin(); it != term_queue.end() && it->first <= t; ++it) due.push_back(reservations.at(it->second));
+  for (const auto& tr : r::due_transitions(due, t)) {
     r::Reservation x = reservations.at(tr.reservation_id);
     r::apply(x, tr);
     x.updated_at = t;
@@ -150,10 +167,17 @@ std::optional<r::Time> NodeService::Impl::apply_terms() {
                                   fmt::format("term {} at {}", activate ? "started" : "ended", r::format_time(tr.at))});
     c.events.push_back(EventDraft{activate ? "reservation.activated" : "reservation.expired",
                                   json::object{{"reservation", to_json(x)}}});
-    if (!commit(c)) return t + std::chrono::seconds(1);  // retry soon
+    if (!commit(c)) break;  // next_term() says to retry in a second
     say(LogLevel::info, fmt::format("RESERVATION={} {}", x.id, activate ? "activated" : "expired"));
   }
-  return r::next_transition_at(all_reservations(), t);
+  return next_term();
+}
+
+std::optional<r::Time> NodeService::Impl::next_term() const {
+  if (term_queue.empty()) return std::nullopt;
+  const r::Time t = now();
+  // Still due after apply_terms(): its commit failed (a full disk); try again in a second.
+  return term_queue.begin()->first <= t ? t + std::chrono::seconds(1) : term_queue.begin()->first;
 }
 
 // ---- request plumbing ------------------------------------------------------------------------
@@ -258,6 +282,7 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->scan(false);
 }
 std::int64_t NodeService::revision() const { return impl_->store.revision(); }
+std::optional<reservations::Time> NodeService::next_term() const { return impl_->next_term(); }
 metrics::NodeGauges NodeService::gauges() const { return impl_->gauges(); }
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,

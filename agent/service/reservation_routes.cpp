@@ -113,7 +113,7 @@ ApiResponse NodeService::Impl::list_units(const Caller& c) {
   // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
   // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
   if (!r::may_list_units(c.who, node(), all_reservations())) return not_found();
-  return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
+  return cached_read("units", c, [&] { return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}}); });
 }
 
 // limit and pageToken; pageToken is the last id of the previous page.
@@ -379,11 +379,13 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
     }
     return Park{*after, deadline};
   }
-  json::array rs;
-  for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
-  return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
-                                                {"reservations", std::move(rs)}, {"workloads", observed_workloads}}),
-                     "ETag", etag);
+  return cached_read("state", c, [&] {
+    json::array rs;
+    for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
+    return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
+                                                  {"reservations", std::move(rs)}, {"workloads", observed_workloads}}),
+                       "ETag", etag);
+  });
 }
 
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
@@ -450,13 +452,17 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
 }
 
 // GETs carry an ETag and answer If-None-Match with 304.
+std::string NodeService::Impl::strong_etag(std::string_view body) {
+  return fmt::format("\"{}\"", store::sha256_hex(body).value_or("0").substr(0, 20));
+}
+
 ApiResponse NodeService::Impl::conditional(const ApiRequest& q, ApiResponse resp) const {
   if (q.method != "GET" || resp.status != 200) return resp;
   std::string etag;
   if (auto e = resp.header("ETag")) {
     etag = std::string(*e);
   } else {
-    etag = fmt::format("\"{}\"", store::sha256_hex(resp.body).value_or("0").substr(0, 20));
+    etag = strong_etag(resp.body);
     resp.headers.emplace_back("ETag", etag);
   }
   if (auto inm = q.header("if-none-match"); inm && etag_matches(*inm, etag)) {

@@ -93,6 +93,9 @@ class Hypervisor {
   // never runs again, so what it refers to may go away right after. The default watches nothing (a
   // caller still refreshes on its own schedule).
   virtual void watch(std::function<void()> on_change) { (void)on_change; }
+  // Whether events reach watch()'s function now: a live connection subscribed to lifecycle events
+  // and to its own close. While they do, a caller need not list the domains on a schedule.
+  virtual bool watching() const { return false; }
 };
 
 // libvirt through its C API. `uri` as in config ("qemu:///system", "test:///abs/node.xml").

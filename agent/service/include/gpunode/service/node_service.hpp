@@ -101,8 +101,12 @@ class NodeService {
   // reclaiming units without spot workloads leave reclaimingUnitIds, and terminations cut short
   // (by a crash, a stop, or libvirt going away) are finished: the agent's own batch to run, if any.
   std::optional<Work> observe_workloads(const std::vector<vmctl::Domain>& domains);
-  // Applies the term transitions that are due. Returns the next instant one is due, if any.
+  // Applies the term transitions that are due (and purges expired idempotency keys). Returns the
+  // next instant one is due, if any.
   std::optional<reservations::Time> tick();
+  // The next instant a term is due (a second from now when one is due but could not be stored).
+  // O(1): the daemon re-arms its timer with it after every change.
+  [[nodiscard]] std::optional<reservations::Time> next_term() const;
   // Scans the host again; a changed answer is stored and becomes an inventory.changed event.
   void rescan();
 

@@ -1,0 +1,138 @@
+// The daemon's two event sources besides requests: the wall-clock timer of the terms and the
+// kernel's device events (their parser alone, and the socket with a uevent sent as the kernel
+// sends them, where this test may send on that group: as root).
+#include <linux/netlink.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <doctest/doctest.h>
+
+#include "gpunode/daemon/uevents.hpp"
+#include "gpunode/daemon/wall_timer.hpp"
+
+using gpunode::daemon::parse_uevent;
+using gpunode::daemon::Uevent;
+using gpunode::daemon::UeventMonitor;
+using gpunode::daemon::WallTimer;
+using namespace std::chrono_literals;
+using Clock = std::chrono::system_clock;
+
+namespace {
+
+std::string msg(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (auto p : parts) {
+    out.append(p);
+    out.push_back('\0');
+  }
+  return out;
+}
+
+// Sends `message` to the kernel uevent group; false where this process may not (not root).
+bool send_uevent(const std::string& message) {
+  const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT);
+  if (fd < 0) return false;
+  sockaddr_nl to{};
+  to.nl_family = AF_NETLINK;
+  to.nl_groups = 1;
+  const bool ok = ::sendto(fd, message.data(), message.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
+                  static_cast<ssize_t>(message.size());
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("wall timer: fires at its instant, at once for one passed, never for one replaced or cancelled") {
+  boost::asio::io_context io;
+  auto timer = WallTimer::open(io);
+  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error()));
+  auto& t = **timer;
+
+  const auto start = Clock::now();
+  Clock::time_point fired{};
+  int replaced = 0;
+  t.wait_until(start + 10s, [&](WallTimer::Woken) { ++replaced; });
+  t.wait_until(start + 300ms, [&](WallTimer::Woken why) {
+    CHECK(why == WallTimer::Woken::due);
+    fired = Clock::now();
+  });
+  io.run_for(2s);
+  CHECK(replaced == 0);
+  REQUIRE(fired != Clock::time_point{});
+  CHECK(fired >= start + 300ms);
+  CHECK(fired < start + 800ms);
+
+  io.restart();
+  int passed = 0;
+  t.wait_until(Clock::time_point{}, [&](WallTimer::Woken) { ++passed; });  // the epoch itself
+  io.run_for(200ms);
+  CHECK(passed == 1);
+
+  io.restart();
+  int cancelled = 0;
+  t.wait_until(Clock::now() + 100ms, [&](WallTimer::Woken) { ++cancelled; });
+  t.cancel();
+  io.run_for(400ms);
+  CHECK(cancelled == 0);
+}
+
+TEST_CASE("uevents: the kernel's messages parsed; what changes the units") {
+  auto bind = parse_uevent(msg({"bind@/devices/pci0000:40/0000:40:01.1/0000:41:00.0", "ACTION=bind",
+                                "DEVPATH=/devices/pci0000:40/0000:40:01.1/0000:41:00.0", "SUBSYSTEM=pci", "DRIVER=vfio-pci", "SEQNUM=4242"}));
+  REQUIRE(bind);
+  CHECK(bind->action == "bind");
+  CHECK(bind->devpath == "/devices/pci0000:40/0000:40:01.1/0000:41:00.0");
+  CHECK(bind->subsystem == "pci");
+  CHECK(changes_units(*bind));
+  for (const char* a : {"add", "remove", "unbind"}) CHECK(changes_units(Uevent{a, "/devices/x", "pci"}));
+  CHECK_FALSE(changes_units(Uevent{"change", "/devices/x", "pci"}));
+  CHECK(changes_units(Uevent{"add", "/kernel/iommu_groups/7", "iommu_group"}));
+  CHECK_FALSE(changes_units(Uevent{"add", "/devices/virtual/net/tap0", "net"}));
+
+  // Not the kernel's format: libudev's rebroadcast, garbage, an empty or cut message.
+  CHECK_FALSE(parse_uevent(std::string("libudev\0\xfe\xed\xca\xfe", 12)));
+  CHECK_FALSE(parse_uevent(""));
+  CHECK_FALSE(parse_uevent("add@"));
+  CHECK_FALSE(parse_uevent("@/devices/x"));
+  CHECK_FALSE(parse_uevent("add/devices/x"));
+  auto bare = parse_uevent("remove@/devices/x");  // no fields at all, no terminator
+  REQUIRE(bare);
+  CHECK(bare->subsystem.empty());
+  static constexpr char kCut[] = "add@/devices/x\0SUBSYSTEM=pci";  // the last field unterminated
+  auto cut = parse_uevent(std::string(kCut, sizeof kCut - 1));
+  REQUIRE(cut);
+  CHECK(cut->subsystem == "pci");
+}
+
+TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and ignores the rest") {
+  boost::asio::io_context io;
+  auto monitor = UeventMonitor::open(io);
+  if (!monitor) {
+    MESSAGE("no netlink uevent socket here (" << monitor.error() << "): skipped");
+    return;
+  }
+  std::vector<Uevent> seen;
+  (*monitor)->watch([&](const Uevent& e) { seen.push_back(e); });
+  if (!send_uevent(msg({"add@/devices/virtual/net/gpunode-test", "ACTION=add", "SUBSYSTEM=net"})) ||
+      !send_uevent(msg({"unbind@/devices/pci0000:00/0000:00:1f.6", "ACTION=unbind", "SUBSYSTEM=pci", "SEQNUM=1"}))) {
+    MESSAGE("cannot send on the uevent group (not root): skipped");
+    return;
+  }
+  boost::asio::steady_timer stop(io, 2s);
+  stop.async_wait([&](const boost::system::error_code&) { (*monitor)->stop(); });
+  // Other devices may come and go on this machine meanwhile; ours is among what was heard.
+  io.run_for(3s);
+  bool ours = false;
+  for (const auto& e : seen) {
+    CHECK(e.subsystem == "pci");  // the net device's add was not passed on
+    if (e.devpath == "/devices/pci0000:00/0000:00:1f.6" && e.action == "unbind") ours = true;
+  }
+  CHECK(ours);
+}
