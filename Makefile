@@ -47,6 +47,7 @@ package: build
 	cd $(BUILD) && cpack -G DEB
 
 bench: build
+	@bash scripts/install-deps.sh bench
 	cmake --build --preset $(PRESET) -j $(JOBS) --target benchmarks
 	@bash tests/bench/run.sh $(BUILD)
 

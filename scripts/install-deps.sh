@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs, by Debian package name, everything gpunode needs to build, test and run its demo.
-# Idempotent: installs only what is missing. Run as root on Debian 12 (bookworm).
+# Installs, by Debian package name, everything gpunode needs to build, test and run its demo;
+# `install-deps.sh bench` also what `make bench` sets beside the agent (nginx). Idempotent: installs
+# only what is missing. Run as root on Debian 12 (bookworm).
 set -euo pipefail
 
 PACKAGES=(
@@ -30,6 +31,12 @@ PACKAGES=(
   # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.
   libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86
 )
+
+# make bench: the anchors the benchmarks measure beside the agent. lspci (pciutils), virsh
+# (libvirt-clients) and SQLite are above already; nginx serves the same bytes as GET units.
+if [ "${1:-}" = bench ]; then
+  PACKAGES+=(nginx-light)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

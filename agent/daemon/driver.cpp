@@ -100,11 +100,16 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   }
   std::visit(Overloaded{
                  [&](ApiResponse& r) { (*answer)(std::move(r), *this); },
-                 [&](service::NeedsWorkloads&) {
+                 [&](service::NeedsWorkloads& need) {
                    if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
                      say(LogLevel::error, fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
                      (*answer)(internal_error(), *this);
                      return;
+                   }
+                   if (view_ && need.max_age.count() > 0 && hypervisor_->watching() &&
+                       std::chrono::steady_clock::now() - view_at_ <= need.max_age) {
+                     request.workloads = view_;
+                     return dispatch(std::move(request), std::move(answer));
                    }
                    list_then_dispatch(std::move(request), std::move(answer));
                  },
@@ -117,9 +122,11 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
 void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   ++outstanding_;
   asio::post(opt_.lists, [this, request = std::move(request), answer = std::move(answer)]() mutable {
+    const auto started = std::chrono::steady_clock::now();
     auto listing = std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
-    asio::post(core_, [this, request = std::move(request), answer = std::move(answer), listing = std::move(listing)]() mutable {
+    asio::post(core_, [this, request = std::move(request), answer = std::move(answer), listing = std::move(listing), started]() mutable {
       --outstanding_;
+      keep_view(listing, started);
       request.workloads = std::move(listing);
       dispatch(std::move(request), std::move(answer));
       changed();
@@ -145,6 +152,7 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
     }
     asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after), answer = std::move(answer)]() mutable {
       --outstanding_;
+      view_.reset();  // domains were stopped: the next request that needs them lists them
       ApiResponse r;
       try {
         r = node_.finish(batch, std::move(outcomes), after);
@@ -200,8 +208,10 @@ void Driver::changed() {
 void Driver::refresh() {
   if (!hypervisor_ || stopping_) return;
   asio::post(opt_.lists, [this] {
+    const auto started = std::chrono::steady_clock::now();
     auto list = list_safely(*hypervisor_);
-    asio::post(core_, [this, list = std::move(list)] {
+    asio::post(core_, [this, list = std::move(list), started] {
+      keep_view(std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list}), started);
       if (!list) {
         say(LogLevel::warning, "workload refresh: " + list.error().message);
         after_refresh_failed();
@@ -229,8 +239,21 @@ void Driver::after_refresh_failed() {
   });
 }
 
+// A list is kept only when it succeeded, and only if no event came since it started (an event
+// meanwhile may be a domain the list missed): `listed_at` is when the listing began.
+void Driver::keep_view(std::shared_ptr<const service::WorkloadListing> listing, std::chrono::steady_clock::time_point listed_at) {
+  if (!listing->domains || listed_at < last_event_) {
+    view_.reset();
+    return;
+  }
+  view_ = std::move(listing);
+  view_at_ = listed_at;
+}
+
 void Driver::workloads_event() {
   asio::post(core_, [this] {
+    view_.reset();  // the domains changed: the next request that needs them lists them
+    last_event_ = std::chrono::steady_clock::now();
     if (event_armed_ || stopping_) return;
     event_armed_ = true;
     event_timer_.expires_after(opt_.event_delay);

@@ -168,7 +168,11 @@ struct NodeService::Impl {
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
   using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
 
-  std::expected<std::vector<Workload>, Outcome> workloads_now();
+  // The domains as listed for this request; without a list, NeedsWorkloads{max_age}.
+  std::expected<std::vector<Workload>, Outcome> workloads_now(std::chrono::milliseconds max_age = {});
+  // How old the occupancy check's list may be when events keep it current (CONTRACT §7 Occupancy
+  // is a check at the moment of the change; the hook's admission closes the start race).
+  static constexpr std::chrono::milliseconds kOccupancyListAge{5000};
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
   static json::value opt_str(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
   static json::object workload_json(const Workload& w);

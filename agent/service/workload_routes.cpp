@@ -11,9 +11,9 @@ namespace gpunode::service {
 using namespace detail;
 
 // ---- workloads (CONTRACT §5, §7 Occupancy) -----------------------------------------------------
-std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now() {
+std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now(std::chrono::milliseconds max_age) {
   if (!has_hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
-  if (listing == nullptr) return std::unexpected(NeedsWorkloads{});  // listed off this thread, then handled again
+  if (listing == nullptr) return std::unexpected(NeedsWorkloads{max_age});  // listed off this thread, then handled again
   const auto& list = listing->domains;
   if (!list) {
     say(LogLevel::warning, "hypervisor: " + list.error().message);
@@ -66,7 +66,7 @@ Outcome NodeService::Impl::workloads(const Caller& c) {
 std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
                                                               json::array& spot) {
   if (x.starts_at > t || checked.empty()) return std::nullopt;
-  auto ws = workloads_now();
+  auto ws = workloads_now(kOccupancyListAge);
   if (!ws) return ws.error();
   // Active domains hold their units; so do those the hook let through that are still starting
   // (the start race, CONTRACT §9): libvirt lists them only once they run.

@@ -377,6 +377,33 @@ TEST_CASE("daemon: terms start and end at their instants by the wall-clock timer
   CHECK(at["reservation.expire"][0] == iso(ends));
 }
 
+TEST_CASE("daemon: a create checks occupancy against the list libvirt's events keep current, and lists again after an event") {
+  Node n;
+  n.hv_->events = true;
+  n.start();
+  const auto lists = [&] { return n.hv_->count("list"); };
+  const auto before = lists();
+  const auto first = n.create(U1);  // starting now: both are checked for occupancy
+  n.create(U2);
+  CHECK(lists() <= before + 1);  // the second create used the list the first one made
+  auto ended = n.call("POST", Node::path("/reservations/" + first + "/end"), n.admin(), "{}");
+  REQUIRE_MESSAGE(ended.status == 200, ended.body);
+  // An org outside the audience starts a VM on U1: libvirt's event drops the kept list, so the
+  // next check sees the VM (listing itself, or with the refresh the event started).
+  auto vm = spot_vm("other", "6b1d2c3e-0000-4000-8000-000000000001", "0000:41:00.0");
+  vm.label = WorkloadLabel{"vm-other", "org-x", Tier::on_demand};
+  {
+    std::lock_guard lock{n.hv_->mu};
+    n.hv_->domains.push_back(vm);
+  }
+  n.hv_->emit();
+  json::object b{{"unitIds", json::array{U1}}, {"audienceOrgIds", json::array{"org-a"}},
+                 {"endsAt", iso(std::chrono::system_clock::now() + 1h)}};
+  auto blocked = n.call("POST", Node::path("/reservations"), n.admin(), json::serialize(b));
+  CHECK_MESSAGE(blocked.status == 409, blocked.body);
+  CHECK(blocked.body.find("unit-occupied") != std::string::npos);
+}
+
 TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, not at the next rescan") {
   Node n;
   n.start();

@@ -84,6 +84,31 @@ class FakeHypervisor : public Hypervisor {
     std::lock_guard lock{mu};
     return !unavailable;
   }
+  // Events as libvirt's adapter has them: watching() while `events` is set and it is available;
+  // emit() is a lifecycle event (call it without holding mu).
+  bool events = false;
+  void watch(std::function<void()> on_change) override {
+    std::lock_guard lock{mu};
+    watcher = std::move(on_change);
+  }
+  bool watching() const override {
+    std::lock_guard lock{mu};
+    return events && !unavailable;
+  }
+  void emit() {
+    std::function<void()> w;
+    {
+      std::lock_guard lock{mu};
+      w = watcher;
+    }
+    if (w) w();
+  }
+  std::size_t count(const std::string& call) const {
+    std::lock_guard lock{mu};
+    return static_cast<std::size_t>(std::ranges::count(calls, call));
+  }
+
+  std::function<void()> watcher;  // guarded by mu
 
   Domain* find(const std::string& uuid) {
     auto it = std::ranges::find(domains, uuid, &Domain::uuid);

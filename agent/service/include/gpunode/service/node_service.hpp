@@ -60,7 +60,12 @@ struct Work {
 //   (vmctl::terminate_spot_all), then finish() gives the answer.
 // - Park: a long poll whose revision has not passed `after`: handle it again when the revision
 //   moves, or with ApiRequest::wait_over at `deadline` (then it is a 304).
-struct NeedsWorkloads {};
+// NeedsWorkloads::max_age: how old a list of the domains may be for this request, when the driver
+// keeps one current with the hypervisor's events (a reservation's occupancy check: a few seconds;
+// a termination: zero, it lists now).
+struct NeedsWorkloads {
+  std::chrono::milliseconds max_age{0};
+};
 struct RunBatch {
   Work work;
 };
