@@ -84,10 +84,11 @@ struct FileText {
   int error = 0;     // errno, 0 on success
 };
 
-FileText read_small(const std::string& path) {
+// `path` is relative to the directory `dir_fd` (AT_FDCWD: to the working directory, or absolute).
+FileText read_small_at(int dir_fd, const std::string& path) {
   FileText out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0 && errno == ELOOP) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a link: follow once
+  int fd = ::openat(dir_fd, path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0 && errno == ELOOP) fd = ::openat(dir_fd, path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a link: follow once
   if (fd < 0) {
     out.error = errno;
     return out;
@@ -111,6 +112,8 @@ FileText read_small(const std::string& path) {
   out.text.assign(v);
   return out;
 }
+
+FileText read_small(const std::string& path) { return read_small_at(AT_FDCWD, path); }
 
 std::string describe(const FileText& f) {
   if (f.error == EFBIG) return "value too long";
@@ -422,6 +425,15 @@ struct SysfsReader::Impl {
       return snap;
     }
     if (!ensure_libpci(snap.warnings)) return snap;
+    // Every function's `vendor` is read relative to the devices directory: the kernel then walks
+    // two path components per read instead of the whole <host_root>/sys/bus/pci/devices/... path,
+    // on a host where that read is most of what discovery costs.
+    struct DirFd {
+      int fd;
+      ~DirFd() {
+        if (fd >= 0) ::close(fd);
+      }
+    } devices{::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_PATH)};
 
     // 1. Identity. Every function costs one read of its `vendor` file, the cheapest filter there
     //    is; functions of a GPU vendor are then identified through libpci, and their class read.
@@ -456,7 +468,8 @@ struct SysfsReader::Impl {
       }
       DeviceRecord d;
       d.address = *address;
-      FileText vendor = read_small(dev_path(d.address) + "/vendor");
+      FileText vendor = devices.fd >= 0 ? read_small_at(devices.fd, d.address.to_string() + "/vendor")
+                                        : read_small(dev_path(d.address) + "/vendor");
       auto v = vendor.error ? std::nullopt : parse_integer(vendor.text);
       if (v && *v > 0 && *v < 0xffff) {
         d.vendor_id = static_cast<std::uint16_t>(*v);

@@ -1,0 +1,51 @@
+// gpunode-agent's parsed command line, as main.cpp hands it to the module that runs the command.
+//
+// Why modules: a process maps every library its executable needs before main() runs, and with
+// BIND_NOW (the agent's and Debian's libraries') resolves all their symbols too. OpenSSL, SQLite
+// and libxml2 alone cost several milliseconds a start, which `version`, `discover`,
+// `check-config` and `libvirt-hook` (run by libvirtd on every domain start) never use. So the
+// executable itself links no library beyond the C++ runtime: it parses the command line, answers
+// `version`, and loads the one module the command needs (dlopen, found through the executable's
+// RUNPATH: next to it in the build tree, /usr/lib/gpunode-agent once installed):
+//   gpunode-agent-tools.so   discover, check-config, libvirt-hook (libpci, yaml-cpp, Boost.JSON)
+//   gpunode-agent-daemon.so  run (everything: OpenSSL, SQLite, libxml2, Boost.Beast, ...)
+// Each module defines kCommandEntry as a CommandEntry.
+#pragma once
+
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpunode::agent {
+
+struct CommandLine {
+  enum class Command { discover, check_config, run, libvirt_hook };
+  Command command = Command::discover;
+  std::string config_file;  // --config of the command (run and libvirt-hook have defaults)
+  // discover
+  std::string host_root;
+  bool json = false;
+  // libvirt-hook: NAME OPERATION SUB-OPERATION [EXTRA], as libvirt passes them
+  std::vector<std::string> hook_args;
+  std::optional<std::string> hook_socket;
+};
+
+// Runs the command; returns the process's exit code. Never throws.
+using CommandEntry = int(const CommandLine&);
+inline constexpr const char* kCommandEntry = "gpunode_agent_command";
+
+// What a module's entry runs its command through: an exception is a bug, never bad input, so it
+// is reported as one (exit 70) instead of escaping into main() or dying silently.
+template <class Run>
+int report_internal_errors(Run&& run) noexcept {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpunode-agent: internal error: %s\n", e.what());
+    return 70;
+  }
+}
+
+}  // namespace gpunode::agent
