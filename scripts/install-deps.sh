@@ -33,9 +33,10 @@ PACKAGES=(
 )
 
 # make bench: the anchors the benchmarks measure beside the agent. lspci (pciutils), virsh
-# (libvirt-clients) and SQLite are above already; nginx serves the same bytes as GET units.
+# (libvirt-clients) and SQLite are above already; nginx serves the same bytes as GET units; an
+# unscraped prometheus-node-exporter is the idle agent's anchor.
 if [ "${1:-}" = bench ]; then
-  PACKAGES+=(nginx-light)
+  PACKAGES+=(nginx-light prometheus-node-exporter)
 fi
 
 missing=()

@@ -1,7 +1,7 @@
 // api_bench: the client half of the API benchmark (tests/bench/api_bench.py drives it).
 //
 //   api_bench get    --port P --ca FILE --path PATH [--token-file F] [--warmup N] [--requests N]
-//                    [--conns N] [--per-conn N]
+//                    [--conns N] [--per-conn N] [--save-body FILE]
 //   api_bench post   --port P --ca FILE --path PATH --token-file F --unit ID [--warmup N] [--requests N]
 //   api_bench commit --dir DIR [--warmup N] [--transactions N]
 //
@@ -208,6 +208,11 @@ int run_get(const Args& a) {
     req.prepare_payload();
     for (int i = 0; i < warmup; ++i) expect(c.roundtrip(req, body), want, "GET " + path, body);
     body_bytes = body.size();
+    if (a.kv.contains("save-body")) {  // what nginx serves beside it: the same bytes
+      std::ofstream out(a.str("save-body"), std::ios::binary);
+      out << body;
+      if (!out) die("cannot write " + a.str("save-body"));
+    }
     lat.reserve(static_cast<std::size_t>(requests));
     for (int i = 0; i < requests; ++i) {
       auto t0 = Clock::now();
@@ -292,8 +297,14 @@ int run_post(const Args& a) {
   const std::time_t base = (std::time(nullptr) / 3600 + 24 * 366) * 3600;
   Conn c(ctx, port);
   std::string body;
-  std::vector<double> lat;
+  std::vector<double> lat, missing;
   lat.reserve(static_cast<std::size_t>(requests));
+  missing.reserve(static_cast<std::size_t>(requests));
+  // Between two creates, an authenticated GET of a reservation that does not exist, on the same
+  // connection: what a request costs without a commit (TLS, HTTP, the token, the hop to the
+  // state thread), so that create minus it is the commit's share.
+  auto absent = make_request(bhttp::verb::get, path + "/r-api-bench-absent", token);
+  absent.prepare_payload();
   for (int i = 0; i < warmup + requests; ++i) {
     auto req = make_request(bhttp::verb::post, path, token);
     req.set(bhttp::field::content_type, "application/json");
@@ -307,10 +318,16 @@ int run_post(const Args& a) {
     auto dt = micros(Clock::now() - t0);
     expect(st, 201, "POST " + path, body);
     if (i >= warmup) lat.push_back(dt);
+    std::string ignored;
+    t0 = Clock::now();
+    st = c.roundtrip(absent, ignored);
+    dt = micros(Clock::now() - t0);
+    expect(st, 404, "GET " + path + "/r-api-bench-absent", ignored);
+    if (i >= warmup) missing.push_back(dt);
   }
-  fmt::print(R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}}})"
+  fmt::print(R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}}})"
              "\n",
-             path, c.cipher(), body.size(), json_of(summarize(lat)));
+             path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)));
   return 0;
 }
 

@@ -15,8 +15,10 @@ token, and runs BUILD_DIR/tests/bench/api_bench (the C++ client) for:
   3. the reference for 2: a bare SQLite WAL + synchronous=FULL commit of one ~1 KiB row, and of
      three (reservation + audit + outbox), in the lab dir, on the same filesystem as the state dir;
   4. the agent's VmRSS / VmHWM at idle after start-up and after the load;
-  5. nginx (if installed) serving a static 4 KiB file over TLS with keep-alive (one worker, the same
-     certificate, the same client), for context.
+  5. nginx serving the same bytes as GET units (saved from the agent's answer) over TLS with
+     keep-alive, status 200 (one worker, the same certificate, the same client): the anchor of 1.
+
+Its headline figures end as SUMMARY lines (tests/bench/summary.py), one row each of make bench's table.
 
 Prints each figure as it comes and a table at the end. Loopback only; bounded counts; about half
 a minute. Not a test: it asserts nothing beyond every answer having the expected status, and
@@ -36,6 +38,7 @@ TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "tests", "integration"))
 
 import lab as labmod  # noqa: E402  (tests/integration/lab.py)
+import summary  # noqa: E402  (tests/bench/summary.py)
 
 UNIT = labmod.VFIO_UNITS[0]
 
@@ -48,8 +51,8 @@ def env_int(name, default):
 
 
 GET_REQUESTS = env_int("GET_REQUESTS", 2000)
-CONNS = env_int("CONNS", 4)
-PER_CONN = env_int("PER_CONN", 2000)
+CONNS = env_int("CONNS", 32)  # as wrk -c32 would
+PER_CONN = env_int("PER_CONN", 500)
 CREATES = env_int("CREATES", 300)
 COMMITS = env_int("COMMITS", 300)
 
@@ -174,16 +177,15 @@ def wait_port(port, proc, wait=10):
     return False
 
 
-def bench_nginx(client, lab):
-    """(result, note): nginx serving a 4 KiB file, or (None, why not)."""
+def bench_nginx(client, lab, body_file):
+    """(result, note): nginx serving `body_file` (GET units' own bytes), or (None, why not)."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
     if not nginx:
         return None, "nginx is not installed (apt-get install nginx-light); no nginx figures"
     d = os.path.join(lab.dir, "nginx")
     os.makedirs(os.path.join(d, "www"))
     os.makedirs(os.path.join(d, "tmp"))
-    with open(os.path.join(d, "www", "static-4k.bin"), "wb") as f:
-        f.write(os.urandom(4096))
+    shutil.copyfile(body_file, os.path.join(d, "www", "units.json"))
     port = labmod.free_port()
     with open(os.path.join(d, "nginx.conf"), "w") as f:
         f.write(nginx_conf(d, port, f"{lab.dir}/tls.crt", f"{lab.dir}/tls.key"))
@@ -196,7 +198,7 @@ def bench_nginx(client, lab):
             with open(os.path.join(d, "stderr.log"), "rb") as f:
                 why = f.read().decode(errors="replace").strip()[-300:]
             return None, f"nginx {version} did not start: {why}"
-        r = run_client(client, "get", *get_args(port, f"{lab.dir}/tls.crt", "/static-4k.bin"))
+        r = run_client(client, "get", *get_args(port, f"{lab.dir}/tls.crt", "/units.json"))
         r["version"] = version
         return r, None
     finally:
@@ -257,14 +259,17 @@ def main():
         h = run_client(client, "get", *get_args(lab.port, ca, "/healthz", per_conn=1000))
         show_get("GET /healthz (no token: the server, TLS and the hop to the state thread)", h)
 
-        g = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file))
+        body_file = os.path.join(lab.dir, "units.json")
+        g = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file), "--save-body", body_file)
         show_get(f"GET {units_path} (admin)", g)
 
         p = run_client(client, "post", "--port", lab.port, "--ca", ca, "--path", lab.npath("/reservations"),
                        "--token-file", token_file, "--unit", UNIT, "--requests", CREATES)
-        c = p["create"]
+        c, a404 = p["create"], p["absent_get"]
         say(f"POST {lab.npath('/reservations')}: {c['n']} creates on {UNIT}: p50 {c['p50_us']:.0f} µs  "
             f"p90 {c['p90_us']:.0f} µs  p99 {c['p99_us']:.0f} µs  mean {c['mean_us']:.0f} µs  max {c['max_us']:.0f} µs")
+        say(f"  between them, on the same connection, an authenticated GET of an absent reservation (404): "
+            f"p50 {a404['p50_us']:.0f} µs  p99 {a404['p99_us']:.0f} µs")
 
         g2 = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file, requests=1000, per_conn=500))
         show_get(f"GET units again, with {CREATES + 10} reservations on {UNIT}", g2)
@@ -283,9 +288,9 @@ def main():
             say(f"  {label} p50 {r['p50_us']:.0f} µs  p90 {r['p90_us']:.0f} µs  p99 {r['p99_us']:.0f} µs  "
                 f"mean {r['mean_us']:.0f} µs")
 
-        ng, why = bench_nginx(client, lab)
+        ng, why = bench_nginx(client, lab, body_file)
         if ng:
-            show_get(f"nginx {ng['version']} GET /static-4k.bin (1 worker, same cert)", ng)
+            show_get(f"nginx {ng['version']} GET /units.json, the same bytes (1 worker, same cert)", ng)
         else:
             say(why)
     finally:
@@ -293,15 +298,16 @@ def main():
 
     # ---- the table ----
     floor = rss_floor(build)
+    share_us = c["p50_us"] - a404["p50_us"]
     ratio1 = c["p50_us"] / r1["p50_us"] if r1["p50_us"] else float("nan")
     ratio3 = c["p50_us"] / r3["p50_us"] if r3["p50_us"] else float("nan")
     rows = [
         ("GET /healthz, 1 conn, p50 / p99", f"{h['one_conn']['p50_us']:.0f} / {h['one_conn']['p99_us']:.0f} µs",
          f"{CONNS} conns: {h['rps']:.0f} req/s"),
         ("GET units, 1 conn, p50 / p99", f"{g['one_conn']['p50_us']:.0f} / {g['one_conn']['p99_us']:.0f} µs",
-         f"nginx 4 KiB: {ng['one_conn']['p50_us']:.0f} / {ng['one_conn']['p99_us']:.0f} µs" if ng else "nginx: n/a"),
+         f"nginx, same bytes: {ng['one_conn']['p50_us']:.0f} / {ng['one_conn']['p99_us']:.0f} µs" if ng else "nginx: n/a"),
         (f"GET units, {CONNS} conns", f"{g['rps']:.0f} req/s",
-         f"nginx 4 KiB: {ng['rps']:.0f} req/s" if ng else "nginx: n/a"),
+         f"nginx, same bytes: {ng['rps']:.0f} req/s" if ng else "nginx: n/a"),
         (f"GET units, after {CREATES + 10} creates", f"{g2['one_conn']['p50_us']:.0f} / {g2['one_conn']['p99_us']:.0f} µs, "
          f"{g2['rps']:.0f} req/s", f"body {g['body_bytes']} -> {g2['body_bytes']} B"),
         ("POST reservation, p50 / p99 / mean", f"{c['p50_us']:.0f} / {c['p99_us']:.0f} / {c['mean_us']:.0f} µs",
@@ -312,8 +318,8 @@ def main():
          f"{c['mean_us'] / r1['mean_us']:.2f}x (1 row)"),
         # The transport (TLS, HTTP, the hop to the state thread) is what /healthz costs; the rest of
         # a POST is the reservation's work and its commit.
-        ("POST p50 - /healthz p50 (the commit's share)", f"{c['p50_us'] - h['one_conn']['p50_us']:.0f} µs",
-         f"{(c['p50_us'] - h['one_conn']['p50_us']) / r3['p50_us']:.2f}x a bare 3-row commit" if r3["p50_us"] else ""),
+        ("POST p50 - authenticated 404 GET p50 (the commit's share)", f"{share_us:.0f} µs",
+         f"{share_us / r3['p50_us']:.2f}x a bare 3-row commit" if r3["p50_us"] else ""),
         ("agent RSS idle after start", mem(idle0),
          f"libvirt+OpenSSL+SQLite linked only: {mem(floor['linked'])}" if floor else "(rss_floor not built)"),
         ("agent RSS idle after load", mem(idle1),
@@ -328,6 +334,26 @@ def main():
     if not ng:
         say(f"({why})")
     say(f"({time.time() - t_start:.0f} s in all; load average {os.getloadavg()[0]:.2f} at the end)")
+
+    units_bytes = g["body_bytes"]
+    if ng:
+        r = g["rps"] / ng["rps"]
+        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns", f"{g['rps']:.0f} req/s",
+                    f"nginx {ng['version']}, same bytes: {ng['rps']:.0f} req/s", r, "≥ 0.8", r >= 0.8)
+    else:
+        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns", f"{g['rps']:.0f} req/s", why)
+    if r3["p50_us"]:
+        r = share_us / r3["p50_us"]
+        summary.row("create's commit share (create p50 - authenticated 404 p50)", f"{share_us:.0f} µs",
+                    f"bare SQLite WAL FULL commit, 3 rows: {r3['p50_us']:.0f} µs", r, "≤ 1.3", r <= 1.3)
+    if floor:
+        init = floor["initialised"]
+        r = idle0["VmRSS"] / init["VmRSS"]
+        summary.row("idle RSS after start-up", f"{mib(idle0['VmRSS'])} (PSS {mib(idle0['Pss'])})",
+                    f"rss_floor initialised: {mib(init['VmRSS'])} (PSS {mib(init['Pss'])})", r, "≤ 1.4", r <= 1.4)
+    grown = (idle1["VmRSS"] - idle0["VmRSS"]) / 1024
+    summary.row(f"RSS growth after the load ({CREATES} creates and the GETs above)",
+                f"{grown:+.1f} MiB", "idle after start-up", None, "≤ 4 MiB", grown <= 4)
     return 0
 
 

@@ -7,9 +7,16 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 # discovery and lspci rather than the disk.
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then base=$(mktemp -d /dev/shm/gpunode-bench.XXXXXX); else base=$(mktemp -d); fi
 trap 'rm -rf "$base"' EXIT
+# Everything the benchmarks print goes to the terminal and to $base/bench.log; their SUMMARY lines
+# become the table at the end (tests/bench/summary.py).
+exec > >(tee "$base/bench.log") 2>&1
 root="$base/host"
 python3 "$top/tests/fixtures/mkhost.py" "$top/tests/bench/large_host.py" "$root"
 "$build/tests/bench/discovery_bench" "$root" "$build/gpunode-agent" "${ITERATIONS:-50}"
+# Whole processes (tests/bench/process_bench.py): `version` beside /bin/true, `discover --json`
+# beside lspci on the same tree, an idle agent beside an idle prometheus-node-exporter.
+echo
+python3 "$top/tests/bench/process_bench.py" "$build" "$root"
 # The API bench (tests/bench/api_bench.py): the agent's HTTPS API on loopback, a create beside a
 # bare SQLite FULL-sync commit, its idle RSS, and nginx for context. Its state dir is under
 # $TMPDIR (or /tmp), on a real filesystem, so that a create pays for its fsync as in production.
@@ -28,3 +35,6 @@ python3 "$top/tests/bench/hook_bench.py" "$build"
 # the fake central API (events/s, RSS while draining vs idle), and a 304 state poll beside a full one.
 echo
 python3 "$top/tests/bench/metrics_bench.py" "$build"
+echo
+echo "== make bench: every figure beside its anchor, this run =="
+python3 "$top/tests/bench/summary.py" "$base/bench.log"
