@@ -5,8 +5,8 @@
 // and libxml2 alone cost several milliseconds a start, which `version`, `discover`,
 // `check-config` and `libvirt-hook` (run by libvirtd on every domain start) never use. So the
 // executable itself links no library beyond the C++ runtime: it parses the command line, answers
-// `version`, and loads the one module the command needs (dlopen, found through the executable's
-// RUNPATH: next to it in the build tree, /usr/lib/gpunode-agent once installed):
+// `version`, and loads the one module the command needs (dlopen by full path: next to it in the
+// build tree, /usr/lib/gpunode-agent once installed; main.cpp's module_path):
 //   gpunode-agent-tools.so   discover, check-config, libvirt-hook (libpci, yaml-cpp, Boost.JSON)
 //   gpunode-agent-daemon.so  run (everything: OpenSSL, SQLite, libxml2, Boost.Beast, ...)
 // Each module defines kCommandEntry as a CommandEntry.

@@ -2,7 +2,9 @@
 // line, answers `version`, and runs every other command in the module that holds it, so that each
 // command maps only the libraries it uses (command_line.hpp says why and which).
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -28,16 +30,31 @@ agent::CommandLine line_of(agent::CommandLine::Command command, std::string conf
   return line;
 }
 
-// Loads `module` (by name: the executable's RUNPATH says where) and runs the command in it.
+// Where `module` is: beside the executable (the build tree), else in the package's private
+// directory beside the executable's lib (/usr/bin/../lib/gpunode-agent). Always a full path, never
+// a bare name left to dlopen's search: that search reads the RUNPATH of dlopen's caller, which
+// under the sanitizers is their interceptor, not this executable.
+std::string module_path(const char* module) {
+  std::array<char, 4096> buf{};
+  const auto n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  std::string dir = n > 0 ? std::string(buf.data(), static_cast<std::size_t>(n)) : std::string("/usr/bin/gpunode-agent");
+  dir.erase(dir.rfind('/') + 1);  // keeps the slash
+  std::string beside = dir + module;
+  if (::access(beside.c_str(), R_OK) == 0) return beside;
+  return dir + "../lib/gpunode-agent/" + module;
+}
+
+// Loads `module` (module_path) and runs the command in it.
 int run_in(const char* module, const agent::CommandLine& line) {
-  void* handle = ::dlopen(module, RTLD_NOW | RTLD_LOCAL);  // never closed: the process ends with the command
+  const std::string path = module_path(module);
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed: the process ends with the command
   if (handle == nullptr) {
-    std::fprintf(stderr, "gpunode-agent: cannot load %s: %s\n", module, ::dlerror());
+    std::fprintf(stderr, "gpunode-agent: cannot load %s: %s\n", path.c_str(), ::dlerror());
     return kExitBroken;
   }
   auto* entry = reinterpret_cast<agent::CommandEntry*>(::dlsym(handle, agent::kCommandEntry));
   if (entry == nullptr) {
-    std::fprintf(stderr, "gpunode-agent: %s has no %s: %s\n", module, agent::kCommandEntry, ::dlerror());
+    std::fprintf(stderr, "gpunode-agent: %s has no %s: %s\n", path.c_str(), agent::kCommandEntry, ::dlerror());
     return kExitBroken;
   }
   return entry(line);
