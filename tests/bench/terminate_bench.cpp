@@ -439,11 +439,14 @@ int main(int argc, char** argv) {
       1000 * a_term.p50_ms / domains, 1000 * v_meta_cmd.p50_ms / domains, 1000 * v_des_cmd.p50_ms / domains);
   fmt::print("ratio agent open+list+terminate / virsh metadata+destroy process (p50): {:.2f}x\n",
              (a_open.p50_ms + a_term.p50_ms) / v_meta.p50_ms);
-  // make bench's table (tests/bench/summary.py). Issue 14's figure: 0.45-0.51 before; it holds.
-  const double r = a_term.p50_ms / v_meta.p50_ms;
+  // make bench's table (tests/bench/summary.py): the agent's whole job from a fresh connection
+  // (open, list, terminate) beside one virsh process doing the same (connect, metadata, destroy).
+  // Issue 14 had it at 0.45-0.51 before; it is to hold.
+  const double whole = a_open.p50_ms + a_term.p50_ms;
+  const double r = whole / v_meta.p50_ms;
   fmt::print(
-      R"j(SUMMARY {{"figure": "terminate {} spot VMs (test driver)", "gpunode": "{:.1f} ms", "anchor": "virsh metadata+destroy, one process: {:.1f} ms", "ratio": {:.3f}, "target": "≤ 0.51 (hold)", "met": {}}})j"
+      R"j(SUMMARY {{"figure": "terminate {} spot VMs (test driver): open, list, terminate", "gpunode": "{:.1f} ms", "anchor": "virsh metadata+destroy, one process: {:.1f} ms", "ratio": {:.3f}, "target": "≤ 0.51 (hold)", "met": {}}})j"
       "\n",
-      domains, a_term.p50_ms, v_meta.p50_ms, r, r <= 0.51 ? "true" : "false");
+      domains, whole, v_meta.p50_ms, r, r <= 0.51 ? "true" : "false");
   return 0;
 }
