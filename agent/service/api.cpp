@@ -51,6 +51,20 @@ std::optional<std::string_view> ApiResponse::header(std::string_view name) const
   return std::nullopt;
 }
 
+bool etag_matches(std::string_view header, std::string_view etag) {
+  std::string_view h = header;
+  while (!h.empty()) {
+    const auto comma = h.find(',');
+    std::string_view t = h.substr(0, comma);
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+    if (t.starts_with("W/")) t.remove_prefix(2);
+    if (t == "*" || t == etag) return true;
+    h = comma == std::string_view::npos ? std::string_view{} : h.substr(comma + 1);
+  }
+  return false;
+}
+
 std::string_view status_title(unsigned status) {
   switch (status) {
     case 400: return "Bad Request";

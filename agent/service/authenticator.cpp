@@ -13,12 +13,17 @@ ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
   return r;
 }
 
+// The first instant the claims' times refuse them (`secs <= exp + leeway` holds before it).
+std::chrono::system_clock::time_point until_of(const auth::Claims& c) {
+  return std::chrono::system_clock::time_point(std::chrono::seconds(c.exp + kLeewaySeconds + 1));
+}
+
 }  // namespace
 
-std::expected<reservations::Caller, ApiResponse> Authenticator::authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
+std::expected<Authenticated, ApiResponse> Authenticator::authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
                                                                               std::string& why) {
   if (q.via == ApiRequest::Via::admin_socket) {
-    return reservations::Caller{fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"};
+    return Authenticated{{fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"}, std::nullopt};
   }
   const std::string header(q.header("authorization").value_or(""));
   const bool sent = !header.empty();
@@ -28,7 +33,7 @@ std::expected<reservations::Caller, ApiResponse> Authenticator::authenticate(con
     const auto& cl = hit->second.claims;
     if (secs <= cl.exp + kLeewaySeconds && (!cl.nbf || secs + kLeewaySeconds >= *cl.nbf)) {
       order_.splice(order_.begin(), order_, hit->second.at);
-      return reservations::Caller{cl.sub, cl.org, cl.roles, "https"};
+      return Authenticated{{cl.sub, cl.org, cl.roles, "https"}, until_of(cl)};
     }
     order_.erase(hit->second.at);
     cache_.erase(hit);
@@ -39,14 +44,14 @@ std::expected<reservations::Caller, ApiResponse> Authenticator::authenticate(con
     if (claims.error().why == auth::Rejection::missing && !sent) return std::unexpected(unauthenticated("a bearer token is required", false));
     return std::unexpected(unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
   }
-  if (capacity_ == 0) return reservations::Caller{claims->sub, claims->org, claims->roles, "https"};
+  if (capacity_ == 0) return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, until_of(*claims)};
   while (cache_.size() >= capacity_) {  // the least recently used token goes, never the whole cache
     cache_.erase(order_.back());
     order_.pop_back();
   }
   order_.push_front(header);
   auto& e = cache_.emplace(header, Entry{*claims, order_.begin()}).first->second;
-  return reservations::Caller{e.claims.sub, e.claims.org, e.claims.roles, "https"};
+  return Authenticated{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, until_of(e.claims)};
 }
 
 void Authenticator::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {

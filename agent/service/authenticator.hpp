@@ -12,6 +12,7 @@
 #include <expected>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -20,6 +21,13 @@
 #include "gpunode/service/api.hpp"
 
 namespace gpunode::service {
+
+// Who a request comes from, and until when that holds without asking again: a token's expiry
+// (with the leeway), nothing on the admin socket.
+struct Authenticated {
+  reservations::Caller who;
+  std::optional<std::chrono::system_clock::time_point> until;
+};
 
 class Authenticator {
  public:
@@ -30,7 +38,7 @@ class Authenticator {
   // The caller, or the 401 to answer (WWW-Authenticate: `Bearer` when no token was sent, with
   // error="invalid_token" when one was and it is refused; RFC 6750 §3.1). `why` receives the
   // reason of a refusal, for the log.
-  std::expected<reservations::Caller, ApiResponse> authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
+  std::expected<Authenticated, ApiResponse> authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
                                                                 std::string& why);
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   [[nodiscard]] std::size_t cached() const { return cache_.size(); }

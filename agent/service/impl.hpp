@@ -20,6 +20,7 @@
 #include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
+#include "gpunode/service/shared_reads.hpp"
 #include "gpunode/service/spot_plan.hpp"
 #include "admitted.hpp"
 #include "authenticator.hpp"
@@ -92,7 +93,11 @@ struct NodeService::Impl {
   metrics::NodeGauges counted;
   double last_scan_seconds = 0;
 
-  Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {}
+  Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {
+    store.on_revision_moved([this] { shared_reads.withdraw_all(); });  // before the commit's answer goes out
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
   r::Time now() const { return detail::to_time(clock()); }
@@ -137,7 +142,11 @@ struct NodeService::Impl {
   std::map<std::string, ApiResponse, std::less<>> read_cache;
   static constexpr std::size_t kReadCacheClasses = 64;
   template <class Build>
-  ApiResponse cached_read(std::string_view route, const Caller& c, Build&& build);
+  ApiResponse cached_read(std::string_view route, const ApiRequest& q, const Caller& c, Build&& build);
+  // The same answers for the network thread to give again to the same request (SharedReads),
+  // until the next term or the caller's token expiry. The store withdraws them as the revision moves.
+  SharedReads shared_reads;
+  void share_read(const ApiRequest& q, const Caller& c, const ApiResponse& answer);
 
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
@@ -151,7 +160,7 @@ struct NodeService::Impl {
   Outcome route(const ApiRequest& q);
   ApiResponse method_not_allowed(std::string allow);
   Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
-  ApiResponse list_units(const Caller& c);
+  ApiResponse list_units(const ApiRequest& q, const Caller& c);
   std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) const;
   ApiResponse list_reservations(const ApiRequest& q, const Caller& c);
   std::optional<ApiResponse> check_units(const std::vector<std::string>& ids);
@@ -206,7 +215,7 @@ struct NodeService::Impl {
 };
 
 template <class Build>
-ApiResponse NodeService::Impl::cached_read(std::string_view route, const Caller& c, Build&& build) {
+ApiResponse NodeService::Impl::cached_read(std::string_view route, const ApiRequest& q, const Caller& c, Build&& build) {
   if (const auto rev = store.revision(); rev != read_cache_revision) {
     read_cache.clear();
     read_cache_revision = rev;
@@ -215,13 +224,16 @@ ApiResponse NodeService::Impl::cached_read(std::string_view route, const Caller&
   auto roles = c.who.roles;
   std::sort(roles.begin(), roles.end());
   for (const auto& r : roles) (key += r) += '\x1e';
-  if (auto hit = read_cache.find(key); hit != read_cache.end()) return hit->second;
-  ApiResponse resp = build();
-  if (resp.status != 200) return resp;
-  if (!resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
-  if (read_cache.size() >= kReadCacheClasses) read_cache.clear();
-  read_cache.emplace(std::move(key), resp);
-  return resp;
+  auto hit = read_cache.find(key);
+  if (hit == read_cache.end()) {
+    ApiResponse resp = build();
+    if (resp.status != 200) return resp;
+    if (!resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
+    if (read_cache.size() >= kReadCacheClasses) read_cache.clear();
+    hit = read_cache.emplace(std::move(key), std::move(resp)).first;
+  }
+  share_read(q, c, hit->second);
+  return hit->second;
 }
 
 }  // namespace gpunode::service

@@ -188,7 +188,14 @@ std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequ
     say(LogLevel::info, fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
     return std::unexpected(std::move(who.error()));
   }
-  return Caller{std::move(*who)};
+  return Caller{std::move(who->who), who->until};
+}
+
+void NodeService::Impl::share_read(const ApiRequest& q, const Caller& c, const ApiResponse& answer) {
+  auto until = std::chrono::system_clock::time_point::max();
+  if (c.until) until = std::min(until, *c.until);
+  if (const auto term = next_term()) until = std::min(until, std::chrono::system_clock::time_point(*term));
+  shared_reads.keep(q, answer, until);
 }
 
 std::string NodeService::Impl::caller_key(const Caller& c) {
@@ -272,17 +279,23 @@ std::optional<reservations::Time> NodeService::tick() {
 }
 void NodeService::rescan() { impl_->scan(false); }
 void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
-void NodeService::set_enforcement(config::EnforcementMode mode) { impl_->opt.enforcement = mode; }
+void NodeService::set_enforcement(config::EnforcementMode mode) {
+  impl_->shared_reads.withdraw_all();
+  impl_->opt.enforcement = mode;
+}
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
+  impl_->shared_reads.withdraw_all();
   impl_->authenticator.set_verifier(std::move(verifier));
 }
 void NodeService::set_unsellable(std::vector<std::string> unsellable) {
+  impl_->shared_reads.withdraw_all();
   impl_->opt.policy.unsellable = std::move(unsellable);
   impl_->reader.reset();
   impl_->scan(false);
 }
 std::int64_t NodeService::revision() const { return impl_->store.revision(); }
 std::optional<reservations::Time> NodeService::next_term() const { return impl_->next_term(); }
+const SharedReads& NodeService::shared_reads() const { return impl_->shared_reads; }
 metrics::NodeGauges NodeService::gauges() const { return impl_->gauges(); }
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,

@@ -22,21 +22,6 @@ ApiResponse not_found() {
   return problem(404, "not-found", "no such resource");
 }
 
-bool etag_matches(std::string_view header, std::string_view etag) {
-  // A list of entity tags, or *; weak comparison.
-  std::string_view h = header;
-  while (!h.empty()) {
-    const auto comma = h.find(',');
-    std::string_view t = h.substr(0, comma);
-    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
-    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
-    if (t.starts_with("W/")) t.remove_prefix(2);
-    if (t == "*" || t == etag) return true;
-    h = comma == std::string_view::npos ? std::string_view{} : h.substr(comma + 1);
-  }
-  return false;
-}
-
 // rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
 bool is_reservation_id(std::string_view s) {
   if (s.size() != 30 || !s.starts_with("rsv_")) return false;
@@ -82,7 +67,7 @@ ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
 Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
   if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
   const std::size_t n = seg.size();
-  if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "state") return q.method == "GET" ? state(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
@@ -109,11 +94,11 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, cons
   return not_found();
 }
 
-ApiResponse NodeService::Impl::list_units(const Caller& c) {
+ApiResponse NodeService::Impl::list_units(const ApiRequest& q, const Caller& c) {
   // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
   // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
   if (!r::may_list_units(c.who, node(), all_reservations())) return not_found();
-  return cached_read("units", c, [&] { return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}}); });
+  return cached_read("units", q, c, [&] { return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}}); });
 }
 
 // limit and pageToken; pageToken is the last id of the previous page.
@@ -379,7 +364,7 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
     }
     return Park{*after, deadline};
   }
-  return cached_read("state", c, [&] {
+  return cached_read("state", q, c, [&] {
     json::array rs;
     for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
     return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},

@@ -239,11 +239,14 @@ std::expected<Committed, std::string> StateStore::commit(const Change& c, std::c
   });
   if (!result) return std::unexpected(result.error().message);
   // Committed: the counters follow.
-  if (moves) revision_ += 1;
   audit_seq_ = seq;
   event_seq_ = ev;
   audit_last_hash_ = std::move(last_hash);
   if (c.inventory_digest) inventory_digest_ = *c.inventory_digest;
+  if (moves) {
+    revision_ += 1;
+    if (on_moved_) on_moved_();
+  }
   out.revision = revision_;
   return out;
 }
@@ -257,6 +260,7 @@ std::expected<void, std::string> StateStore::bump_revision() {
   });
   if (!bumped) return std::unexpected(bumped.error().message);
   revision_ += 1;
+  if (on_moved_) on_moved_();
   return {};
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,6 +32,8 @@ std::string new_id(std::string_view prefix, std::chrono::system_clock::time_poin
 
 struct Caller {
   reservations::Caller who;
+  // Until when the credentials that made it hold (a token's expiry), if they expire.
+  std::optional<std::chrono::system_clock::time_point> until{};
   boost::json::object actor() const {
     boost::json::object a;
     a["sub"] = who.sub;
@@ -131,6 +134,9 @@ class StateStore {
   std::expected<void, std::string> bump_revision();
 
   std::int64_t revision() const { return revision_; }
+  // Called each time the revision moves, after the transaction committed and before commit()
+  // or bump_revision() returns.
+  void on_revision_moved(std::function<void()> f) { on_moved_ = std::move(f); }
   const std::string& inventory_digest() const { return inventory_digest_; }
   const std::filesystem::path& path() const { return db_.path(); }
 
@@ -156,6 +162,7 @@ class StateStore {
   std::string node_id_;
   std::map<std::string, store::Statement, std::less<>> statements_;
   std::int64_t revision_ = 0, audit_seq_ = 0, event_seq_ = 0;
+  std::function<void()> on_moved_;
   std::string audit_last_hash_;
   std::string inventory_digest_;
   Loaded loaded_;

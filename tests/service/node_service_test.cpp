@@ -432,6 +432,79 @@ TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
   CHECK(again.body.empty());
 }
 
+TEST_CASE("shared reads: the network thread gives a read again only to the same request, until anything it shows may change") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"}, 120);
+  const auto other = lab.token("org-platform", {"platform-admin"}, 600);
+  const SharedReads& shared = lab.service_->shared_reads();
+  const auto units = Lab::request("GET", Lab::path("/units"), admin);
+  CHECK_FALSE(shared.find(units, lab.now_));  // nothing kept before the state thread answered it
+
+  const auto first = lab.call_request(units);
+  REQUIRE(first.status == 200);
+  auto kept = shared.find(units, lab.now_);
+  REQUIRE(kept);
+  CHECK(kept->status == 200);
+  CHECK(kept->body == first.body);
+  CHECK(kept->header("ETag") == first.header("ETag"));
+  CHECK(kept->header("Content-Type") == first.header("Content-Type"));
+  auto conditional = units;
+  conditional.headers.emplace_back("if-none-match", std::string(*first.header("ETag")));
+  auto not_modified = shared.find(conditional, lab.now_);
+  REQUIRE(not_modified);
+  CHECK(not_modified->status == 304);
+  CHECK(not_modified->body.empty());
+
+  // Another token, a query, the admin socket, another route: not this request.
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), other), lab.now_));
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));
+  CHECK(lab.call("GET", Lab::path("/units"), "admin-socket").status == 200);
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), "admin-socket"), lab.now_));
+  CHECK(lab.call("GET", Lab::path("/units?x=1"), admin).status == 200);
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));
+  CHECK(lab.call("GET", Lab::path("/reservations"), admin).status == 200);
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/reservations"), admin), lab.now_));
+  auto post = Lab::request("POST", Lab::path("/units"), admin);
+  CHECK_FALSE(shared.find(post, lab.now_));
+
+  // The token's expiry (exp + the 60 s leeway) ends it: the state thread answers 401 then.
+  CHECK(shared.find(units, lab.now_ + std::chrono::seconds(180)));
+  CHECK_FALSE(shared.find(units, lab.now_ + std::chrono::seconds(181)));
+
+  // A commit withdraws every kept answer before its own answer is given.
+  CHECK(lab.call("GET", Lab::path("/state"), other).status == 200);
+  CHECK(shared.find(Lab::request("GET", Lab::path("/state"), other), lab.now_));
+  const auto t0 = lab.now_;
+  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)), iso(t0 + std::chrono::hours(1)));
+  CHECK(shared.size() == 0);
+  CHECK_FALSE(shared.find(units, lab.now_));
+  const auto after = lab.call_request(units);
+  CHECK(after.header("ETag") != first.header("ETag"));
+  // The next term (startsAt in 30 s) ends it too: the clock changes what the node shows then.
+  CHECK(shared.find(units, t0 + std::chrono::seconds(29)));
+  CHECK_FALSE(shared.find(units, t0 + std::chrono::seconds(30)));
+
+  // New token keys withdraw everything.
+  REQUIRE(shared.find(units, lab.now_));
+  lab.service_->set_verifier(nullptr);
+  CHECK_FALSE(shared.find(units, lab.now_));
+}
+
+TEST_CASE("shared reads are bounded") {
+  SharedReads shared;
+  ApiResponse ok;
+  ok.headers.emplace_back("ETag", "\"1\"");
+  const auto until = system_clock::now() + std::chrono::hours(1);
+  for (std::size_t i = 0; i <= SharedReads::kMaxAnswers * 2; ++i) {
+    shared.keep(Lab::request("GET", Lab::path("/units"), fmt::format("token-{}", i)), ok, until);
+    CHECK(shared.size() <= SharedReads::kMaxAnswers);
+  }
+  ApiResponse no_etag;
+  shared.withdraw_all();
+  shared.keep(Lab::request("GET", Lab::path("/units"), "t"), no_etag, until);  // never without its ETag
+  CHECK(shared.size() == 0);
+}
+
 TEST_CASE("a restart keeps every change; a unit that disappears stays listed as absent with its reservation") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});

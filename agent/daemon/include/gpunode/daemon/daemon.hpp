@@ -35,7 +35,8 @@ struct DaemonOptions {
   std::string config_file;
   std::string pci_ids_file;
   std::string version;
-  // Tests: a hypervisor instead of libvirt at libvirt.uri, and a clock instead of the system's.
+  // Tests: a hypervisor instead of libvirt at libvirt.uri, and a clock instead of the system's
+  // (called from the core and the network threads).
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   service::Clock clock;
 };

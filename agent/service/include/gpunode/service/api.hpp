@@ -68,4 +68,8 @@ std::string_view status_title(unsigned status);
 // 200 (or `status`) with a JSON body.
 ApiResponse json_response(const boost::json::value& body, unsigned status = 200);
 
+// Whether an If-None-Match header (a list of entity tags, or *) matches `etag`, by the weak
+// comparison (RFC 9110 §13.1.2).
+bool etag_matches(std::string_view if_none_match, std::string_view etag);
+
 }  // namespace gpunode::service

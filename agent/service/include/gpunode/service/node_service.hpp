@@ -2,7 +2,7 @@
 //
 // One NodeService owns the SQLite state file and the in-memory view of units and reservations.
 // It is not thread-safe: the daemon calls it from one worker thread only, never from the I/O
-// threads (SQLite commits wait for fsync). Every mutation is one transaction holding the change,
+// threads (SQLite commits wait for fsync); shared_reads() alone may be used from any thread. Every mutation is one transaction holding the change,
 // its audit record and its outbox event; memory is updated only after the commit.
 #pragma once
 
@@ -24,6 +24,7 @@
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
+#include "gpunode/service/shared_reads.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
 
 namespace gpunode::service {
@@ -126,6 +127,9 @@ class NodeService {
   void set_enforcement(config::EnforcementMode mode);
 
   [[nodiscard]] std::int64_t revision() const;
+  // The answers the network thread may give again without a hop to this thread (the only member
+  // another thread may use: SharedReads is thread-safe).
+  [[nodiscard]] const SharedReads& shared_reads() const;
 
   // The node's numbers for /metrics (CONTRACT §6), as of the last change or tick: units by class
   // and reservable as GET units lists them (absent ones included), reservations by state, the
