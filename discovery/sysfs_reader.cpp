@@ -192,6 +192,21 @@ bool cmdline_has_acs_override(std::string_view cmdline) {
   return false;
 }
 
+struct DirFd {
+  int fd;
+  ~DirFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The target of the link `path` under `dir_fd`, "-" when there is none, "?" when it cannot be read.
+void append_link_at(int dir_fd, const std::string& path, std::string& out) {
+  char buf[4096];
+  const ssize_t n = ::readlinkat(dir_fd, path.c_str(), buf, sizeof buf);
+  if (n >= 0) out.append(buf, static_cast<std::size_t>(n));
+  else out += errno == ENOENT ? "-" : "?";
+}
+
 struct PciDevDeleter {
   void operator()(pci_dev* d) const { pci_free_dev(d); }
 };
@@ -428,12 +443,7 @@ struct SysfsReader::Impl {
     // Every function's `vendor` is read relative to the devices directory: the kernel then walks
     // two path components per read instead of the whole <host_root>/sys/bus/pci/devices/... path,
     // on a host where that read is most of what discovery costs.
-    struct DirFd {
-      int fd;
-      ~DirFd() {
-        if (fd >= 0) ::close(fd);
-      }
-    } devices{::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_PATH)};
+    DirFd devices{::open(devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_PATH)};
 
     // 1. Identity. Every function costs one read of its `vendor` file, the cheapest filter there
     //    is; functions of a GPU vendor are then identified through libpci, and their class read.
@@ -608,6 +618,25 @@ SysfsReader::SysfsReader(std::filesystem::path host_root, Policy policy, const P
 SysfsReader::~SysfsReader() = default;
 
 HostSnapshot SysfsReader::read() { return impl_->read(); }
+
+std::optional<std::string> SysfsReader::fingerprint() const {
+  int err = 0;
+  auto entries = list_dir(impl_->devices_dir, &err);
+  const DirFd devices{::open(impl_->devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_PATH)};
+  if (!entries || devices.fd < 0) return std::nullopt;
+  std::sort(entries->begin(), entries->end());
+  std::string out;
+  out.reserve(entries->size() * 96);
+  for (const auto& name : *entries) {
+    out += name;
+    out += ' ';
+    append_link_at(devices.fd, name + "/driver", out);
+    out += ' ';
+    append_link_at(devices.fd, name + "/iommu_group", out);
+    out += '\n';
+  }
+  return out;
+}
 
 std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root, const std::string& address) {
   auto parsed = PciAddress::parse(address);

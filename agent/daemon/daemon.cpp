@@ -182,7 +182,8 @@ struct Daemon::Parts {
     rescan_timer.expires_after(cfg.discovery.rescan_interval);
     rescan_timer.async_wait([this](const boost::system::error_code& e) {
       if (e) return;
-      rescan_now();
+      node->rescan_if_changed();
+      driver->changed();
       // The workloads: libvirt's events refresh them as they come; without events (none
       // registered, or the connection lost) the interval does.
       if (!stopping && !hypervisor->watching()) driver->refresh();

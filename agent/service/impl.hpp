@@ -123,6 +123,10 @@ struct NodeService::Impl {
   json::array units_json(const Caller& caller) const { return units_json(caller, inventory); }
   json::array units_json(const Caller& caller, const detail::Inventory& of) const;
   void scan(bool first);
+  // The reader's fingerprint taken before the last full read whose answer is in `inventory`
+  // (nothing after a read whose change could not be stored: the next backstop reads again).
+  std::optional<std::string> scanned_fingerprint;
+  void backstop_scan();
   metrics::NodeGauges gauges() const;
 
   // terms: the reservations not ended, by the instant of their next term (scheduled: startsAt,

@@ -93,6 +93,7 @@ json::array NodeService::Impl::units_json(const Caller& caller, const detail::In
 void NodeService::Impl::scan(bool first) {
   const auto started = std::chrono::steady_clock::now();
   if (!reader) reader = std::make_unique<discovery::SysfsReader>(opt.host_root, opt.policy, names);
+  auto fingerprint = reader->fingerprint();  // before the read: a change during it is seen next time
   auto snapshot = reader->read();
   for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
   auto fresh = discovery::build_units(snapshot, opt.policy);
@@ -101,6 +102,7 @@ void NodeService::Impl::scan(bool first) {
                              [this](const std::string& id) { return store.unit_doc(id); });
   if (!next.changed(store.inventory_digest())) {
     inventory = std::move(next.next);
+    scanned_fingerprint = std::move(fingerprint);
     return;
   }
   Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
@@ -113,9 +115,18 @@ void NodeService::Impl::scan(bool first) {
   c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin, next.next)}}});
   c.inventory_digest = next.digest;
   // A failed commit keeps the old inventory: the next scan tries again (the stored digest is unchanged).
-  if (!commit(c)) return;
+  if (!commit(c)) {
+    scanned_fingerprint.reset();
+    return;
+  }
   inventory = std::move(next.next);
+  scanned_fingerprint = std::move(fingerprint);
   say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", inventory.present().size(), inventory.absent().size()));
+}
+
+void NodeService::Impl::backstop_scan() {
+  if (reader && scanned_fingerprint && reader->fingerprint() == scanned_fingerprint) return;
+  scan(false);
 }
 
 metrics::NodeGauges NodeService::Impl::gauges() const {
@@ -278,6 +289,7 @@ std::optional<reservations::Time> NodeService::tick() {
   return impl_->apply_terms();
 }
 void NodeService::rescan() { impl_->scan(false); }
+void NodeService::rescan_if_changed() { impl_->backstop_scan(); }
 void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
 void NodeService::set_enforcement(config::EnforcementMode mode) {
   impl_->shared_reads.withdraw_all();

@@ -157,3 +157,40 @@ TEST_CASE("rescans see changes") {
   t.add("0000:42:00.0", "10de", "2330", "030200", "nvidia", 4);
   CHECK(reader.read().devices.size() == 2);
 }
+
+TEST_CASE("the fingerprint moves with the functions, their drivers and their groups, and only with them") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  const SysfsReader reader(t.root(), {}, nullptr);
+  const auto first = reader.fingerprint();
+  REQUIRE(first);
+  CHECK(first->find("0000:41:00.0 ") != std::string::npos);
+  CHECK(reader.fingerprint() == first);
+
+  t.write(t.dev("0000:41:00.0") / "numa_node", "1\n");  // not what a uevent announces: unchanged
+  CHECK(reader.fingerprint() == first);
+
+  fs::remove(t.dev("0000:41:00.0") / "driver");  // unbound
+  const auto unbound = reader.fingerprint();
+  CHECK(unbound != first);
+  fs::create_directories(t.root() / "sys/bus/pci/drivers/nvidia");
+  fs::create_directory_symlink(fs::relative(t.root() / "sys/bus/pci/drivers/nvidia", t.dev("0000:41:00.0")),
+                               t.dev("0000:41:00.0") / "driver");  // bound to another driver
+  const auto rebound = reader.fingerprint();
+  CHECK(rebound != unbound);
+  CHECK(rebound != first);
+
+  fs::remove(t.dev("0000:41:00.0") / "iommu_group");
+  const auto groupless = reader.fingerprint();
+  CHECK(groupless != rebound);
+
+  t.add("0000:42:00.0", "10de", "2330", "030200", "vfio-pci", 4);  // a function comes
+  const auto two = reader.fingerprint();
+  CHECK(two != groupless);
+  CHECK(two->find("0000:42:00.0 ") != std::string::npos);
+  fs::remove(t.root() / "sys/bus/pci/devices/0000:42:00.0");  // and goes
+  CHECK(reader.fingerprint() == groupless);
+
+  fs::remove_all(t.root() / "sys/bus/pci/devices");
+  CHECK_FALSE(reader.fingerprint());  // nothing to compare: the caller reads the host in full
+}

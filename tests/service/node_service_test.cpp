@@ -432,6 +432,42 @@ TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
   CHECK(again.body.empty());
 }
 
+TEST_CASE("the backstop rescan reads the host again only when a function, a driver or a group changed") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto reservable = [&](const char* id) {
+    const auto units = Lab::body(lab.call("GET", Lab::path("/units"), admin));
+    for (const auto& u : units.at("units").as_array()) {
+      if (u.at("id") == id) return u.at("reservable").as_bool();
+    }
+    FAIL("no such unit");
+    return false;
+  };
+  CHECK(reservable("u-0000-41-00-0"));
+  const auto revision = lab.service_->revision();
+  // A change no uevent announces (nor the fingerprint): the backstop does not read the host...
+  lab.tree_.write(lab.tree_.dev("0000:41:00.0") / "sriov_numvfs", "garbage\n");
+  lab.service_->rescan_if_changed();
+  CHECK(lab.service_->revision() == revision);
+  // ...an explicit rescan does (an unreadable sriov_numvfs is a fault: not reservable).
+  lab.service_->rescan();
+  CHECK(lab.service_->revision() > revision);
+  CHECK_FALSE(reservable("u-0000-41-00-0"));
+  lab.tree_.write(lab.tree_.dev("0000:41:00.0") / "sriov_numvfs", "0\n");
+  lab.service_->rescan();
+  CHECK(reservable("u-0000-41-00-0"));
+
+  // A driver unbound: the backstop sees it.
+  const auto before = lab.service_->revision();
+  fs::remove(lab.tree_.dev("0000:42:00.0") / "driver");
+  lab.service_->rescan_if_changed();
+  CHECK(lab.service_->revision() > before);
+  CHECK_FALSE(reservable("u-0000-42-00-0"));
+  const auto after = lab.service_->revision();
+  lab.service_->rescan_if_changed();  // and nothing more since
+  CHECK(lab.service_->revision() == after);
+}
+
 TEST_CASE("shared reads: the network thread gives a read again only to the same request, until anything it shows may change") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"}, 120);

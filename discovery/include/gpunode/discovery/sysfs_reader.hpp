@@ -9,6 +9,8 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
@@ -30,6 +32,12 @@ class SysfsReader {
 
   // One scan of the host. Never throws for anything the host tree holds.
   HostSnapshot read();
+  // What changes when a PCI function comes or goes or is bound to another driver, or its IOMMU
+  // group changes: each function's address with its `driver` and `iommu_group` links, two
+  // readlink calls a function instead of the dozen reads of read(). The daemon's periodic rescan
+  // (the backstop to the kernel's uevents) reads the host again only when it differs from the one
+  // taken before the last read(). nullopt: the devices directory cannot be listed.
+  [[nodiscard]] std::optional<std::string> fingerprint() const;
 
  private:
   struct Impl;

@@ -115,6 +115,10 @@ class NodeService {
   [[nodiscard]] std::optional<reservations::Time> next_term() const;
   // Scans the host again; a changed answer is stored and becomes an inventory.changed event.
   void rescan();
+  // The periodic backstop to the kernel's uevents: scans again only when a PCI function came,
+  // went, changed driver or IOMMU group since the last scan (SysfsReader::fingerprint), or when the
+  // last scan's change could not be stored. An idle host costs two readlink calls a function.
+  void rescan_if_changed();
 
   // Whether there is a hypervisor at all (libvirt in the daemon, a fake in tests). Without one,
   // routes that need workloads answer 503 hypervisor-unavailable. The service never calls it:
