@@ -200,6 +200,17 @@ def disk_body(c, lab, fc):
     depth, _ = outbox_state(lab)
     c.check(f"disk full: the acknowledged rows stay in the outbox ({depth} of {depth_before})", depth == depth_before > 0, depth)
 
+    # Space for a moment: the reporter deletes the acknowledged rows at its next turn, no new event needed.
+    os.unlink(filler)
+    emptied = wait_for(lambda: outbox_state(lab)[0] == 0, 8)
+    c.check("space for a moment: the acknowledged rows are deleted at the reporter's next turn", emptied, outbox_state(lab))
+    c.check("log: central: the acknowledged events through seq N are deleted from the outbox now",
+            log_has(lab, "are deleted from the outbox now"), lab.tail(600))
+    beats = len(fc.heartbeats)
+    hb = fc.wait_for(lambda: [b for b in fc.heartbeats[beats:] if b["body"]["outboxDepth"] == 0], 4)
+    c.check("space for a moment: a heartbeat says outboxDepth 0", hb, [b["body"]["outboxDepth"] for b in fc.heartbeats[-3:]])
+    filler = fill(lab.state)
+
     # (3) the checkpoint: SQLite's last connection copies the WAL into state.db when the agent stops
     rc, took = lab.stop()
     c.check(f"disk full: SIGTERM stops it cleanly ({rc}, {took:.2f}s)", rc == 0 and took < 10, (rc, took))
@@ -322,9 +333,10 @@ def readonly_body(c, lab, files):
     # Under the running agent
     r = acked.create()
     c.problem("read-only state.db: a create is 503 storage-unavailable", r, 503, "storage-unavailable")
+    log_has(lab, "state commit failed")
     line = log_line(lab, "state commit failed")
-    c.check(f"log: {line[line.find('state commit failed'):][:160]!r}", log_has(lab, "state commit failed") and "state.db" in log_line(lab, "state commit failed"),
-            lab.tail(600))
+    c.check(f"log: {line[line.find('state commit failed'):][:160]!r}",
+            "state.db: disk I/O error" in line, lab.tail(600))
     c.status("read-only state.db: /healthz 200", lab.get("/healthz"), 200)
     acked.check_all_there(c, "read-only state.db")
     chattr("-i", *files)
