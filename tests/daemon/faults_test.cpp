@@ -1,6 +1,7 @@
 // Faults at the daemon's edges, in process (issue 15, item 4): libvirt going away in the middle of a
-// list and of a termination (the fake hypervisor fails from a given call on), and the wall clock
-// stepping back an hour and forward a day (the daemon's clock is the test's). Each ends with the
+// list and of a termination (the fake hypervisor fails from a given call on), the wall clock
+// stepping back an hour and forward a day (the daemon's clock is the test's), and the system
+// clock set under the daemon (the kernel's notice, with a step of microseconds). Each ends with the
 // daemon serving, nothing acknowledged lost, and the log line that says what happened (the
 // daemon's log is stderr, captured here).
 #include <doctest/doctest.h>
@@ -8,7 +9,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 
 #include "node.hpp"
 
@@ -217,4 +221,33 @@ TEST_CASE("faults: the wall clock steps back an hour and forward a day: every te
   CHECK(order == std::vector<std::string>{"activate " + r0, "expire " + r0, "activate " + r1, "expire " + r1, "activate " + r2,
                                           "expire " + r2, "activate " + made_back, "expire " + made_back});
   CHECK(n.call("GET", "/healthz", "").status == 200);
+}
+
+TEST_CASE("faults: the system clock set under the daemon: the kernel tells it, it looks at the terms again, each still fires once at its instant") {
+  CapturedLog log;
+  Node n;
+  n.log_at("info");
+  n.start();
+  const auto t = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+  const auto id = n.create(U1, iso(t + 2s), iso(t + 3s));
+  std::this_thread::sleep_for(300ms);
+  // Set to what it reads (a step of microseconds): the kernel cancels the daemon's CANCEL_ON_SET
+  // timer as for any step. Needs CAP_SYS_TIME.
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  if (::clock_settime(CLOCK_REALTIME, &now) != 0) {
+    MESSAGE("cannot set the clock here (" << std::strerror(errno) << "): skipped");
+    return;
+  }
+  CHECK(log.wait_for("the system clock was set: looking at the reservations' terms again", 2s));
+  CHECK(eventually([&] { return log.has("RESERVATION=" + id + " expired"); }, 5s));
+  std::this_thread::sleep_for(500ms);
+  const auto a = audit(n);
+  CHECK(records(a, "reservation.activate", id) == 1);
+  CHECK(records(a, "reservation.expire", id) == 1);
+  for (const auto& r : a) {
+    if (str(r.at("reservationId")) != id) continue;
+    if (str(r.at("action")) == "reservation.activate") CHECK(str(r.at("at")) == iso(t + 2s));
+    if (str(r.at("action")) == "reservation.expire") CHECK(str(r.at("at")) == iso(t + 3s));
+  }
 }
