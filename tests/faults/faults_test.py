@@ -486,4 +486,6 @@ if __name__ == "__main__":
         print(f"usage: {sys.argv[0]} PATH/TO/gpunode-agent {'|'.join(SCENARIOS)}", file=sys.stderr)
         sys.exit(2)
     scenario = sys.argv[2]
+    # SIGTERM (a CTest timeout) unwinds through the finally blocks: the agent, the mount, the dir go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(L.run_main(f"faults.{scenario}", SCENARIOS[scenario]))
