@@ -162,6 +162,9 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
       }
       if (answer) (*answer)(std::move(r), *this);
       changed();
+      // libvirt went away meanwhile: what was left pending is finished by the first list that
+      // succeeds, tried again from now on (not only at the next rescan).
+      if (!after) after_refresh_failed();
     });
   });
 }

@@ -64,6 +64,9 @@ struct Reporter::Impl {
 
   // Reporter thread only (no lock): the loops' own state.
   std::int64_t base = 0;  // the highest seq known acknowledged
+  // Acknowledged through this seq, but the delete failed (a full or read-only disk): tried again at
+  // each turn of the delivery loop, so that the depth heartbeats report is what still waits.
+  std::optional<std::int64_t> undeleted;
   std::mt19937_64 rng{std::random_device{}()};
   bool idle = false;
   bool delivered_once = false;
@@ -193,8 +196,12 @@ struct Reporter::Impl {
   void delivered(std::int64_t first, std::int64_t acked, std::int64_t sent_last) {
     const auto count = static_cast<std::uint64_t>(acked - base);
     if (auto d = outbox.delete_through(acked); !d) {
-      // The rows stay and are sent again after a restart (the central API dedups by seq).
+      // The rows stay until a delete succeeds; after a restart they are sent again (the central
+      // API dedups by seq).
       say(LogLevel::error, fmt::format("central: acknowledged through seq {} but cannot delete it from the outbox: {}", acked, d.error()));
+      undeleted = acked;
+    } else {
+      undeleted.reset();
     }
     base = acked;
     with_status([&](Status& st) {
@@ -217,6 +224,12 @@ struct Reporter::Impl {
     if (recovering) recovered_events += count;
   }
 
+  void retry_delete() {
+    if (!undeleted || !outbox.delete_through(*undeleted)) return;  // its failure was logged when it first failed
+    say(LogLevel::info, fmt::format("central: the acknowledged events through seq {} are deleted from the outbox now", *undeleted));
+    undeleted.reset();
+  }
+
   // The outbox is drained: an outage's recovery is over.
   void caught_up() {
     if (!recovering) return;
@@ -233,6 +246,7 @@ struct Reporter::Impl {
   asio::awaitable<void> deliver_loop() {
     unsigned attempt = 0;
     while (!stopping) {
+      retry_delete();
       refresh_stats();
       BatchBuilder batch(opt.node_id);
       auto read = outbox.read_batch(base, batch);

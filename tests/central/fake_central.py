@@ -18,6 +18,8 @@ Event modes (fail(mode, times) for a number of requests, set_mode(mode) until ch
   400         answer 400 with Retry-After: retry_after (the agent honours it; without it, it
               would wait its 5 minutes)
   stall       read the request and never answer (the connection is closed at down()/close())
+  stall-body  read the request, send the answer's status line, headers and half its body
+              (nothing stored, so nothing acknowledged), then stall like `stall`
   drop        read the headers and half of the body, then close the connection
   partial:K   store only the first K events of the batch and ack through them
 The heartbeat endpoint has its own mode (hb_mode: ok | stall | 500).
@@ -109,7 +111,15 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
             return
         raw = self.rfile.read(n)
-        if mode == "stall":
+        if mode in ("stall", "stall-body"):
+            if mode == "stall-body":
+                body = json.dumps({"ackedSeq": c.acked()}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:len(body) // 2])
+                self.wfile.flush()
             c.ev_release.wait()  # until the mode changes, down() or close()
             self.close_connection = True
             return
@@ -212,7 +222,7 @@ class FakeCentral:
     def set_mode(self, mode):
         with self.lock:
             self.mode, self.queue = mode, []
-            if mode != "stall":
+            if mode not in ("stall", "stall-body"):
                 self.ev_release.set()
             else:
                 self.ev_release.clear()

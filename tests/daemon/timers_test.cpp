@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
+#include <optional>
 #include <string>
 
 #include <boost/asio/io_context.hpp>
@@ -81,6 +84,45 @@ TEST_CASE("wall timer: fires at its instant, at once for one passed, never for o
   t.cancel();
   io.run_for(400ms);
   CHECK(cancelled == 0);
+}
+
+TEST_CASE("wall timer: a set of the system clock wakes it at once as clock_set, and it can be armed again") {
+  boost::asio::io_context io;
+  auto timer = WallTimer::open(io);
+  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error()));
+  auto& t = **timer;
+  std::optional<WallTimer::Woken> woken;
+  Clock::time_point at{};
+  t.wait_until(Clock::now() + 30s, [&](WallTimer::Woken why) {
+    woken = why;
+    at = Clock::now();
+  });
+  // The clock set to what it reads: a step of the call's own microseconds, nothing else moves,
+  // but the kernel tells every CANCEL_ON_SET timer, as it does for a real step. Needs CAP_SYS_TIME.
+  boost::asio::steady_timer set(io, 200ms);
+  int set_errno = 0;
+  Clock::time_point set_at{};
+  set.async_wait([&](const boost::system::error_code&) {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    set_at = Clock::now();
+    if (::clock_settime(CLOCK_REALTIME, &now) != 0) set_errno = errno;
+  });
+  io.run_for(1500ms);
+  if (set_errno != 0) {
+    MESSAGE("cannot set the clock here (" << std::strerror(set_errno) << "): skipped");
+    return;
+  }
+  REQUIRE(woken.has_value());
+  CHECK(*woken == WallTimer::Woken::clock_set);
+  CHECK(at - set_at < 500ms);
+  // Armed again after the set: due as usual.
+  io.restart();
+  woken.reset();
+  t.wait_until(Clock::now() + 100ms, [&](WallTimer::Woken why) { woken = why; });
+  io.run_for(1s);
+  REQUIRE(woken.has_value());
+  CHECK(*woken == WallTimer::Woken::due);
 }
 
 TEST_CASE("uevents: the kernel's messages parsed; what changes the units") {

@@ -24,7 +24,9 @@ A (the agent restarted with a 2 s rescan): libvirtd alone is SIGKILLed 1.5 s int
 grace (QEMU runs on, reparented to the namespace's `sh`): 503 hypervisor-unavailable before the
 grace ends, the write-ahead audit record and nothing more; the `sh` holds libvirtd down while
 TMP/hold exists and then starts it again with the same command (it re-attaches to the running
-QEMUs), and the agent finishes the termination as itself at its next refresh.
+QEMUs), and the agent finishes the termination as itself at its next refresh. D (the same
+agent): libvirtd stopped (SIGSTOP) while GET workloads lists, then SIGKILLed: 503
+hypervisor-unavailable within 5 s, logged, and GET workloads 200 again once libvirtd is back.
 
 Skips (exit 77, one `SKIP: why` line) when not root, when libvirtd, virsh, QEMU, libvirt's QEMU
 driver, unshare or /dev/kvm are missing, or when the private daemon cannot be started. KVM is
@@ -746,6 +748,48 @@ def cut_short(c, lab, daemon, owner, left, uuid):
          {SPOT: ("shutoff", "capacity-reclaim"), ONDEMAND: ("running", None)})
 
 
+def mid_list(c, lab, daemon, owner):
+    """D: libvirtd stopped (SIGSTOP) while the agent lists, so the list call is on the wire with no
+    answer, then SIGKILLed: the list fails on the closed connection, GET workloads answers 503
+    hypervisor-unavailable with the reason logged, everything else is served meanwhile, and once
+    libvirtd is back the agent lists again."""
+    pid = daemon.daemon_pid()
+    mark = len(lab.log())
+    os.kill(pid, signal.SIGSTOP)
+    answer = {}
+
+    def get():
+        answer["r"] = lab.get(lab.npath("/workloads"), token=owner, timeout=60)
+        answer["at"] = time.time()
+
+    t = threading.Thread(target=get)
+    t.start()
+    time.sleep(1.0)
+    c.check("D: GET workloads waits on the stopped libvirtd (the list is in flight)", t.is_alive(), answer)
+    c.status("D: /healthz answers meanwhile", lab.get("/healthz"), 200)
+    killed_at = time.time()
+    daemon.kill_daemon()  # SIGKILL to the stopped libvirtd: its socket closes mid-call
+    t.join(30)
+    r = answer.get("r")
+    took = answer.get("at", float("inf")) - killed_at
+    print(f"# D: GET workloads answered {took:.2f}s after libvirtd was killed mid-list", flush=True)
+    c.check(f"D: the list in flight fails: 503 hypervisor-unavailable within 5 s of the kill ({took:.2f}s)",
+            r is not None and r.status == 503 and r.code() == "hypervisor-unavailable" and took < 5, r)
+    line = next((x for x in lab.log()[mark:].splitlines() if "hypervisor:" in x), "")
+    c.check(f"D: log: {line[line.find('hypervisor:'):][:160]!r}", bool(line), lab.tail(800))
+    c.status("D: reads that need no hypervisor are served (units)", lab.get(lab.npath("/units"), token=owner), 200)
+    daemon.restart_daemon()
+    deadline, r = time.time() + 20, None
+    while time.time() < deadline:
+        r = lab.get(lab.npath("/workloads"), token=owner)
+        if r.status == 200:
+            break
+        time.sleep(0.25)
+    c.status("D: libvirtd back: GET workloads 200 again (the agent reconnected)", r, 200)
+    ws = by_vm((r.json or {}).get("workloads", [])) if r is not None and r.status == 200 else {}
+    c.eq("D: both VMs listed, as before", sorted(ws), sorted([SPOT, ONDEMAND]))
+
+
 def body(c, agent, daemon):
     kind = define_and_start(daemon, [(SPOT_NAME, SPOT, "spot"), (ONDEMAND_NAME, ONDEMAND, "on-demand")])
     print(f"# libvirtd {daemon.uri}; guests are type='{kind}'", flush=True)
@@ -837,6 +881,9 @@ def body(c, agent, daemon):
             daemon.virsh("start", SPOT_NAME)
         lab.start()
         cut_short(c, lab, daemon, owner, left, uuid)
+
+        # -- D: libvirtd killed in the middle of a list ----------------------------------------
+        mid_list(c, lab, daemon, owner)
         rc, _ = lab.stop()
         c.eq("the agent (rescan 2 s) stops cleanly on SIGTERM", rc, 0)
 
