@@ -34,6 +34,8 @@ struct CommandLine {
 
 // Runs the command; returns the process's exit code. Never throws.
 using CommandEntry = int(const CommandLine&);
+// A module's entry is its one exported symbol (the project builds with hidden visibility).
+#define GPUNODE_EXPORT __attribute__((visibility("default")))
 inline constexpr const char* kCommandEntry = "gpunode_agent_command";
 
 // What a module's entry runs its command through: an exception is a bug, never bad input, so it

@@ -4,7 +4,7 @@
 #include "command_line.hpp"
 #include "daemon.hpp"
 
-extern "C" int gpunode_agent_command(const gpunode::agent::CommandLine& line) {
+extern "C" GPUNODE_EXPORT int gpunode_agent_command(const gpunode::agent::CommandLine& line) {
   static_assert(std::is_same_v<decltype(gpunode_agent_command), gpunode::agent::CommandEntry>);
   if (line.command != gpunode::agent::CommandLine::Command::run) return 2;  // gpunode-agent-tools.so's
   return gpunode::agent::report_internal_errors(

@@ -97,7 +97,7 @@ int cmd_libvirt_hook(const agent::CommandLine& line) {
 
 }  // namespace
 
-extern "C" int gpunode_agent_command(const agent::CommandLine& line) {
+extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& line) {
   static_assert(std::is_same_v<decltype(gpunode_agent_command), agent::CommandEntry>);
   return agent::report_internal_errors([&] {
     switch (line.command) {

@@ -1,5 +1,6 @@
 #include "gpunode/daemon/daemon.hpp"
 
+#include <malloc.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
 #include "gpunode/daemon/sd_notify.hpp"
@@ -116,8 +118,11 @@ struct Daemon::Parts {
   std::unique_ptr<WallTimer> term_timer;
   asio::steady_timer rescan_timer{core};
   std::unique_ptr<UeventMonitor> uevents;
-  asio::steady_timer uevent_timer{core};
-  bool uevent_armed = false;
+  Debounce uevent_rescan{core.get_executor(), std::chrono::milliseconds(200), Debounce::Mode::after_first, [this] {
+    if (stopping) return;
+    node->rescan();
+    driver->changed();
+  }};
   // The core loop's last turn seen by the watchdog (steady clock, ns): written on core, read on net.
   std::atomic<std::int64_t> core_beat{0};
   // The state's revision as the core last published it (after each commit that moved it): written
@@ -128,6 +133,10 @@ struct Daemon::Parts {
   std::unique_ptr<report::Reporter> reporter;
 
   std::optional<http::Server> server;  // its member functions may be called from any thread
+  // Net thread: once 250 ms pass without a request after a load, the heap's free pages go back to
+  // the kernel (malloc_trim, on the slow pool), so a burst leaves no resident high-water mark.
+  Debounce trim_after_load{net.get_executor(), std::chrono::milliseconds(250), Debounce::Mode::after_last,
+                           [this] { asio::post(slow, [] { ::malloc_trim(0); }); }};
   asio::signal_set signals{net};
   asio::steady_timer watchdog{net};
   std::thread core_thread;
@@ -139,9 +148,10 @@ struct Daemon::Parts {
   // Applies the terms that are due, then sleeps until the next one. Not a tick: an idle agent does
   // not wake (CONTRACT §7: a term takes effect within a second of its instant).
   void run_terms() {
+    const auto before = node->revision();
     node->tick();
-    driver->changed();  // re-arms through on_revision when a term moved the revision
-    arm_terms();
+    driver->changed();  // re-arms through on_revision when a term moved the revision...
+    if (node->revision() == before) arm_terms();  // ...else here
   }
   // After every change (a request, a term, a rescan): the next term may be sooner or gone.
   void arm_terms() {
@@ -163,20 +173,12 @@ struct Daemon::Parts {
       run_terms();
     });
   }
-  void rescan_now() {
-    node->rescan();
-    driver->changed();
-  }
-  // A PCI device added, removed, bound or unbound: rescan 200 ms after the first of a burst.
-  void on_uevent(const Uevent& e) {
-    say(LogLevel::debug, fmt::format("uevent: {} {} ({})", e.action, e.devpath, e.subsystem));
-    if (uevent_armed || stopping) return;
-    uevent_armed = true;
-    uevent_timer.expires_after(std::chrono::milliseconds(200));
-    uevent_timer.async_wait([this](const boost::system::error_code& ec) {
-      uevent_armed = false;
-      if (!ec && !stopping) rescan_now();
-    });
+  // A PCI device added, removed, bound or unbound (or uevents lost): rescan 200 ms after the
+  // first of a burst.
+  void on_uevent(const UeventNotice& n) {
+    if (const auto* e = std::get_if<Uevent>(&n)) say(LogLevel::debug, fmt::format("uevent: {} {} ({})", e->action, e->devpath, e->subsystem));
+    else say(LogLevel::info, "uevents: the kernel's queue overflowed and some were lost; rescanning");
+    if (!stopping) uevent_rescan.poke();
   }
   void arm_rescan() {
     rescan_timer.expires_after(cfg.discovery.rescan_interval);
@@ -257,6 +259,7 @@ struct Daemon::Parts {
   // shared (service::SharedReads) is answered here; the rest goes to the core thread's Driver.
   void on_request(http::Request q, http::Reply reply) {
     const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
+    trim_after_load.poke();
     if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket)) return serve_metrics(q, std::move(reply));
     if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "Not found", "no such resource"));
     auto a = to_api(std::move(q));
@@ -363,7 +366,7 @@ struct Daemon::Parts {
     asio::post(core, [this] {
       term_timer->cancel();
       rescan_timer.cancel();
-      uevent_timer.cancel();
+      uevent_rescan.cancel();
       if (uevents) uevents->stop();
       if (driver) driver->stop();
       core_work.reset();
@@ -497,7 +500,7 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
                                        std::chrono::duration_cast<std::chrono::seconds>(cfg.discovery.rescan_interval).count()));
   }
   asio::post(p->core, [raw] {
-    if (raw->uevents) raw->uevents->watch([raw](const Uevent& e) { raw->on_uevent(e); });
+    if (raw->uevents) raw->uevents->watch([raw](const UeventNotice& n) { raw->on_uevent(n); });
     raw->run_terms();
     raw->arm_rescan();
     raw->driver->refresh();  // finishes terminations an earlier run left pending
@@ -512,6 +515,7 @@ int Daemon::run(bool signals) {
                                     p.cfg.admin.socket,
                                     p.cfg.metrics.listen.empty() ? std::string() : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
   sd_notify("READY=1");
+  asio::post(p_->slow, [] { ::malloc_trim(0); });  // what start-up freed goes back to the kernel
   if (auto interval = sd_watchdog_interval()) p.arm_watchdog(*interval);
   if (signals) {
     p.signals.add(SIGTERM);

@@ -73,7 +73,9 @@ Driver::Driver(asio::io_context& core, service::NodeService& node, std::shared_p
       log_(std::move(log)),
       announced_(node.revision()),
       retry_timer_(core),
-      event_timer_(core) {
+      event_refresh_(core.get_executor(), opt_.event_delay, Debounce::Mode::after_first, [this] {
+        if (!stopping_) refresh();
+      }) {
   node_.set_has_hypervisor(hypervisor_ != nullptr);
 }
 
@@ -257,20 +259,14 @@ void Driver::workloads_event() {
   asio::post(core_, [this] {
     view_.reset();  // the domains changed: the next request that needs them lists them
     last_event_ = std::chrono::steady_clock::now();
-    if (event_armed_ || stopping_) return;
-    event_armed_ = true;
-    event_timer_.expires_after(opt_.event_delay);
-    event_timer_.async_wait([this](const boost::system::error_code& e) {
-      event_armed_ = false;
-      if (!e && !stopping_) refresh();
-    });
+    if (!stopping_) event_refresh_.poke();
   });
 }
 
 void Driver::stop() {
   stopping_ = true;
   retry_timer_.cancel();
-  event_timer_.cancel();
+  event_refresh_.cancel();
   auto waiting = std::exchange(parked_, {});
   for (auto& [id, p] : waiting) {
     p->timer.cancel();

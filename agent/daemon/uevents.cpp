@@ -52,7 +52,7 @@ std::expected<std::unique_ptr<UeventMonitor>, std::string> UeventMonitor::open(b
   return std::unique_ptr<UeventMonitor>(new UeventMonitor(boost::asio::posix::stream_descriptor(io, fd)));
 }
 
-void UeventMonitor::watch(std::function<void(const Uevent&)> seen) {
+void UeventMonitor::watch(std::function<void(const UeventNotice&)> seen) {
   seen_ = std::move(seen);
   receive();
 }
@@ -67,7 +67,7 @@ void UeventMonitor::receive() {
   fd_.async_wait(boost::asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& ec) {
     if (ec || !seen_) return;
     // Drain what is queued: a hot-plug is a burst of events. ENOBUFS (the queue overflowed) loses
-    // events but not the answer: report one, the rescan looks at everything.
+    // events but not the answer: the loss is passed on, and the rescan looks at everything.
     std::array<char, 8192> buf;
     for (int i = 0; i < 256; ++i) {
       sockaddr_nl from{};
@@ -79,7 +79,7 @@ void UeventMonitor::receive() {
       msg.msg_iovlen = 1;
       const auto n = ::recvmsg(fd_.native_handle(), &msg, 0);
       if (n < 0) {
-        if (errno == ENOBUFS && seen_) seen_(Uevent{"overflow", "/", "pci"});
+        if (errno == ENOBUFS && seen_) seen_(UeventsLost{});
         if (errno == EINTR || errno == ENOBUFS) continue;
         break;  // EAGAIN: drained
       }

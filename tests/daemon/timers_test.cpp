@@ -9,13 +9,17 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <doctest/doctest.h>
 
+#include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/uevents.hpp"
 #include "gpunode/daemon/wall_timer.hpp"
 
@@ -161,7 +165,9 @@ TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and 
     return;
   }
   std::vector<Uevent> seen;
-  (*monitor)->watch([&](const Uevent& e) { seen.push_back(e); });
+  (*monitor)->watch([&](const gpunode::daemon::UeventNotice& n) {
+    if (const auto* e = std::get_if<Uevent>(&n)) seen.push_back(*e);
+  });
   if (!send_uevent(msg({"add@/devices/virtual/net/gpunode-test", "ACTION=add", "SUBSYSTEM=net"})) ||
       !send_uevent(msg({"unbind@/devices/pci0000:00/0000:00:1f.6", "ACTION=unbind", "SUBSYSTEM=pci", "SEQNUM=1"}))) {
     MESSAGE("cannot send on the uevent group (not root): skipped");
@@ -177,4 +183,42 @@ TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and 
     if (e.devpath == "/devices/pci0000:00/0000:00:1f.6" && e.action == "unbind") ours = true;
   }
   CHECK(ours);
+}
+
+TEST_CASE("debounce: after_first runs once, its delay after the first poke of a burst; after_last once quiet; cancel drops a due run") {
+  using gpunode::daemon::Debounce;
+  boost::asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::chrono::steady_clock::duration> first_runs, last_runs;
+  Debounce first(io.get_executor(), 100ms, Debounce::Mode::after_first, [&] { first_runs.push_back(std::chrono::steady_clock::now() - start); });
+  Debounce last(io.get_executor(), 100ms, Debounce::Mode::after_last, [&] { last_runs.push_back(std::chrono::steady_clock::now() - start); });
+  // Pokes at 0, 40, 80, 120 and 160 ms: one burst.
+  boost::asio::steady_timer poker(io);
+  int pokes = 0;
+  std::function<void()> poke = [&] {
+    first.poke();
+    last.poke();
+    if (++pokes == 5) return;
+    poker.expires_at(start + pokes * 40ms);
+    poker.async_wait([&](const boost::system::error_code&) { poke(); });
+  };
+  poke();
+  io.run_for(600ms);
+  REQUIRE(first_runs.size() == 2);  // at 100 ms, and for the pokes after it (120, 160) at 220 ms
+  CHECK(first_runs[0] >= 100ms);
+  CHECK(first_runs[1] >= 220ms);
+  REQUIRE(last_runs.size() == 1);  // 100 ms after the last poke (160 ms), not before
+  CHECK(last_runs[0] >= 260ms);
+
+  // A run whose time has come but has not run yet is dropped by cancel().
+  bool ran = false;
+  Debounce dropped(io.get_executor(), 10ms, Debounce::Mode::after_first, [&] { ran = true; });
+  dropped.poke();
+  CHECK(dropped.armed());
+  std::this_thread::sleep_for(30ms);  // due now, its handler not yet run
+  dropped.cancel();
+  CHECK_FALSE(dropped.armed());
+  io.restart();
+  io.run_for(100ms);
+  CHECK_FALSE(ran);
 }

@@ -130,13 +130,14 @@ std::string uuid_of(Hypervisor& hv, const std::string& name) {
 
 }  // namespace
 
-extern "C" char* virDomainGetXMLDesc(virDomainPtr domain, unsigned int flags) {
+// Exported (the build hides symbols by default): the loader must see them to bind libvirt's calls here.
+extern "C" __attribute__((visibility("default"))) char* virDomainGetXMLDesc(virDomainPtr domain, unsigned int flags) {
   static const auto call = real<char* (*)(virDomainPtr, unsigned int)>("virDomainGetXMLDesc");
   xml_gate.pass();
   return call(domain, flags);
 }
 
-extern "C" int virDomainDestroy(virDomainPtr domain) {
+extern "C" __attribute__((visibility("default"))) int virDomainDestroy(virDomainPtr domain) {
   static const auto call = real<int (*)(virDomainPtr)>("virDomainDestroy");
   destroy_gate.pass();
   return call(domain);

@@ -4,7 +4,8 @@
 // between their own threads' calls (seen with libvirt 9.0, GLib 2.74). `called_from_lib` ignores
 // only what those libraries themselves do through TSan's interceptors; every access of our code,
 // including the callbacks libvirt runs on its event-loop thread, is still checked.
-extern "C" const char* __tsan_default_suppressions();
+// Exported (the build hides symbols by default): the sanitizer's runtime looks it up by name.
+extern "C" __attribute__((visibility("default"))) const char* __tsan_default_suppressions();
 extern "C" const char* __tsan_default_suppressions() {
   return "called_from_lib:libvirt.so.0\n"
          "called_from_lib:libglib-2.0.so.0\n";

@@ -28,6 +28,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "gpunode/daemon/debounce.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
 
@@ -103,8 +104,7 @@ class Driver {
   boost::asio::steady_timer retry_timer_;
   std::chrono::milliseconds retry_delay_{1000};
   bool retry_armed_ = false;
-  boost::asio::steady_timer event_timer_;
-  bool event_armed_ = false;
+  Debounce event_refresh_;  // a burst of events: one refresh, event_delay after the first
   std::shared_ptr<const service::WorkloadListing> view_;  // see workloads_event()
   std::chrono::steady_clock::time_point view_at_{};
   std::chrono::steady_clock::time_point last_event_{};  // when the last event reached this thread

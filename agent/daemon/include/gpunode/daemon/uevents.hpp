@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -28,6 +29,11 @@ struct Uevent {
   std::string devpath;    // /devices/pci0000:00/0000:00:01.0/0000:01:00.0
   std::string subsystem;  // pci, iommu_group, vfio, ...
 };
+
+// The socket's queue overflowed (ENOBUFS): some uevents were lost, which ones is unknown.
+struct UeventsLost {};
+// What the monitor passes on: a uevent that changes_units(), or a loss.
+using UeventNotice = std::variant<Uevent, UeventsLost>;
 
 // One netlink message: the kernel's format; nullopt for anything else (libudev's own messages,
 // which start "libudev\0", or garbage).
@@ -45,8 +51,8 @@ class UeventMonitor {
   UeventMonitor& operator=(const UeventMonitor&) = delete;
   ~UeventMonitor() = default;
 
-  // Calls `seen` for each uevent that changes_units(), until stop().
-  void watch(std::function<void(const Uevent&)> seen);
+  // Calls `seen` for each uevent that changes_units(), and for each loss, until stop().
+  void watch(std::function<void(const UeventNotice&)> seen);
   void stop();
 
  private:
@@ -54,7 +60,7 @@ class UeventMonitor {
   void receive();
 
   boost::asio::posix::stream_descriptor fd_;
-  std::function<void(const Uevent&)> seen_;
+  std::function<void(const UeventNotice&)> seen_;
 };
 
 }  // namespace gpunode::daemon
