@@ -97,6 +97,23 @@ std::expected<void, std::string> StateStore::load() {
     return {};
   });
   if (!counters) return counters;
+  // The chain's head is its last record: a commit does not write it into meta as well (one write
+  // less per record). meta's audit_seq and audit_last_hash are what an older agent left there.
+  auto last = db_.prepare("SELECT seq, record FROM audit ORDER BY seq DESC LIMIT 1");
+  if (!last) return std::unexpected(last.error().message);
+  auto head = each_row(*last, [&](store::Statement& st) -> std::expected<void, std::string> {
+    const std::int64_t seq = st.column_int64(0);
+    if (seq < audit_seq_) return std::unexpected(fmt::format("{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_));
+    boost::system::error_code ec;
+    auto v = json::parse(st.column_text(1), ec);
+    const auto* o = ec ? nullptr : v.if_object();
+    const auto* h = o ? o->if_contains("hash") : nullptr;
+    if (h == nullptr || !h->is_string()) return std::unexpected(fmt::format("{}: audit record aud_{} has no hash", file, seq));
+    audit_seq_ = seq;
+    audit_last_hash_ = std::string(h->get_string());
+    return {};
+  });
+  if (!head) return head;
 
   auto rows = db_.prepare("SELECT id, doc FROM reservations");
   if (!rows) return std::unexpected(rows.error().message);
@@ -228,10 +245,14 @@ std::expected<Committed, std::string> StateStore::commit(const Change& c, std::c
       }
     }
     const std::string meta = "UPDATE meta SET value = ?2 WHERE key = ?1";
-    if (auto w = write(meta, "revision", std::to_string(revision_ + (moves ? 1 : 0))); !w) return w;
-    if (auto w = write(meta, "audit_seq", std::to_string(seq)); !w) return w;
-    if (auto w = write(meta, "event_seq", std::to_string(ev)); !w) return w;
-    if (auto w = write(meta, "audit_last_hash", last_hash); !w) return w;
+    // The audit counters are the audit table's own (load() reads its last record); the event
+    // counter stays here, as the outbox's rows are deleted once delivered.
+    if (moves) {
+      if (auto w = write(meta, "revision", std::to_string(revision_ + 1)); !w) return w;
+    }
+    if (ev != event_seq_) {
+      if (auto w = write(meta, "event_seq", std::to_string(ev)); !w) return w;
+    }
     if (c.inventory_digest) {
       if (auto w = write(meta, "inventory_digest", *c.inventory_digest); !w) return w;
     }

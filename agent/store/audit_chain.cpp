@@ -17,12 +17,20 @@ std::string short_hash(std::string_view h) {
   return h.size() > 16 ? fmt::format("{}...", h.substr(0, 16)) : std::string(h);
 }
 
+// SHA-256 fetched from the providers once: given EVP_sha256(), each EVP_Digest call looks the
+// algorithm up again (a lock and a hash lookup per call). Never freed:
+// it lives as long as the process. Thread-safe (a function-local static).
+const EVP_MD* sha256_md() {
+  static EVP_MD* const fetched = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return fetched != nullptr ? fetched : EVP_sha256();
+}
+
 }  // namespace
 
 std::expected<std::string, std::string> sha256_hex(std::string_view bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int digest_len = 0;
-  if (EVP_Digest(bytes.data(), bytes.size(), digest, &digest_len, EVP_sha256(), nullptr) != 1 ||
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &digest_len, sha256_md(), nullptr) != 1 ||
       digest_len != 32) {
     return std::unexpected(std::string("SHA-256 failed (OpenSSL EVP_Digest)"));
   }

@@ -422,6 +422,70 @@ TEST_CASE("the audit log pages and chains") {
   CHECK(lab.call("GET", Lab::path("/audit?after=x"), admin).status == 400);
 }
 
+TEST_CASE("across a restart the chain goes on from its last record, which a commit does not copy into meta") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto window = [&](int i) { return std::pair{iso(lab.now_ + std::chrono::hours(10 * i + 1)), iso(lab.now_ + std::chrono::hours(10 * i + 2))}; };
+  auto create = [&](int i) {
+    auto [from, to] = window(i);
+    lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, from, to);
+  };
+  auto meta = [&](const char* key) {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    auto st = db->prepare(fmt::format("SELECT value FROM meta WHERE key = '{}'", key));
+    REQUIRE(st);
+    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row);
+    return st->column_text(0);
+  };
+  create(0);
+  create(1);
+  CHECK(meta("audit_seq") == "0");  // as the first migration left it
+  lab.open();
+  create(2);
+  lab.open();
+  create(3);
+  auto records = Lab::body(lab.call("GET", Lab::path("/audit"), admin)).at("records").as_array();
+  REQUIRE(records.size() == 4);
+  CHECK(records.back().at("id") == "aud_4");
+  std::vector<json::object> chain;
+  for (auto& rec : records) chain.push_back(rec.as_object());
+  CHECK(gpunode::store::verify_chain(chain).has_value());
+
+  // A state an older agent left, its head in meta as well: read the same way.
+  {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    REQUIRE(db->exec(fmt::format("UPDATE meta SET value = '4' WHERE key = 'audit_seq'; UPDATE meta SET value = '{}' WHERE key = "
+                                 "'audit_last_hash'", std::string(records.back().at("hash").as_string()))));
+  }
+  lab.open();
+  create(4);
+  records = Lab::body(lab.call("GET", Lab::path("/audit?after=aud_4"), admin)).at("records").as_array();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].at("id") == "aud_5");
+  CHECK(records[0].at("prevHash") == chain.back().at("hash"));
+
+  // meta ahead of the table (records lost from it) is a state the agent refuses to open, naming both.
+  lab.driver_->stop();
+  lab.drain();
+  lab.driver_.reset();
+  lab.service_.reset();
+  {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    REQUIRE(db->exec("UPDATE meta SET value = '9' WHERE key = 'audit_seq'"));
+  }
+  ServiceOptions o;
+  o.node_id = kNode;
+  o.owner_org = kOwner;
+  o.host_root = lab.tree_.root();
+  o.state_dir = lab.state_;
+  auto refused = NodeService::open(o, nullptr, nullptr, [&] { return lab.now_; }, nullptr);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().find("the last audit record is aud_5, meta says aud_9 was written") != std::string::npos);
+}
+
 TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
