@@ -133,9 +133,14 @@ class Soak:
         self.restart_s = []
 
     # -- requests ----------------------------------------------------------------------------
-    def send(self, who, method, path, body, transport, token=None, headers=None):
-        """One mutation with an Idempotency-Key, sent until it has an answer. Returns the answer,
-        or None when the run stops first."""
+    def token_of(self, org):
+        """A fresh token (lab.py renews them every minute; they live ten): `org` None is the admin."""
+        return self.lab.admin() if org is None else self.lab.token(org=org)
+
+    def send(self, who, method, path, body, transport, org=None, headers=None):
+        """One mutation with an Idempotency-Key, sent until it has an answer (by the same caller
+        over the same transport: the key is the caller's). Returns the answer, or None when the
+        run stops first."""
         key = f"{who}-{uuid.uuid4().hex}"
         h = dict(headers or {})
         h["Idempotency-Key"] = key
@@ -146,7 +151,7 @@ class Soak:
             with self.lock:
                 self.in_flight[who] = (method, path)
             try:
-                tok = None if unix else (token or self.lab.admin())
+                tok = None if unix else self.token_of(org)
                 r = self.lab.call(method, path, token=tok, body=body, headers=h, unix=unix, timeout=20)
             except CONN_ERRORS:
                 with self.lock:
@@ -166,7 +171,7 @@ class Soak:
                 with self.lock:
                     self.acked += 1
                     self.acked_by[who] = self.acked_by.get(who, 0) + 1
-                    self.answers.append((transport, token, method, path, body, h, r.status, r.body))
+                    self.answers.append((transport, org, method, path, body, h, r.status, r.body))
             return r
         return None
 
@@ -294,8 +299,6 @@ class Soak:
                           "unix")
             assert r is not None and r.status == 201, r
             self.spot[r.json["id"]] = strip_volatile(r.json)
-        self.mgr = self.lab.token(org="org-mgr")
-        self.owner = self.lab.token(org=L.OWNER)
 
     def spot_step(self, rng):
         rid = rng.choice(sorted(self.spot))
@@ -304,10 +307,10 @@ class Soak:
         roll = rng.random()
         who = rng.choice(["mgr", "admin"])
         transport = "unix" if who == "admin" else "https"
-        tok = self.mgr if who == "mgr" else None
+        org = "org-mgr" if who == "mgr" else None
         R = self.lab.npath(f"/reservations/{rid}")
         if roll < 0.35 or (not cur["releasedUnitIds"] and roll < 0.55):
-            r = self.send("spot", "POST", R + "/release", {"unitIds": [unit]}, transport, token=tok)
+            r = self.send("spot", "POST", R + "/release", {"unitIds": [unit]}, transport, org=org)
             if r is None:
                 return
             if r.status == 200:
@@ -317,10 +320,10 @@ class Soak:
         elif roll < 0.65:
             grace = rng.choice([0, 1, 2])
             if cur["releasedUnitIds"] or cur["reclaimingUnitIds"]:
-                body, tok2, tr = {"unitIds": [unit], "gracePeriodSeconds": grace, "reason": "soak"}, self.mgr, "https"
+                body, org2 = {"unitIds": [unit], "gracePeriodSeconds": grace, "reason": "soak"}, "org-mgr"
             else:
-                body, tok2, tr = {"unitIds": [unit], "gracePeriodSeconds": grace}, self.owner, "https"
-            r = self.send("spot", "POST", self.lab.npath("/terminate-spot"), body, tr, token=tok2)
+                body, org2 = {"unitIds": [unit], "gracePeriodSeconds": grace}, L.OWNER
+            r = self.send("spot", "POST", self.lab.npath("/terminate-spot"), body, "https", org=org2)
             if r is None:
                 return
             if r.status == 200:
@@ -331,7 +334,7 @@ class Soak:
                 self.unexpected.append((f"terminate-spot {body}", repr(r)))
         else:
             term = rng.random() < 0.5
-            r = self.send("spot", "POST", R + "/reclaim", {"unitIds": [unit], "terminateSpot": term}, transport, token=tok)
+            r = self.send("spot", "POST", R + "/reclaim", {"unitIds": [unit], "terminateSpot": term}, transport, org=org)
             if r is None:
                 return
             if r.status == 200:
@@ -577,10 +580,10 @@ class Soak:
         """Acknowledged requests sent again with their key: the first answer, byte for byte."""
         with self.lock:
             picks = self.rng.sample(self.answers, min(n, len(self.answers)))
-        for transport, token, method, path, body, h, status, rbody in picks:
+        for transport, org, method, path, body, h, status, rbody in picks:
             unix = transport == "unix"
             try:
-                r = self.lab.call(method, path, token=None if unix else (token or self.lab.admin()), body=body, headers=h,
+                r = self.lab.call(method, path, token=None if unix else self.token_of(org), body=body, headers=h,
                                   unix=unix, timeout=20)
             except CONN_ERRORS as e:
                 self.problems.append((f"{label}: replay of {method} {path}", repr(e)))
@@ -720,6 +723,9 @@ def main(c, agent):
                         n, top, depth = s.check_all(label, full)
                         if k % 5 == 0:
                             s.check_replays(label, 3)
+                    except CONN_ERRORS + (RuntimeError,) as e:  # the agent died by itself (a sanitizer's report?)
+                        c.check(f"{label}: the agent serves while it is checked", False, f"{e!r}; the log: {lab.tail(6000)}")
+                        break
                     finally:
                         s.pause.clear()
                     if s.problems or s.losses or s.chain_breaks or s.dup_deliveries:
@@ -730,6 +736,8 @@ def main(c, agent):
                           f"{' (all)' if full else ''}, audit {s.audit_n}, seq {top} ({depth} in the outbox),"
                           f" {s.pending_finished} pending->finished", flush=True)
             finally:
+                if lab.running():  # the actors end at a boundary: their last requests answered
+                    s.pause_actors()
                 s.stop = True
                 for t in threads:
                     t.join(30)
