@@ -6,7 +6,7 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan demo bench package clean format
+.PHONY: all deps build test test-asan test-tsan soak demo bench package clean format
 
 all: build
 
@@ -34,6 +34,15 @@ test-tsan: deps
 	cmake --preset tsan
 	cmake --build --preset tsan -j $(JOBS) --target thread-tests
 	ctest --preset tsan -j $(JOBS)
+
+# The crash loop's long version (issue 15; `make test` runs its 50-kill short version): SOAK_KILLS
+# SIGKILLs of the real agent with everything in flight, each restart checked (tests/soak/). With
+# SOAK_MINUTES it stops killing once that many minutes have passed, and checks the end as usual.
+SOAK_KILLS ?= 1000
+SOAK_MINUTES ?=
+soak: deps $(BUILD)/build.ninja
+	cmake --build --preset $(PRESET) -j $(JOBS) --target gpunode-agent
+	python3 tests/soak/soak_test.py $(BUILD)/gpunode-agent --kills $(SOAK_KILLS) $(if $(SOAK_MINUTES),--minutes $(SOAK_MINUTES))
 
 # The demo runs gpunode-agent and prints gpunodectl commands: it builds those two only (not the
 # tests and benchmarks `build` makes).

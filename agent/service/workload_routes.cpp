@@ -265,7 +265,13 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
     std::erase(x.reclaiming_unit_ids, u);
   }
   if (newly.empty()) {  // already released: a no-op, answered like a change (with its ETag)
-    return with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag", etag_of_version(current.version));
+    auto answer = with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag", etag_of_version(current.version));
+    if (!idem) return answer;
+    // Its Idempotency-Key keeps this answer too: a retry (after a lost answer or a crash) must
+    // replay it, not release again once the units were reclaimed meanwhile. The answer alone is
+    // stored; no revision moves.
+    Change keep{c, q.request_id, now(), {}, {}, {}, {}, {}, std::move(idem), {}};
+    return commit_response(keep, std::move(answer));
   }
   std::sort(x.released_unit_ids.begin(), x.released_unit_ids.end());
   const r::Time t = now();

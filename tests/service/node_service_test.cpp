@@ -783,6 +783,38 @@ TEST_CASE("release, capacity and admission") {
   CHECK(released);
 }
 
+// A release that changes nothing (the units are released already) keeps its Idempotency-Key answer
+// like any other: its retry, after the units were reclaimed and even across a restart, replays it
+// and does not release them again (found by the crash loop, tests/soak/).
+TEST_CASE("release: a no-op release keeps its Idempotency-Key answer across a reclaim and a restart") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-aud"}, {"org-mgr"});
+  const std::string p = Lab::path("/reservations/" + std::string(r.at("id").as_string()));
+  const std::string units = R"({"unitIds":["u-0000-41-00-0"]})";
+  REQUIRE(lab.call("POST", p + "/release", admin, units, {{"idempotency-key", "rel-1"}}).status == 200);
+  const std::vector<std::pair<std::string, std::string>> key{{"idempotency-key", "rel-2"}};
+  auto noop = lab.call("POST", p + "/release", admin, units, key);
+  REQUIRE(noop.status == 200);
+  auto reclaimed = lab.call("POST", p + "/reclaim", admin, units);
+  REQUIRE(reclaimed.status == 200);
+  REQUIRE(Lab::body(reclaimed).at("reservation").at("releasedUnitIds").as_array().empty());
+  for (int restart = 0; restart < 2; ++restart) {
+    CAPTURE(restart);
+    auto replay = lab.call("POST", p + "/release", admin, units, key);
+    CHECK(replay.status == 200);
+    CHECK(replay.body == noop.body);
+    CHECK(replay.header("Idempotent-Replayed") == "true");
+    CHECK(replay.header("ETag") == noop.header("ETag"));
+    lab.open();
+  }
+  // Nothing was released again: the reservation is as the reclaim left it.
+  auto now = Lab::body(lab.call("GET", p, admin));
+  CHECK(now.at("releasedUnitIds").as_array().empty());
+  CHECK(now.at("version") == Lab::body(reclaimed).at("reservation").at("version"));
+  CHECK(lab.audits("units.release").size() == 1);
+}
+
 namespace {
 
 using gpunode::vmctl::Tier;
