@@ -176,7 +176,7 @@ class Node {
     return testing::mint(key_, R"({"alg":"EdDSA","typ":"JWT"})", boost::json::serialize(claims));
   }
 
-  // Three single-GPU units (the third shares its group with a NIC) and the fake's domains on them.
+  // Three single-GPU units (the third shares its group with a NIC).
   void make_host() {
     add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 1);
     add("0000:42:00.0", "10de", "2330", "030200", "vfio-pci", 2);
@@ -195,11 +195,14 @@ class Node {
       d.label = std::move(label);
       return d;
     };
+    // A spot VM of the audience's org on the first unit (a reservation for org-aud may take the
+    // unit, and a reclaim terminates it), a VM that is off on the second, an unlabelled one on the
+    // third (which is not reservable anyway: a NIC shares its group).
     return {vm("spot-a", "uuid-1", "0000:41:00.0",
-               vmctl::WorkloadLabel{"vm-1", "org-other", vmctl::Tier::spot}, "running"),
-            vm("bare", "uuid-2", "0000:42:00.0", std::nullopt, "running"),
-            vm("off", "uuid-3", "0000:43:00.0",
-               vmctl::WorkloadLabel{"vm-3", "org-aud", vmctl::Tier::on_demand}, "shutoff")};
+               vmctl::WorkloadLabel{"vm-1", "org-aud", vmctl::Tier::spot}, "running"),
+            vm("off", "uuid-2", "0000:42:00.0",
+               vmctl::WorkloadLabel{"vm-2", "org-other", vmctl::Tier::on_demand}, "shutoff"),
+            vm("bare", "uuid-3", "0000:43:00.0", std::nullopt, "running")};
   }
   static void write(const fs::path& p, const std::string& text) {
     fs::create_directories(p.parent_path());
