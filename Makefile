@@ -6,7 +6,7 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan soak demo bench package clean format
+.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package clean format
 
 all: build
 
@@ -26,6 +26,15 @@ test: build
 # package's tests run in the release build only (a package of sanitized binaries shows nothing more).
 test-asan:
 	$(MAKE) test PRESET=asan TEST_JOBS=$$(( $(JOBS) * 2 ))
+
+# The fuzzers (tests/fuzz, libFuzzer with ASan and UBSan): the asan preset builds them with clang and
+# its tests run each for 60 s (label `fuzz`); `make fuzz` runs each for FUZZ_SECONDS, JOBS at a time,
+# over a copy of its seed corpus under build/asan/fuzz-work, and prints executions and coverage.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS) --target fuzzers
+	python3 tests/fuzz/fuzz.py all --build build/asan --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
 
 # ThreadSanitizer over the tests that run threads (label `threads`: the in-process daemon, the HTTP
 # server, the reporter, metrics, the libvirt adapter, gpunodectl's client). The preset passes

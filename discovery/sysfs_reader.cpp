@@ -33,6 +33,8 @@ extern "C" {
 namespace gpunode::discovery {
 namespace {
 
+std::string sysfs_text(std::string_view raw);  // below: sysfs bytes as text safe to show
+
 // ---- libpci error handling ------------------------------------------------------------------
 // libpci's `error` callback must not return (its default calls exit()). Ours records the message
 // and jumps back to the guard around the libpci call that failed; only C frames lie in between.
@@ -40,7 +42,13 @@ thread_local std::jmp_buf* t_pci_jump = nullptr;
 thread_local char t_pci_message[512];
 thread_local std::vector<std::string>* t_pci_warnings = nullptr;
 
-[[noreturn]] void on_pci_error(char* format, ...) {
+// Declared with libpci's own attribute macros, as its callback members are: clang takes GNU
+// noreturn as part of the function's type (assigning to `error` needs it), and the format
+// attribute lets the va_list reach vsnprintf under -Wformat-nonliteral.
+void on_pci_error(char* format, ...) PCI_PRINTF(1, 2) PCI_NONRET;
+void on_pci_warning(char* format, ...) PCI_PRINTF(1, 2);
+
+void on_pci_error(char* format, ...) {
   va_list args;
   va_start(args, format);
   std::vsnprintf(t_pci_message, sizeof t_pci_message, format, args);
@@ -57,7 +65,7 @@ void on_pci_warning(char* format, ...) {
   va_start(args, format);
   std::vsnprintf(buf, sizeof buf, format, args);
   va_end(args);
-  if (t_pci_warnings != nullptr) t_pci_warnings->push_back(fmt::format("libpci: {}", buf));
+  if (t_pci_warnings != nullptr) t_pci_warnings->push_back(fmt::format("libpci: {}", sysfs_text(buf)));
 }
 
 void on_pci_debug(char*, ...) {}
@@ -70,7 +78,7 @@ std::optional<std::string> pci_guard(Call&& call) {
   std::jmp_buf* volatile previous = t_pci_jump;
   if (setjmp(jump) != 0) {
     t_pci_jump = previous;
-    return std::string(t_pci_message);
+    return sysfs_text(t_pci_message);
   }
   t_pci_jump = &jump;
   call();
@@ -114,6 +122,50 @@ FileText read_small_at(int dir_fd, const std::string& path) {
 }
 
 FileText read_small(const std::string& path) { return read_small_at(AT_FDCWD, path); }
+
+// Text taken from sysfs (a value, a link's target, an entry's name, libpci's message about one) as
+// it may appear in reasons, warnings and the units' JSON: well-formed UTF-8 is kept; every other
+// byte, and every control character, becomes `\xNN`. sysfs holds bytes, not text: a garbled
+// attribute must not make the API's JSON invalid or split a log line.
+std::string sysfs_text(std::string_view raw) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(raw.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 0x0f]);
+  };
+  std::size_t i = 0;
+  while (i < raw.size()) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) escape(c);
+      else out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // The length of a well-formed sequence starting here (RFC 3629), or 0.
+    std::size_t n = 0;
+    const auto at = [&](std::size_t k) { return i + k < raw.size() ? static_cast<unsigned char>(raw[i + k]) : 0u; };
+    const auto cont = [&](std::size_t k) { return (at(k) & 0xc0) == 0x80; };
+    if (c >= 0xc2 && c <= 0xdf && cont(1)) n = 2;
+    else if (c == 0xe0 && at(1) >= 0xa0 && at(1) <= 0xbf && cont(2)) n = 3;
+    else if (((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) && cont(1) && cont(2)) n = 3;
+    else if (c == 0xed && at(1) >= 0x80 && at(1) <= 0x9f && cont(2)) n = 3;
+    else if (c == 0xf0 && at(1) >= 0x90 && at(1) <= 0xbf && cont(2) && cont(3)) n = 4;
+    else if (c >= 0xf1 && c <= 0xf3 && cont(1) && cont(2) && cont(3)) n = 4;
+    else if (c == 0xf4 && at(1) >= 0x80 && at(1) <= 0x8f && cont(2) && cont(3)) n = 4;
+    if (n == 0) {
+      escape(c);
+      ++i;
+    } else {
+      out.append(raw.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
 
 std::string describe(const FileText& f) {
   if (f.error == EFBIG) return "value too long";
@@ -298,7 +350,7 @@ struct SysfsReader::Impl {
     }
     auto v = parse_integer(f.text);
     if (!v || *v < 0 || *v > 0xffffff) {
-      add_fault(d, "class", fmt::format("unparsable value \"{}\"", f.text.substr(0, 40)), snap);
+      add_fault(d, "class", fmt::format("unparsable value \"{}\"", sysfs_text(f.text.substr(0, 40))), snap);
       return;
     }
     d.class_code = static_cast<std::uint32_t>(*v);
@@ -315,14 +367,14 @@ struct SysfsReader::Impl {
       d.driver_known = false;
       add_fault(d, "driver", fmt::format("cannot read the driver link: {}", std::strerror(drv.error)), snap);
     } else {
-      d.driver = drv.name;
+      d.driver = drv.name ? std::optional<std::string>(sysfs_text(*drv.name)) : std::nullopt;
     }
 
     FileText numa = read_small(base + "/numa_node");
     if (!numa.error) {
       auto v = parse_integer(numa.text);
       if (!v || *v < -1 || *v > 4095) {
-        add_fault(d, "numa_node", fmt::format("unparsable value \"{}\"", numa.text.substr(0, 40)), snap);
+        add_fault(d, "numa_node", fmt::format("unparsable value \"{}\"", sysfs_text(numa.text.substr(0, 40))), snap);
       } else if (*v >= 0) {
         d.numa_node = static_cast<int>(*v);
       }
@@ -336,7 +388,7 @@ struct SysfsReader::Impl {
         d.boot_vga = vga.text == "1";
       } else {
         d.boot_vga = std::nullopt;
-        add_fault(d, "boot_vga", fmt::format("unparsable value \"{}\"", vga.text.substr(0, 40)), snap);
+        add_fault(d, "boot_vga", fmt::format("unparsable value \"{}\"", sysfs_text(vga.text.substr(0, 40))), snap);
       }
     } else if (vga.error != ENOENT) {
       d.boot_vga = std::nullopt;
@@ -355,7 +407,7 @@ struct SysfsReader::Impl {
       auto v = parse_integer(vfs.text);
       if (!v || *v < 0 || *v > 65535) {
         d.sriov_numvfs = std::nullopt;
-        add_fault(d, "sriov_numvfs", fmt::format("unparsable value \"{}\"", vfs.text.substr(0, 40)), snap);
+        add_fault(d, "sriov_numvfs", fmt::format("unparsable value \"{}\"", sysfs_text(vfs.text.substr(0, 40))), snap);
       } else {
         d.sriov_numvfs = static_cast<int>(*v);
       }
@@ -370,7 +422,7 @@ struct SysfsReader::Impl {
         if (auto consumer = PciAddress::parse(std::string_view(name).substr(13))) {
           d.consumers.push_back(*consumer);
         } else {
-          snap.warnings.push_back(fmt::format("{}: ignoring device link \"{}\"", d.address.to_string(), name));
+          snap.warnings.push_back(fmt::format("{}: ignoring device link \"{}\"", d.address.to_string(), sysfs_text(name)));
         }
       }
       std::sort(d.consumers.begin(), d.consumers.end());
@@ -429,7 +481,7 @@ struct SysfsReader::Impl {
         if (g && *g >= 0 && *g <= INT32_MAX) {
           snap.iommu_groups_present = true;
         } else {
-          snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not an IOMMU group number", groups_dir, n));
+          snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not an IOMMU group number", groups_dir, sysfs_text(n)));
         }
       }
     }
@@ -473,7 +525,7 @@ struct SysfsReader::Impl {
     for (const auto& name : *entries) {
       auto address = PciAddress::parse(name);
       if (!address) {
-        snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not a PCI address", devices_dir, name));
+        snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not a PCI address", devices_dir, sysfs_text(name)));
         continue;
       }
       DeviceRecord d;
@@ -486,7 +538,7 @@ struct SysfsReader::Impl {
       } else {
         // Leave the verdict to libpci below, should this device turn out to matter.
         add_fault(d, "vendor",
-                  vendor.error ? describe(vendor) : fmt::format("unparsable value \"{}\"", vendor.text.substr(0, 40)),
+                  vendor.error ? describe(vendor) : fmt::format("unparsable value \"{}\"", sysfs_text(vendor.text.substr(0, 40))),
                   snap);
       }
       if (d.vendor_id && std::find(policy.gpu_vendors.begin(), policy.gpu_vendors.end(), *d.vendor_id) !=
@@ -516,7 +568,7 @@ struct SysfsReader::Impl {
       for (const auto& n : *listed) {
         auto address = PciAddress::parse(n);
         if (!address) {
-          snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not a PCI address", dir, n));
+          snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not a PCI address", dir, sysfs_text(n)));
           continue;
         }
         members.push_back(*address);

@@ -14,6 +14,10 @@ PACKAGES=(
   libyaml-cpp-dev libfmt-dev doctest-dev libcli11-dev
   # storage, crypto, service integration
   libsqlite3-dev libssl-dev openssl
+  # the asan preset's compiler and the fuzzers (tests/fuzz): clang-16 with its sanitizer runtimes
+  # and libFuzzer. Not the clang-14 Debian defaults to: it cannot compile libstdc++ 12's
+  # std::expected (conditionally trivial destructors, P0848, came in clang 16).
+  clang-16 libclang-rt-16-dev libfuzzer-16-dev
   # tests and tools (the integration tests check every answer against docs/openapi.yaml with
   # python3-jsonschema, JSON Schema 2020-12, and python3-yaml)
   python3 python3-jsonschema python3-yaml curl

@@ -19,6 +19,8 @@ template <class... F>
 struct Overloaded : F... {
   using F::operator()...;
 };
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;  // clang before 17 has no aggregate deduction (P1816)
 
 ApiResponse internal_error() { return service::problem(500, "internal", "the request could not be handled"); }
 

@@ -79,6 +79,16 @@ class TestKey {
     pkey_.reset(p);
   }
 
+  // The key of a PEM private key: the same key in every run (the fuzzers' reproducers need it).
+  static TestKey from_private_pem(KeyKind kind, std::string_view pem) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
+                                                  &BIO_free);
+    check(bio != nullptr, "PEM buffer");
+    EVP_PKEY* p = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
+    check(p != nullptr, "PEM private key");
+    return TestKey(kind, p);
+  }
+
   KeyKind kind() const { return kind_; }
 
   std::string public_pem() const {
@@ -156,6 +166,8 @@ class TestKey {
     const long len = BIO_ctrl(bio.get(), BIO_CTRL_INFO, 0, static_cast<void*>(&data));  // BIO_get_mem_data
     return {data, static_cast<std::size_t>(len)};
   }
+
+  TestKey(KeyKind kind, EVP_PKEY* p) : kind_(kind) { pkey_.reset(p); }
 
   struct Free {
     void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }

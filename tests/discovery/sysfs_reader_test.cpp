@@ -108,6 +108,26 @@ TEST_CASE("garbage in attribute files becomes faults with safe readings") {
   CHECK(units[0].reasons[1].code == "sriov-enabled");
 }
 
+// Found by tests/fuzz/sysfs (regressions/sysfs): raw bytes of a garbled file reached the reasons,
+// and so GET units, as invalid UTF-8.
+TEST_CASE("bytes that are not UTF-8 text in sysfs are shown escaped, never raw") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030000", "vfio-pci", 3);
+  t.add("0000:41:00.1", "10de", "22bc", "040300", "snd\xff", 3);
+  t.write(t.dev("0000:41:00.0") / "boot_vga", "\xc3\x28\x01\n");
+  HostSnapshot s = t.read();
+  const DeviceRecord* g = find(s, "0000:41:00.0");
+  const DeviceRecord* audio = find(s, "0000:41:00.1");
+  REQUIRE(g);
+  REQUIRE(audio);
+  REQUIRE(g->fault("boot_vga"));
+  CHECK(g->fault("boot_vga")->message == "unparsable value \"\\xc3(\\x01\"");
+  CHECK(audio->driver == "snd\\xff");
+  auto units = build_units(s, {});
+  REQUIRE(units.size() == 1);
+  for (const auto& r : units[0].reasons) CHECK(r.message.find('\xc3') == std::string::npos);
+}
+
 TEST_CASE("junk entries, a driver that is not a link, a member absent from the bus") {
   Tree t;
   t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);

@@ -244,8 +244,8 @@ TEST_CASE("libvirt: calls from several threads at once, across reconnects, all a
         const std::string& uuid = uuids[static_cast<std::size_t>(t + i) % uuids.size()];
         auto all = hv->list();
         auto state = hv->state(uuid);
-        auto record = hv->termination(uuid, Definition::persistent);
-        if (!all || all->size() != 8 || !state || !record || record->has_value()) ++wrong;
+        auto recorded = hv->termination(uuid, Definition::persistent);  // not `record`: the one above
+        if (!all || all->size() != 8 || !state || !recorded || recorded->has_value()) ++wrong;
         ++answered;
       }
     });
