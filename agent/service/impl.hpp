@@ -75,6 +75,11 @@ struct NodeService::Impl {
   std::unique_ptr<discovery::SysfsReader> reader;
 
   std::map<std::string, r::Reservation> reservations;
+  // Unit id → the ids of the reservations not ended that hold it: what a create or an amend checks
+  // for overlap, so its cost follows the unit's live reservations, not the whole history. Follows
+  // `reservations` in load() and commit() (index_live).
+  std::map<std::string, std::set<std::string>, std::less<>> live_by_unit;
+  void index_live(const r::Reservation* before, const r::Reservation* after);
   detail::Inventory inventory;
   bool has_hypervisor = false;
   const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs

@@ -26,6 +26,20 @@ const std::vector<r::Reservation>& NodeService::Impl::all_reservations() const {
   return list_cache;
 }
 
+void NodeService::Impl::index_live(const r::Reservation* before, const r::Reservation* after) {
+  if (before != nullptr && !before->ended()) {
+    for (const auto& u : before->unit_ids) {
+      if (auto it = live_by_unit.find(u); it != live_by_unit.end()) {
+        it->second.erase(before->id);
+        if (it->second.empty()) live_by_unit.erase(it);
+      }
+    }
+  }
+  if (after != nullptr && !after->ended()) {
+    for (const auto& u : after->unit_ids) live_by_unit[u].insert(after->id);
+  }
+}
+
 // ---- loading -----------------------------------------------------------------------------------
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
@@ -33,7 +47,11 @@ void NodeService::Impl::load() {
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
   list_stale = true;
-  for (const auto& [id, x] : reservations) queue_term(x);
+  live_by_unit.clear();
+  for (const auto& [id, x] : reservations) {
+    index_live(nullptr, &x);
+    queue_term(x);
+  }
   if (const auto n = terminations.pending().size(); n > 0) {
     say(LogLevel::warning, fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
   }
@@ -48,7 +66,9 @@ std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Ch
   }
   // Committed: now memory follows.
   for (const auto& x : c.upserts) {
-    reservations[x.id] = x;
+    auto& slot = reservations[x.id];
+    index_live(slot.id.empty() ? nullptr : &slot, &x);
+    slot = x;
     queue_term(x);
   }
   // The rules' list follows in place (it is in id order, like the map): no copy of every

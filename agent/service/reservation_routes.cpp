@@ -174,7 +174,18 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
 }
 
 std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation& candidate) {
-  auto blockers = r::blocking_reservations(candidate, all_reservations());
+  // Only the live reservations on its units can block it (the rule skips ended ones anyway).
+  std::vector<r::Reservation> near;
+  std::set<std::string_view> seen;
+  for (const auto& u : candidate.unit_ids) {
+    const auto held = live_by_unit.find(u);
+    if (held == live_by_unit.end()) continue;
+    for (const auto& id : held->second) {
+      if (!seen.insert(id).second) continue;
+      if (auto x = reservations.find(id); x != reservations.end()) near.push_back(x->second);
+    }
+  }
+  auto blockers = r::blocking_reservations(candidate, near);
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"blockingReservationIds", strings_json(blockers)}};
   return problem(409, "reservation-overlap",

@@ -322,6 +322,36 @@ TEST_CASE("create: validation, unknown units, reasons, overlap") {
   }
 }
 
+TEST_CASE("overlap is checked against each unit's live reservations: amends move them, ends free them, a restart keeps them") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto overlap_with = [&](const std::string& units, const char* from, const char* to) -> std::string {
+    auto r = lab.call("POST", Lab::path("/reservations"), admin,
+                      fmt::format(R"({{"unitIds":{},"audienceOrgIds":["o"],"startsAt":"{}","endsAt":"{}"}})", units, from, to));
+    if (r.status == 201) return "created";
+    REQUIRE_MESSAGE(r.status == 409, r.body);
+    auto b = Lab::body(r);
+    return std::string(b.at("blockingReservationIds").as_array().at(0).as_string());
+  };
+  auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, "2098-01-01T00:00:00Z", "2098-02-01T00:00:00Z");
+  auto c = lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, "2098-03-01T00:00:00Z", "2098-04-01T00:00:00Z");
+  const std::string a_id(a.at("id").as_string()), c_id(c.at("id").as_string());
+  CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == a_id);
+  lab.open();  // the index is rebuilt from what was stored
+  CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == a_id);
+  // c widened to unit 41: it blocks there now
+  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin, R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})").status == 200);
+  CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-03-10T00:00:00Z", "2098-03-20T00:00:00Z") == c_id);
+  // ... and narrowed to unit 41 alone: unit 42 is free at that time
+  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  CHECK(overlap_with(R"(["u-0000-42-00-0"])", "2098-03-10T00:00:00Z", "2098-03-11T00:00:00Z") == "created");
+  // an ended reservation blocks nothing
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + a_id + "/end"), admin, R"({"reason":"test"})").status == 200);
+  CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == "created");
+  lab.open();
+  CHECK(overlap_with(R"(["u-0000-41-00-0","u-0000-42-00-0"])", "2098-03-31T00:00:00Z", "2098-04-02T00:00:00Z") == c_id);
+}
+
 TEST_CASE("amend is all or nothing, with If-Match; end once") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
