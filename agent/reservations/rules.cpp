@@ -18,8 +18,16 @@ bool contains(const std::vector<std::string>& list, std::string_view value) {
 bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end) { return a_start < b_end && b_start < a_end; }
 
 std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing) {
+  std::vector<const Reservation*> all;
+  all.reserve(existing.size());
+  for (const auto& r : existing) all.push_back(&r);
+  return blocking_reservations(candidate, std::span<const Reservation* const>(all));
+}
+
+std::vector<std::string> blocking_reservations(const Reservation& candidate, std::span<const Reservation* const> existing) {
   std::vector<std::string> out;
-  for (const auto& r : existing) {
+  for (const auto* p : existing) {
+    const Reservation& r = *p;
     if (r.id == candidate.id || r.ended()) continue;
     if (!terms_overlap(candidate.starts_at, candidate.ends_at, r.starts_at, r.ends_at)) continue;
     const bool shares = std::any_of(candidate.unit_ids.begin(), candidate.unit_ids.end(),

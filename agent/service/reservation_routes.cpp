@@ -175,17 +175,17 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
 
 std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation& candidate) {
   // Only the live reservations on its units can block it (the rule skips ended ones anyway).
-  std::vector<r::Reservation> near;
+  std::vector<const r::Reservation*> near;
   std::set<std::string_view> seen;
   for (const auto& u : candidate.unit_ids) {
     const auto held = live_by_unit.find(u);
     if (held == live_by_unit.end()) continue;
     for (const auto& id : held->second) {
       if (!seen.insert(id).second) continue;
-      if (auto x = reservations.find(id); x != reservations.end()) near.push_back(x->second);
+      if (auto x = reservations.find(id); x != reservations.end()) near.push_back(&x->second);
     }
   }
-  auto blockers = r::blocking_reservations(candidate, near);
+  auto blockers = r::blocking_reservations(candidate, std::span<const r::Reservation* const>(near));
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"blockingReservationIds", strings_json(blockers)}};
   return problem(409, "reservation-overlap",
@@ -234,8 +234,8 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
 
   Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
   ch.audits.push_back(AuditDraft{"reservation.create", x.id, x.unit_ids, {}, "ok", std::nullopt});
-  ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", to_json(x)}}});
   auto body_out = to_json(x);
+  ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", body_out}}});
   body_out["spotWorkloads"] = std::move(spot);
   ApiResponse resp = json_response(body_out, 201);
   resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", opt.node_id, x.id));

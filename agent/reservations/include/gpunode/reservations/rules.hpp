@@ -3,6 +3,7 @@
 #pragma once
 
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,8 @@ bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end);
 // Ids of the non-ended reservations (other than `candidate.id`) that hold one of the candidate's
 // units at an overlapping time, sorted.
 std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing);
+// The same over reservations held elsewhere (the service's per-unit index), without copying them.
+std::vector<std::string> blocking_reservations(const Reservation& candidate, std::span<const Reservation* const> existing);
 
 // What the clock alone does to reservations: activations and expiries that are due at `now`,
 // in time order (an activation before an expiry at the same instant; ties by id).
