@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 namespace gpunode::reservations {
@@ -55,10 +54,22 @@ std::optional<Time> parse_time(std::string_view s) {
   using namespace std::chrono;
   const year_month_day ymd{year{y}, month{static_cast<unsigned>(mo)}, day{static_cast<unsigned>(d)}};
   if (!ymd.ok()) return std::nullopt;
-  return sys_days{ymd} + hours{h} + minutes{mi} + seconds{se} - minutes{offset_minutes};
+  const Time t = sys_days{ymd} + hours{h} + minutes{mi} + seconds{se} - minutes{offset_minutes};
+  if (t < kEarliestTime || t > kLatestTime) return std::nullopt;
+  return t;
 }
 
-std::string format_time(Time t) { return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", t); }
+// fmt's chrono formatting converts a time point to the system clock's nanoseconds first, which
+// overflows past 2262; this stays in days and seconds.
+std::string format_time(Time t) {
+  using namespace std::chrono;
+  const sys_days day = floor<days>(t);
+  const year_month_day ymd{day};
+  const hh_mm_ss hms{t - day};
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", static_cast<int>(ymd.year()),
+                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), hms.hours().count(),
+                     hms.minutes().count(), hms.seconds().count());
+}
 
 std::string_view to_string(State state) {
   switch (state) {

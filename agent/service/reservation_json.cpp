@@ -162,7 +162,7 @@ std::optional<r::Time> Fields::time(const char* name) {
   if (v->is_string()) {
     if (auto t = r::parse_time(v->get_string())) return t;
   }
-  problems_.push_back({name, "must be an RFC 3339 time, e.g. 2027-01-31T00:00:00Z"});
+  problems_.push_back({name, "must be an RFC 3339 time from 1970 to 2199, e.g. 2027-01-31T00:00:00Z"});
   return std::nullopt;
 }
 

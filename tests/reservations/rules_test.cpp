@@ -40,9 +40,19 @@ TEST_CASE("RFC 3339 times") {
   CHECK(at("2027-01-31T01:30:00+01:30") == at("2027-01-31T00:00:00Z"));
   CHECK(at("2027-01-31T00:00:00.123456Z") == at("2027-01-31T00:00:00Z"));
   CHECK(at("2028-02-29T12:00:00Z") == at("2028-02-29T12:00:00Z"));
+  CHECK(format_time(at("1970-01-01T00:00:00Z")) == "1970-01-01T00:00:00Z");
+  CHECK(format_time(at("2199-12-31T23:59:59Z")) == "2199-12-31T23:59:59Z");
+  CHECK(at("2199-12-31T23:59:59Z") == kLatestTime);
+  // Any Time formats, past the clock's 2262 too (fmt's chrono formatting overflowed there).
+  CHECK(format_time(Time{std::chrono::sys_days{std::chrono::year{4054} / 2 / 1}} + std::chrono::seconds{3723}) ==
+        "4054-02-01T01:02:03Z");
+  CHECK(format_time(Time{std::chrono::seconds{-1}}) == "1969-12-31T23:59:59Z");
   for (const char* bad : {"", "2027-01-31", "2027-01-31T00:00:00", "2027-02-30T00:00:00Z", "2027-01-31T24:00:00Z",
                           "2027-01-31 00:00:00Z", "2027-1-31T00:00:00Z", "2027-01-31T00:00:00Zjunk",
-                          "2027-01-31T00:00:00.Z", "2027-01-31T00:00:00+0100", "yyyy-01-31T00:00:00Z"}) {
+                          "2027-01-31T00:00:00.Z", "2027-01-31T00:00:00+0100", "yyyy-01-31T00:00:00Z",
+                          // Outside 1970..2199 (tests/fuzz/regressions/http_request/far-future-ends-at).
+                          "4054-02-01T00:00:00Z", "2200-01-01T00:00:00Z", "2199-12-31T23:59:59-00:01",
+                          "1969-12-31T23:59:59Z", "1970-01-01T00:00:00+00:01", "0000-01-01T00:00:00Z"}) {
     CAPTURE(bad);
     CHECK_FALSE(parse_time(bad).has_value());
   }

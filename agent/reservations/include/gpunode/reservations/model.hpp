@@ -12,8 +12,17 @@ namespace gpunode::reservations {
 
 using Time = std::chrono::sys_seconds;  // the API speaks RFC 3339 UTC to the second
 
-// "2027-01-31T00:00:00Z"; fractions of a second are accepted on input and dropped.
+// The instants the agent takes, from 1970-01-01T00:00:00Z to 2199-12-31T23:59:59Z. The clock it
+// compares them with, and the timers it arms for them, count nanoseconds in 64 bits, which end in
+// 2262: a later time overflowed there (found by tests/fuzz/http_request: an endsAt in 4054). The
+// margin keeps a term plus a grace or a retention far from that end.
+inline constexpr Time kEarliestTime{std::chrono::sys_days{std::chrono::year{1970} / 1 / 1}};
+inline constexpr Time kLatestTime{std::chrono::sys_days{std::chrono::year{2200} / 1 / 1} - std::chrono::seconds{1}};
+
+// "2027-01-31T00:00:00Z"; fractions of a second are accepted on input and dropped. Nothing
+// outside [kEarliestTime, kLatestTime].
 std::optional<Time> parse_time(std::string_view text);
+// Any Time (the civil date, never through the clock's nanoseconds).
 std::string format_time(Time t);
 
 enum class State { scheduled, active, ended };
