@@ -352,6 +352,27 @@ TEST_CASE("overlap is checked against each unit's live reservations: amends move
   CHECK(overlap_with(R"(["u-0000-41-00-0","u-0000-42-00-0"])", "2098-03-31T00:00:00Z", "2098-04-02T00:00:00Z") == c_id);
 }
 
+TEST_CASE("an amendment that makes a term due answers as the amendment, the same on a replay; the term follows as its own change") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(5)), iso(lab.now_ + std::chrono::hours(6)));
+  const std::string p = Lab::path("/reservations/" + std::string(r.at("id").as_string()));
+  const std::string body = fmt::format(R"({{"startsAt":"{}"}})", iso(lab.now_));
+  auto first = lab.call("PATCH", p, admin, body, {{"idempotency-key", "amend-now"}});
+  REQUIRE_MESSAGE(first.status == 200, first.body);
+  CHECK(Lab::body(first).at("version") == 2);
+  CHECK(Lab::body(first).at("state") == "scheduled");
+  CHECK(first.header("ETag") == "\"2\"");
+  auto now = Lab::body(lab.call("GET", p, admin));
+  CHECK(now.at("state") == "active");
+  CHECK(now.at("version") == 3);
+  auto replay = lab.call("PATCH", p, admin, body, {{"idempotency-key", "amend-now"}});
+  CHECK(replay.status == 200);
+  CHECK(replay.body == first.body);
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+  CHECK(lab.audits("reservation.activate").size() == 1);
+}
+
 TEST_CASE("amend is all or nothing, with If-Match; end once") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
