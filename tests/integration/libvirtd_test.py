@@ -667,7 +667,10 @@ def cut_short(c, lab, daemon, owner, left, uuid):
     print(f"# A: terminate-spot answered {took:.2f}s after the POST, {took - (killed_at - since):.2f}s after "
           f"the kill (grace {grace}s): {r!r}", flush=True)
     if r is None:
-        c.check("A: terminate-spot answered", False, answer.get("error", "no answer within 60 s"))
+        # The agent's own words: an agent that died here (seen once under ASan on a loaded machine,
+        # its log lost) says why in its last lines.
+        c.check("A: terminate-spot answered", False,
+                f"{answer.get('error', 'no answer within 60 s')}; agent log: {lab.tail(3000)}")
         r = L.Resp(0, {}, b"")
     c.problem("A: terminate-spot cut short by libvirtd's death: 503 hypervisor-unavailable", r, 503,
               "hypervisor-unavailable")
