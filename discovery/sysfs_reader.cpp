@@ -29,6 +29,7 @@ extern "C" {
 }
 
 #include "gpunode/discovery/rules.hpp"
+#include "gpunode/json/utf8.hpp"
 
 namespace gpunode::discovery {
 namespace {
@@ -145,17 +146,7 @@ std::string sysfs_text(std::string_view raw) {
       ++i;
       continue;
     }
-    // The length of a well-formed sequence starting here (RFC 3629), or 0.
-    std::size_t n = 0;
-    const auto at = [&](std::size_t k) { return i + k < raw.size() ? static_cast<unsigned char>(raw[i + k]) : 0u; };
-    const auto cont = [&](std::size_t k) { return (at(k) & 0xc0) == 0x80; };
-    if (c >= 0xc2 && c <= 0xdf && cont(1)) n = 2;
-    else if (c == 0xe0 && at(1) >= 0xa0 && at(1) <= 0xbf && cont(2)) n = 3;
-    else if (((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) && cont(1) && cont(2)) n = 3;
-    else if (c == 0xed && at(1) >= 0x80 && at(1) <= 0x9f && cont(2)) n = 3;
-    else if (c == 0xf0 && at(1) >= 0x90 && at(1) <= 0xbf && cont(2) && cont(3)) n = 4;
-    else if (c >= 0xf1 && c <= 0xf3 && cont(1) && cont(2) && cont(3)) n = 4;
-    else if (c == 0xf4 && at(1) >= 0x80 && at(1) <= 0x8f && cont(2) && cont(3)) n = 4;
+    const std::size_t n = gpunode::json::utf8_sequence(raw, i);
     if (n == 0) {
       escape(c);
       ++i;

@@ -1,5 +1,7 @@
 #include "gpunode/json/strict.hpp"
 
+#include "gpunode/json/utf8.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -102,36 +104,6 @@ TextError at(std::string_view text, std::size_t offset, std::string what) {
     }
   }
   return e;
-}
-
-// The offset of the first byte that is not valid UTF-8 (RFC 3629: no overlongs, no surrogates,
-// nothing above U+10FFFF), or npos.
-std::size_t invalid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t n = 0;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) n = 1;
-    else if (c == 0xE0) n = 2, lo = 0xA0;
-    else if (c == 0xED) n = 2, hi = 0x9F;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) n = 2;
-    else if (c == 0xF0) n = 3, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) n = 3;
-    else if (c == 0xF4) n = 3, hi = 0x8F;
-    else return i;
-    for (std::size_t k = 1; k <= n; ++k) {
-      if (i + k >= s.size()) return i;
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
-    }
-    i += n + 1;
-  }
-  return std::string_view::npos;
 }
 
 int hex4(std::string_view s, std::size_t at) {

@@ -1,6 +1,8 @@
 // Canonical JSON (see the header). One recursive writer; the first refusal stops it.
 #include "gpunode/store/canonical_json.hpp"
 
+#include "gpunode/json/utf8.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,10 +16,6 @@
 
 namespace gpunode::store {
 namespace {
-
-std::uint8_t byte_at(std::string_view text, std::size_t i) {
-  return static_cast<std::uint8_t>(text[i]);
-}
 
 // Byte order of UTF-8 equals code point order, which is how Python sorts str keys.
 bool key_less(std::string_view a, std::string_view b) {
@@ -167,50 +165,7 @@ class Writer {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view text) {
-  std::size_t i = 0;
-  const std::size_t n = text.size();
-  while (i < n) {
-    const std::uint8_t b0 = byte_at(text, i);
-    if (b0 < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    std::uint8_t lo = 0x80;  // allowed range of the second byte (RFC 3629 table 3-7)
-    std::uint8_t hi = 0xbf;
-    if (b0 >= 0xc2 && b0 <= 0xdf) {
-      len = 2;
-    } else if (b0 == 0xe0) {
-      len = 3;
-      lo = 0xa0;
-    } else if ((b0 >= 0xe1 && b0 <= 0xec) || b0 == 0xee || b0 == 0xef) {
-      len = 3;
-    } else if (b0 == 0xed) {
-      len = 3;
-      hi = 0x9f;  // no UTF-16 surrogates
-    } else if (b0 == 0xf0) {
-      len = 4;
-      lo = 0x90;
-    } else if (b0 >= 0xf1 && b0 <= 0xf3) {
-      len = 4;
-    } else if (b0 == 0xf4) {
-      len = 4;
-      hi = 0x8f;  // at most U+10FFFF
-    } else {
-      return false;  // continuation byte, 0xc0/0xc1 (overlong) or 0xf5..0xff
-    }
-    if (n - i < len) return false;
-    const std::uint8_t b1 = byte_at(text, i + 1);
-    if (b1 < lo || b1 > hi) return false;
-    for (std::size_t k = 2; k < len; ++k) {
-      const std::uint8_t bk = byte_at(text, i + k);
-      if (bk < 0x80 || bk > 0xbf) return false;
-    }
-    i += len;
-  }
-  return true;
-}
+bool is_valid_utf8(std::string_view text) { return gpunode::json::invalid_utf8(text) == std::string_view::npos; }
 
 std::expected<std::string, std::string> canonical_json(const boost::json::value& value) {
   Writer w;
