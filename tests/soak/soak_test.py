@@ -233,22 +233,21 @@ class Soak:
                 cur = self.mut[rid]
                 body["endsAt"] = L.rfc3339(L.parse_time(cur["startsAt"]) + rng.choice([900, 1800, 2700]))
             r = self.send("mutator", "PATCH", self.lab.npath(f"/reservations/{rid}"), body, transport, headers=MERGE)
-            if r is None:
-                return
-            if r.status == 200:
-                self.mut[rid] = strip_volatile(r.json)
-                self.dirty.add(rid)
-            else:
-                self.unexpected.append((f"amend {rid} {body}", repr(r)))
+            self.acked_change(rid, r, f"amend {rid} {body}")
             return
         r = self.send("mutator", "POST", self.lab.npath(f"/reservations/{rid}/end"), {"reason": "soak"}, transport)
+        self.acked_change(rid, r, f"end {rid}")
+
+    def acked_change(self, rid, r, what):
+        """An amend's or an end's answer: a 200 is the reservation as acknowledged; no answer
+        (None: refused after retries) changes nothing; anything else is unexpected."""
         if r is None:
             return
         if r.status == 200:
             self.mut[rid] = strip_volatile(r.json)
             self.dirty.add(rid)
         else:
-            self.unexpected.append((f"end {rid}", repr(r)))
+            self.unexpected.append((what, repr(r)))
 
     # -- terms by the clock ------------------------------------------------------------------
     def terms_setup(self):
