@@ -18,6 +18,7 @@
 
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "gpunode/reservations/entitlement.hpp"
+#include "gpunode/reservations/live_index.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/shared_reads.hpp"
@@ -74,12 +75,11 @@ struct NodeService::Impl {
   detail::StateStore store;
   std::unique_ptr<discovery::SysfsReader> reader;
 
-  std::map<std::string, r::Reservation> reservations;
-  // Unit id → the ids of the reservations not ended that hold it: what a create or an amend checks
-  // for overlap, so its cost follows the unit's live reservations, not the whole history. Follows
-  // `reservations` in load() and commit() (index_live).
-  std::map<std::string, std::set<std::string>, std::less<>> live_by_unit;
-  void index_live(const r::Reservation* before, const r::Reservation* after);
+  std::map<std::string, r::Reservation, std::less<>> reservations;
+  // The reservations not ended, by unit and start: what a create or an amend checks for overlap,
+  // so its cost follows the few terms near the candidate's, not the unit's whole calendar or the
+  // history. Follows `reservations` in load() and commit().
+  r::LiveIndex live;
   detail::Inventory inventory;
   bool has_hypervisor = false;
   const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs

@@ -26,20 +26,6 @@ const std::vector<r::Reservation>& NodeService::Impl::all_reservations() const {
   return list_cache;
 }
 
-void NodeService::Impl::index_live(const r::Reservation* before, const r::Reservation* after) {
-  if (before != nullptr && !before->ended()) {
-    for (const auto& u : before->unit_ids) {
-      if (auto it = live_by_unit.find(u); it != live_by_unit.end()) {
-        it->second.erase(before->id);
-        if (it->second.empty()) live_by_unit.erase(it);
-      }
-    }
-  }
-  if (after != nullptr && !after->ended()) {
-    for (const auto& u : after->unit_ids) live_by_unit[u].insert(after->id);
-  }
-}
-
 // ---- loading -----------------------------------------------------------------------------------
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
@@ -47,9 +33,9 @@ void NodeService::Impl::load() {
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
   list_stale = true;
-  live_by_unit.clear();
+  live.clear();
   for (const auto& [id, x] : reservations) {
-    index_live(nullptr, &x);
+    live.follow(nullptr, &x);
     queue_term(x);
   }
   if (const auto n = terminations.pending().size(); n > 0) {
@@ -67,7 +53,7 @@ std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Ch
   // Committed: now memory follows.
   for (const auto& x : c.upserts) {
     auto& slot = reservations[x.id];
-    index_live(slot.id.empty() ? nullptr : &slot, &x);
+    live.follow(slot.id.empty() ? nullptr : &slot, &x);
     slot = x;
     queue_term(x);
   }

@@ -174,16 +174,10 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
 }
 
 std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation& candidate) {
-  // Only the live reservations on its units can block it (the rule skips ended ones anyway).
+  // Only the live reservations on its units whose terms come near can block it; the rule decides.
   std::vector<const r::Reservation*> near;
-  std::set<std::string_view> seen;
-  for (const auto& u : candidate.unit_ids) {
-    const auto held = live_by_unit.find(u);
-    if (held == live_by_unit.end()) continue;
-    for (const auto& id : held->second) {
-      if (!seen.insert(id).second) continue;
-      if (auto x = reservations.find(id); x != reservations.end()) near.push_back(&x->second);
-    }
+  for (const auto id : live.near(candidate.unit_ids, candidate.starts_at, candidate.ends_at)) {
+    if (auto x = reservations.find(id); x != reservations.end()) near.push_back(&x->second);
   }
   auto blockers = r::blocking_reservations(candidate, std::span<const r::Reservation* const>(near));
   if (blockers.empty()) return std::nullopt;

@@ -104,7 +104,7 @@ struct Committed {
 
 // What the store holds beyond its counters, read once at open.
 struct Loaded {
-  std::map<std::string, reservations::Reservation> reservations;
+  std::map<std::string, reservations::Reservation, std::less<>> reservations;
   std::map<std::int64_t, TerminationRow> pending;                // terminations cut short, by audit seq
   std::map<std::string, boost::json::object> absent_units;       // last seen JSON, `absent` applied
 };

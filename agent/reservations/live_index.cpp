@@ -1,0 +1,48 @@
+#include "gpunode/reservations/live_index.hpp"
+
+#include <algorithm>
+
+namespace gpunode::reservations {
+
+void LiveIndex::follow(const Reservation* before, const Reservation* after) {
+  if (before != nullptr && !before->ended()) {
+    for (const auto& u : before->unit_ids) {
+      auto it = units_.find(u);
+      if (it == units_.end()) continue;
+      it->second.by_start.erase({before->starts_at, before->id});
+      if (it->second.by_start.empty()) units_.erase(it);
+    }
+  }
+  if (after != nullptr && !after->ended()) {
+    const auto term = std::max(std::chrono::seconds{0}, after->ends_at - after->starts_at);
+    for (const auto& u : after->unit_ids) {
+      auto& on = units_[u];
+      on.by_start.emplace(after->starts_at, after->id);
+      on.longest = std::max(on.longest, term);
+    }
+  }
+}
+
+std::vector<std::string_view> LiveIndex::near(std::span<const std::string> units, Time starts, Time ends) const {
+  std::vector<std::string_view> out;
+  for (const auto& u : units) {
+    const auto it = units_.find(u);
+    if (it == units_.end()) continue;
+    const OnUnit& on = it->second;
+    // Seconds in 64 bits: no stored term comes near overflowing them.
+    const Time from = starts - on.longest;
+    for (auto x = on.by_start.lower_bound({from, std::string()}); x != on.by_start.end() && x->first < ends; ++x) {
+      out.emplace_back(x->second);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::size_t LiveIndex::size(std::string_view unit) const {
+  const auto it = units_.find(unit);
+  return it == units_.end() ? 0 : it->second.by_start.size();
+}
+
+}  // namespace gpunode::reservations
