@@ -128,6 +128,14 @@ class StateStore {
   // What was read at open; moved out once by the service.
   Loaded take_loaded() { return std::move(loaded_); }
 
+  // Zero-fills the WAL ahead of the commits (store::Database::preallocate_wal): an error is worth a
+  // warning only, the commits grow the WAL as they would have.
+  std::expected<void, std::string> preallocate_wal() {
+    auto done = db_.preallocate_wal();
+    if (!done) return std::unexpected(done.error().message);
+    return {};
+  }
+
   // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed.
   std::expected<Committed, std::string> commit(const Change& c, std::chrono::system_clock::time_point wall);
   // Moves the revision alone (the workloads' list changed: not a stored change of its own).

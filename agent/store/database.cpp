@@ -3,15 +3,19 @@
 #include "gpunode/store/database.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <climits>
 #include <system_error>
+#include <vector>
 
 namespace gpunode::store {
 namespace {
@@ -281,6 +285,64 @@ std::expected<void, DbError> Database::configure() {
                                                                 path_.string(), name, *got, want)});
     }
   }
+  return {};
+}
+
+std::expected<void, DbError> Database::preallocate_wal() {
+  auto number = [&](std::string_view name) -> std::expected<std::int64_t, DbError> {
+    auto v = pragma(name);
+    if (!v) return std::unexpected(std::move(v.error()));
+    std::int64_t n = 0;
+    auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (ec != std::errc{} || end != v->data() + v->size() || n < 0) {
+      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is \"{}\"", path_.string(), name, *v)});
+    }
+    return n;
+  };
+  const auto page = number("page_size");
+  if (!page) return std::unexpected(std::move(page.error()));
+  const auto pages = number("wal_autocheckpoint");
+  if (!pages) return std::unexpected(std::move(pages.error()));
+  // The WAL's header, then (frame header + page) per frame; a commit may end a few frames past
+  // the auto-checkpoint's mark, and the checkpoint runs after it.
+  constexpr std::int64_t kWalHeader = 32, kFrameHeader = 24, kSlack = 64;
+  const std::int64_t want = kWalHeader + (*pages + kSlack) * (*page + kFrameHeader);
+
+  const std::filesystem::path wal = path_.string() + "-wal";
+  const int fd = ::open(wal.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return {};  // SQLite makes it at the first write
+    return std::unexpected(os_error(errno, wal, "open the WAL to preallocate it"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return std::unexpected(os_error(err, wal, "stat the WAL"));
+  }
+  const off_t had = st.st_size;
+  if (had >= want) {
+    ::close(fd);
+    return {};
+  }
+  static constexpr std::size_t kChunk = 256 * 1024;
+  const std::vector<char> zeros(kChunk, '\0');
+  int err = 0;
+  for (off_t at = had; at < want && err == 0;) {
+    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kChunk), want - at));
+    const ssize_t wrote = ::pwrite(fd, zeros.data(), n, at);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) err = wrote < 0 ? errno : ENOSPC;
+    else at += wrote;
+  }
+  if (err == 0 && ::fdatasync(fd) != 0) err = errno;
+  if (err != 0) {
+    // Back to its size: zeros past the frames are harmless, but the space is what the disk lacks.
+    // A failing truncate leaves nothing the error below does not already say.
+    [[maybe_unused]] const int ignored = ::ftruncate(fd, had);
+  }
+  ::close(fd);
+  if (err != 0) return std::unexpected(os_error(err, wal, fmt::format("preallocate the WAL to {} bytes", want)));
   return {};
 }
 

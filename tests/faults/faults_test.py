@@ -6,8 +6,9 @@ happened (asserted by its text).
     faults_test.py PATH/TO/gpunode-agent SCENARIO
 
 SCENARIO is one of:
-  disk      the state directory on a small tmpfs, filled to the last page: a commit (503
-            `storage-unavailable`), the outbox delete after an acknowledgement, and the checkpoint
+  disk      the state directory on a small tmpfs, filled to the last page: commits go on in the
+            WAL's preallocated pages, then one that must grow it (503 `storage-unavailable`),
+            the outbox delete after an acknowledgement, and the checkpoint
             SQLite runs when the agent stops all fail with ENOSPC; the agent starts again on the
             full disk and serves what it has; once space is back, everything acknowledged is there
   checkpoint  SQLite's auto-checkpoint failing on the full disk while commits still fit in the
@@ -67,6 +68,22 @@ class Acked:
         r = new_reservation(self.lab, self.n)
         if r.status == 201:  # as a list shows it (the create's answer adds spotWorkloads)
             self.by_id[r.json["id"]] = {k: v for k, v in r.json.items() if k != "spotWorkloads"}
+        return r
+
+    def create_until_refused(self, most):
+        """Creates until one is not 201 (at most `most`); returns how many were acknowledged and
+        the last answer."""
+        n0, r = len(self.by_id), None
+        for _ in range(most):
+            r = self.create()
+            if r.status != 201:
+                break
+        return len(self.by_id) - n0, r
+
+    def amend(self, rid, body):
+        r = self.lab.call("PATCH", self.lab.npath(f"/reservations/{rid}"), body=body, unix=True)
+        if r.status == 200:
+            self.by_id[rid] = {k: v for k, v in r.json.items() if k != "spotWorkloads"}
         return r
 
     def check_all_there(self, c, label):
@@ -182,13 +199,22 @@ def disk_body(c, lab, fc):
     st = os.statvfs(lab.state)
     c.check(f"the state directory's file system is full ({st.f_bavail} blocks free)", st.f_bavail == 0, st.f_bavail)
 
-    # (1) a commit on a full disk
-    r = acked.create()
-    c.problem("disk full: a create is 503 storage-unavailable", r, 503, "storage-unavailable")
+    # (1) commits on a full disk: the WAL's preallocated pages (zeros the agent wrote at its start)
+    # take them, acknowledged and durable, until SQLite's auto-checkpoint cannot grow state.db and
+    # the WAL must grow: then 503.
+    on_full, r = acked.create_until_refused(2000)
+    c.check(f"disk full: {on_full} creates acknowledged in the WAL's preallocated pages", on_full > 10, on_full)
+    c.problem("disk full: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")
     c.check("log: " + "state commit failed: ... database or disk is full",
             log_has(lab, "state commit failed") and "database or disk is full" in log_line(lab, "state commit failed"),
             lab.tail(600))
-    r = lab.call("PATCH", lab.npath(f"/reservations/{next(iter(acked.by_id))}"), body={"note": "on a full disk"}, unix=True)
+    # The failed create's frames went where the WAL's last page had room; a smaller change may
+    # still fit there (acknowledged, and kept as acknowledged), a few more do not.
+    first = next(iter(acked.by_id))
+    for i in range(20):
+        r = acked.amend(first, {"note": f"on a full disk {i}"})
+        if r.status != 200:
+            break
     c.problem("disk full: an amend is 503 storage-unavailable", r, 503, "storage-unavailable")
     c.status("disk full: /healthz 200", lab.get("/healthz"), 200)
     acked.check_all_there(c, "disk full")
@@ -214,6 +240,10 @@ def disk_body(c, lab, fc):
     hb = fc.wait_for(lambda: [b for b in fc.heartbeats[beats:] if b["body"]["outboxDepth"] == 0], 4)
     c.check("space for a moment: a heartbeat says outboxDepth 0", hb, [b["body"]["outboxDepth"] for b in fc.heartbeats[-3:]])
     filler = fill(lab.state)
+    # With space, SQLite's checkpoint grew state.db and the WAL started again from its first page:
+    # fill its pages again, so that the checkpoint at the stop needs state.db to grow.
+    _, r = acked.create_until_refused(2000)
+    c.problem("disk full again: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")
 
     # (3) the checkpoint: SQLite's last connection copies the WAL into state.db when the agent stops
     rc, took = lab.stop()
@@ -282,13 +312,7 @@ def checkpoint_body(c, lab):
     db_size = os.path.getsize(db)
     # The WAL is written again from its start: commits need no new page until it is full again,
     # and the checkpoint then needs state.db to grow: ENOSPC. Then the WAL must grow: ENOSPC.
-    n0 = len(acked.by_id)
-    r = None
-    for _ in range(1000):
-        r = acked.create()
-        if r.status != 201:
-            break
-    on_full = len(acked.by_id) - n0
+    on_full, r = acked.create_until_refused(1000)
     c.check(f"disk full: {on_full} creates acknowledged in the WAL's own pages", on_full > 10, on_full)
     c.eq("disk full: the checkpoint could not grow state.db", os.path.getsize(db), db_size)
     c.problem("disk full: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")

@@ -185,6 +185,36 @@ TEST_CASE("data and WAL mode survive closing and reopening") {
   CHECK(db.pragma("journal_mode").value() == "wal");
 }
 
+TEST_CASE("preallocate_wal: zeros after the WAL's frames, which stay as they were and are read back after a crash") {
+  TempDir dir;
+  const auto file = dir / "state.db", wal = dir / "state.db-wal";
+  auto db = open_ok(file);
+  exec_ok(db, "CREATE TABLE t (x INTEGER PRIMARY KEY, y TEXT); INSERT INTO t (y) VALUES ('one'), ('two')");
+  const std::string frames = read_file(wal);
+  REQUIRE(frames.size() > 32);
+
+  REQUIRE(db.preallocate_wal().has_value());
+  // 32-byte header, then an auto-checkpoint's 1000 frames and 64 more of 24 + 4096 bytes.
+  const auto want = static_cast<std::uintmax_t>(32 + (1000 + 64) * (24 + 4096));
+  CHECK(fs::file_size(wal) == want);
+  const std::string after = read_file(wal);
+  CHECK(after.substr(0, frames.size()) == frames);
+  CHECK(after.find_first_not_of('\0', frames.size()) == std::string::npos);
+  REQUIRE(db.preallocate_wal().has_value());  // again: nothing to do
+  CHECK(fs::file_size(wal) == want);
+
+  // Commits write over the zeros; a copy of the files as they are now is what a crash leaves.
+  for (int i = 0; i < 300; ++i) exec_ok(db, "INSERT INTO t (y) VALUES ('" + std::to_string(i) + "')");
+  CHECK(fs::file_size(wal) == want);
+  const auto crashed = dir / "crashed";
+  fs::create_directory(crashed);
+  fs::copy_file(file, crashed / "state.db");
+  fs::copy_file(wal, crashed / "state.db-wal");
+  auto copy = open_ok(crashed / "state.db");
+  CHECK(copy.integrity_check().has_value());
+  CHECK(query_int(copy, "SELECT count(*) FROM t") == 302);
+}
+
 TEST_CASE("a file that is not a database: a clear error naming it, and the file untouched") {
   TempDir dir;
   const auto file = dir / "notes.txt";
@@ -712,7 +742,7 @@ std::string payload_for(std::int64_t id) {
 // row's id to `out_fd` only after its COMMIT returned. Never returns; touches no doctest state.
 [[noreturn]] void crash_writer(const fs::path& file, int out_fd) {
   auto db = Database::open(file);
-  if (!db) ::_exit(2);
+  if (!db || !db->preallocate_wal()) ::_exit(2);  // as the agent opens it: the WAL ends in zeros
   std::int64_t next = 0;
   {
     auto st = db->prepare("SELECT coalesce(max(id), 0) + 1 FROM items");

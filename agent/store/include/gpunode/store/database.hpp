@@ -173,6 +173,15 @@ class Database {
   // PRAGMA integrity_check: ok, or a DbError (SQLITE_CORRUPT) whose message lists what it found.
   std::expected<void, DbError> integrity_check();
 
+  // Writes zeros after the end of the WAL file (FILE-wal) until it can hold an auto-checkpoint's
+  // worth of frames, and syncs them; nothing the WAL holds is touched (zeros are not frames).
+  // Commits then overwrite blocks the file system has already allocated, and their fdatasync only
+  // flushes data, where one that grows the file must also commit its new size in the file
+  // system's journal (PostgreSQL zero-fills its WAL segments for the same reason). Measured on
+  // ext4: a 3-page commit 210-280 µs while the WAL grows, 150-165 µs once it is written again from
+  // its start. A disk too full for it is an error, with the file as it was; a missing WAL is none.
+  std::expected<void, DbError> preallocate_wal();
+
   // Reads a PRAGMA's single value as text ("wal", "2", "1", ...).
   std::expected<std::string, DbError> pragma(std::string_view name);
 
