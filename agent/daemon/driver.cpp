@@ -94,16 +94,24 @@ void Driver::submit(ApiRequest request, Respond respond) {
 
 void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   service::Outcome out;
+  // The request's log lines wait until its answer has gone (NodeService::handle): a line's write
+  // must not delay an acknowledgement. Whatever else the outcome is, they are written first.
+  service::HeldLog held;
   try {
-    out = node_.handle(request);
+    out = node_.handle(request, held);
   } catch (...) {
+    node_.write_held(held);
     say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id, request.method, request.path,
                                      what_of(std::current_exception())));
     (*answer)(internal_error(), *this);
     return;
   }
+  if (!std::holds_alternative<ApiResponse>(out)) node_.write_held(held);
   std::visit(Overloaded{
-                 [&](ApiResponse& r) { (*answer)(std::move(r), *this); },
+                 [&](ApiResponse& r) {
+                   (*answer)(std::move(r), *this);
+                   node_.write_held(held);
+                 },
                  [&](service::NeedsWorkloads& need) {
                    if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
                      say(LogLevel::error, fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));

@@ -111,8 +111,10 @@ struct NodeService::Impl {
   mutable std::vector<r::Reservation> list_cache;
   mutable bool list_stale = true;
 
+  HeldLog* held_log = nullptr;  // the current request's, while handle(request, held) runs
   void say(LogLevel level, const std::string& text) const {
-    if (log) log(level, text);
+    if (held_log != nullptr) held_log->lines.emplace_back(level, text);
+    else if (log) log(level, text);
   }
 
   // ---- node_state.cpp ----------------------------------------------------------------------------

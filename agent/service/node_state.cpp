@@ -279,6 +279,22 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
   return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
 }
 
+Outcome NodeService::handle(const ApiRequest& request, HeldLog& held) {
+  impl_->held_log = &held;
+  struct Release {
+    Impl& impl;
+    ~Release() { impl.held_log = nullptr; }
+  } release{*impl_};
+  return handle(request);
+}
+
+void NodeService::write_held(HeldLog& held) const {
+  for (const auto& [level, text] : held.lines) {
+    if (impl_->log) impl_->log(level, text);
+  }
+  held.lines.clear();
+}
+
 Outcome NodeService::handle(const ApiRequest& request) {
   impl_->apply_terms();  // never answer with a term the clock has passed
   impl_->listing = request.workloads.get();

@@ -194,20 +194,28 @@ std::expected<Statement, DbError> Tx::prepare(std::string_view sql) {
 Database::Database(Database&& other) noexcept
     : db_(std::exchange(other.db_, nullptr)),
       path_(std::move(other.path_)),
-      schema_version_(std::exchange(other.schema_version_, 0)) {}
+      schema_version_(std::exchange(other.schema_version_, 0)),
+      begin_(std::exchange(other.begin_, std::nullopt)),
+      commit_(std::exchange(other.commit_, std::nullopt)) {}
 
 Database& Database::operator=(Database&& other) noexcept {
   if (this != &other) {
+    begin_.reset();
+    commit_.reset();
     sqlite3_close_v2(db_);
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
     schema_version_ = std::exchange(other.schema_version_, 0);
+    begin_ = std::exchange(other.begin_, std::nullopt);
+    commit_ = std::exchange(other.commit_, std::nullopt);
   }
   return *this;
 }
 
 // close_v2: a Statement that (wrongly) outlives us keeps the connection alive instead of dangling.
 Database::~Database() {
+  begin_.reset();
+  commit_.reset();
   sqlite3_close_v2(db_);
 }
 
@@ -412,11 +420,22 @@ std::expected<void, DbError> Database::begin_immediate() {
                                            "not nest)",
                                            path_.string())});
   }
-  return exec("BEGIN IMMEDIATE");
+  return run_kept(begin_, "BEGIN IMMEDIATE");
 }
 
 std::expected<void, DbError> Database::commit() {
-  return exec("COMMIT");
+  return run_kept(commit_, "COMMIT");
+}
+
+std::expected<void, DbError> Database::run_kept(std::optional<Statement>& kept, std::string_view sql) {
+  if (!kept) {
+    auto st = prepare(sql);
+    if (!st) return std::unexpected(std::move(st.error()));
+    kept.emplace(std::move(*st));
+  }
+  auto done = kept->run();
+  kept->reset();
+  return done;
 }
 
 void Database::rollback() noexcept {

@@ -253,3 +253,27 @@ TEST_CASE("faults: the system clock set under the daemon: the kernel tells it, i
     if (str(r.at("action")) == "reservation.expire") CHECK(str(r.at("at")) == iso(t + 3s));
   }
 }
+
+TEST_CASE("faults: a slow log does not delay an acknowledgement: a create's log line is written after its answer has gone") {
+  CapturedLog log;
+  Node n;
+  n.log_at("info");
+  n.start();
+  json::object b{{"unitIds", json::array{json::value(U1)}}, {"audienceOrgIds", json::array{"org-a"}},
+                 {"endsAt", iso(std::chrono::system_clock::now() + 24h)}};
+  // The answer's callback runs on the state thread, inside the request's dispatch: what the log
+  // holds at that moment is what was written before the answer.
+  auto promise = std::make_shared<std::promise<std::pair<ApiResponse, bool>>>();
+  auto answered = promise->get_future();
+  n.daemon_->submit(n.request("POST", Node::path("/reservations"), n.admin(), json::serialize(b)), [&log, promise](ApiResponse r) {
+    std::fflush(stderr);
+    const bool logged_before = log.has(" created by ");
+    promise->set_value({std::move(r), logged_before});
+  });
+  REQUIRE(answered.wait_for(10s) == std::future_status::ready);
+  auto [r, logged_before] = answered.get();
+  REQUIRE_MESSAGE(r.status == 201, r.body);
+  CHECK_FALSE(logged_before);
+  const std::string id(Node::body(r).at("id").as_string());
+  CHECK(log.wait_for("RESERVATION=" + id + " created by", 2s));
+}

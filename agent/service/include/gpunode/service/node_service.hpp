@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpunode/auth/token_verifier.hpp"
@@ -80,6 +81,11 @@ using LogLevel = config::LogLevel;  // one log level enum for the whole agent
 using LogSink = std::function<void(LogLevel, const std::string&)>;
 using Clock = std::function<std::chrono::system_clock::time_point()>;
 
+// Log lines a request wrote, held until its answer is on its way (see NodeService::handle).
+struct HeldLog {
+  std::vector<std::pair<LogLevel, std::string>> lines;
+};
+
 class NodeService {
  public:
   // Opens (creating) <state_dir>/state.db, migrates it, loads the state, applies the terms that
@@ -96,6 +102,13 @@ class NodeService {
   // What to do with one request (see Outcome). Never throws for bad input; a request it cannot
   // answer for a reason of its own (a damaged state file) is a problem response.
   Outcome handle(const ApiRequest& request);
+  // The same, with the request's log lines held in `held` instead of written: the driver answers
+  // first and writes them after, so that neither a line's write (a write(2) to journald's stream,
+  // which blocks while journald is behind) nor its formatting stands between a commit and its
+  // acknowledgement.
+  Outcome handle(const ApiRequest& request, HeldLog& held);
+  // Writes held lines to the service's log sink, in order, and empties `held`.
+  void write_held(HeldLog& held) const;
 
   // Records what happened to a batch's domains (`after`: the domains listed once they ran, used to
   // see which reclaiming units are vacated) in one transaction, and answers the request that

@@ -195,6 +195,9 @@ class Database {
   DbError error(int rc, std::string_view what) const;
   std::expected<void, DbError> begin_immediate();
   std::expected<void, DbError> commit();
+  // Runs a statement prepared at its first use and kept: BEGIN IMMEDIATE and COMMIT, which every
+  // transaction runs, are not parsed again each time.
+  std::expected<void, DbError> run_kept(std::optional<Statement>& kept, std::string_view sql);
   void rollback() noexcept;
   std::expected<int, DbError> read_schema_version();
   std::expected<void, DbError> configure();
@@ -202,6 +205,7 @@ class Database {
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;
   int schema_version_ = 0;
+  std::optional<Statement> begin_, commit_;  // finalized before the connection closes
 };
 
 template <class F>
