@@ -364,6 +364,9 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
       ApiResponse not_modified;
       not_modified.status = 304;
       not_modified.headers.emplace_back("ETag", etag);
+      // A poll that does not wait gets the same 304 until the revision moves: the network thread
+      // may give it (one that waits must park, so its 304 at the deadline is never kept).
+      if (wait.count() == 0) share_read(q, c, not_modified);
       return not_modified;
     }
     return Park{*after, deadline};

@@ -3,11 +3,13 @@
 namespace gpunode::service {
 
 bool SharedReads::eligible(const ApiRequest& q) {
-  return q.via == ApiRequest::Via::https && q.method == "GET" && q.query.empty() && q.body.empty();
+  return q.via == ApiRequest::Via::https && q.method == "GET" && q.body.empty();
 }
 
 std::string SharedReads::key_of(const ApiRequest& q) {
   std::string key = q.path;
+  key += '?';
+  key += q.query;
   key += '\n';
   key += q.header("authorization").value_or("");
   return key;
@@ -24,6 +26,7 @@ std::optional<ApiResponse> SharedReads::find(const ApiRequest& q, TimePoint now)
     answer = it->second.answer;
   }
   const auto etag = answer->header("ETag");
+  if (answer->status == 304) return *answer;
   if (auto inm = q.header("if-none-match"); inm && etag && etag_matches(*inm, *etag)) {
     ApiResponse not_modified;
     not_modified.status = 304;
@@ -34,7 +37,7 @@ std::optional<ApiResponse> SharedReads::find(const ApiRequest& q, TimePoint now)
 }
 
 void SharedReads::keep(const ApiRequest& q, const ApiResponse& answer, TimePoint until) {
-  if (!eligible(q) || answer.status != 200 || !answer.header("ETag")) return;
+  if (!eligible(q) || (answer.status != 200 && answer.status != 304) || !answer.header("ETag")) return;
   auto kept = std::make_shared<const ApiResponse>(answer);
   std::string key = key_of(q);
   std::lock_guard lock(mu_);

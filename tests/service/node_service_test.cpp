@@ -606,13 +606,14 @@ TEST_CASE("shared reads: the network thread gives a read again only to the same 
   CHECK(not_modified->status == 304);
   CHECK(not_modified->body.empty());
 
-  // Another token, a query, the admin socket, another route: not this request.
+  // Another token, another query, the admin socket, another route: not this request.
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), other), lab.now_));
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));
   CHECK(lab.call("GET", Lab::path("/units"), "admin-socket").status == 200);
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), "admin-socket"), lab.now_));
   CHECK(lab.call("GET", Lab::path("/units?x=1"), admin).status == 200);
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));
+  CHECK(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));  // kept as its own request
+  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=2"), admin), lab.now_));
   CHECK(lab.call("GET", Lab::path("/reservations"), admin).status == 200);
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/reservations"), admin), lab.now_));
   auto post = Lab::request("POST", Lab::path("/units"), admin);
@@ -635,7 +636,30 @@ TEST_CASE("shared reads: the network thread gives a read again only to the same 
   CHECK(shared.find(units, t0 + std::chrono::seconds(29)));
   CHECK_FALSE(shared.find(units, t0 + std::chrono::seconds(30)));
 
+  // State polls: one answered at once is kept (the full answer past its revision, a 304 that does
+  // not wait); one that waits parks, and is never kept.
+  const auto rev = lab.service_->revision();
+  const auto past = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=30s", rev - 1)), admin);
+  CHECK(lab.call_request(past).status == 200);
+  auto full = shared.find(past, lab.now_);
+  REQUIRE(full);
+  CHECK(full->status == 200);
+  const auto now_poll = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=0s", rev)), admin);
+  CHECK(lab.call_request(now_poll).status == 304);
+  auto not_yet = shared.find(now_poll, lab.now_);
+  REQUIRE(not_yet);
+  CHECK(not_yet->status == 304);
+  CHECK(not_yet->header("ETag") == std::optional<std::string_view>(fmt::format("\"{}\"", rev)));
+  const auto waiting = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=30s", rev)), admin);
+  CHECK(std::holds_alternative<gpunode::service::Park>(lab.service_->handle(waiting)));
+  CHECK_FALSE(shared.find(waiting, lab.now_));
+  // A change withdraws the 304 before its own answer: the next poll sees the new revision.
+  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(2)), iso(t0 + std::chrono::hours(3)));
+  CHECK_FALSE(shared.find(now_poll, lab.now_));
+  CHECK(lab.call_request(now_poll).status == 200);
+
   // New token keys withdraw everything.
+  CHECK(lab.call_request(units).status == 200);
   REQUIRE(shared.find(units, lab.now_));
   lab.service_->set_verifier(nullptr);
   CHECK_FALSE(shared.find(units, lab.now_));
