@@ -316,7 +316,7 @@ def checkpoint_body(c, lab):
     c.check(f"disk full: {on_full} creates acknowledged in the WAL's own pages", on_full > 10, on_full)
     c.eq("disk full: the checkpoint could not grow state.db", os.path.getsize(db), db_size)
     c.problem("disk full: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")
-    line = log_line(lab, "state commit failed")
+    line = lab.log_line("state commit failed")
     c.check(f"log: {line[line.find('state commit failed'):][:160]!r}", "database or disk is full" in line, lab.tail(600))
     acked.check_all_there(c, "disk full after the failed checkpoint")
     lab.kill()

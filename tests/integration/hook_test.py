@@ -339,7 +339,7 @@ def body(c, agent):
         c.eq("workload.refused of the unlabelled domain: no org, on-demand, no vmId",
              (e.get("org"), e.get("tier"), e.get("vmId")), (None, "on-demand", None))
         c.check("agent log: a warning line per refusal (DOMAIN=span-two)",
-                any("warning" in l and "DOMAIN=span-two" in l for l in lab.log().splitlines()), lab.tail(600))
+                bool(lab.log_line("warning", "DOMAIN=span-two")), lab.tail(600))
 
         # -- the race: a start let through holds its unit against a create (up to 120 s) -------
         h.case("on-demand on free 24 (then a create on 24)", "race-24", *ask,
@@ -358,7 +358,7 @@ def body(c, agent):
         c.check("audit: one stderr line saying it would be refused, let start",
                 len(lines) == 1 and "would be refused" in lines[0] and "unit-reserved" in lines[0], lines)
         c.check("audit: the agent logs the refusal (audit mode: let start)",
-                "DOMAIN=audit-rsv" in lab.log()[before:] and "audit mode" in lab.log()[before:], lab.tail(600))
+                bool(lab.log_line("DOMAIN=audit-rsv", "audit mode", since=before)), lab.tail(600))
         evs = refused_events(lab)[n0:]
         c.eq("audit: one workload.refused event with mode audit", [(x["data"].get("name"), x["data"].get("mode")) for x in evs],
              [("audit-rsv", "audit")])

@@ -584,6 +584,16 @@ log:
         except OSError:
             return ""
 
+    def log_line(self, *needles, since=0, timeout=5.0):
+        """The first line of the log after byte `since` that holds every needle, waiting up to
+        `timeout` seconds for it (a request's lines are written just after its answer); "" if none."""
+        deadline = time.time() + timeout
+        while True:
+            line = next((x for x in self.log()[since:].splitlines() if all(n in x for n in needles)), "")
+            if line or time.time() >= deadline:
+                return line
+            time.sleep(0.02)
+
     def tail(self, n=1500):
         if self.logf:
             self.logf.flush()

@@ -778,7 +778,7 @@ def mid_list(c, lab, daemon, owner):
     print(f"# D: GET workloads answered {took:.2f}s after libvirtd was killed mid-list", flush=True)
     c.check(f"D: the list in flight fails: 503 hypervisor-unavailable within 5 s of the kill ({took:.2f}s)",
             r is not None and r.status == 503 and r.code() == "hypervisor-unavailable" and took < 5, r)
-    line = next((x for x in lab.log()[mark:].splitlines() if "hypervisor:" in x), "")
+    line = lab.log_line("hypervisor:", since=mark)
     c.check(f"D: log: {line[line.find('hypervisor:'):][:160]!r}", bool(line), lab.tail(800))
     c.status("D: reads that need no hypervisor are served (units)", lab.get(lab.npath("/units"), token=owner), 200)
     daemon.restart_daemon()
