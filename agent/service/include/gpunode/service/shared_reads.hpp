@@ -5,12 +5,12 @@
 // cache) and keeps it here under the request's identity: its path and query, exactly as sent, and
 // its exact Authorization header, over HTTPS only. A state poll that is answered at once is kept
 // too: `?after=REV` with the revision past REV (the full answer) and `?after=REV&wait=0s` with
-// it at REV (a 304); a poll that waits is never kept. A kept answer is good until the earlier of the next term
-// (when the clock itself changes what the node shows) and the token's expiry; the state store
-// withdraws every answer when the revision moves, before the answer of the commit that moved it
-// goes out, so a client that saw its change acknowledged never reads the state before it. New
-// token keys (SIGHUP) withdraw them too. An If-None-Match that matches the kept ETag is a 304, as
-// the state thread would answer it.
+// it at REV (a 304); a poll that waits is never kept. A kept answer is good until the earlier of
+// the next term (when the clock itself changes what the node shows) and the token's expiry; the
+// state store withdraws every answer when the revision moves, before the answer of the commit
+// that moved it goes out, so a client that saw its change acknowledged never reads the state
+// before it. New token keys (SIGHUP) withdraw them too. An If-None-Match that matches the kept
+// ETag of a 200 is a 304, as the state thread would answer it.
 //
 // Threads: find() from any thread (the network thread); keep() and withdraw_all() from the state
 // thread. One mutex guards the table; it is held for a lookup and a copy of the answer.
