@@ -23,7 +23,8 @@ void LiveIndex::follow(const Reservation* before, const Reservation* after) {
   }
 }
 
-std::vector<std::string_view> LiveIndex::near(std::span<const std::string> units, Time starts, Time ends) const {
+std::vector<std::string_view> LiveIndex::near(std::span<const std::string> units, Time starts,
+                                              Time ends) const {
   std::vector<std::string_view> out;
   for (const auto& u : units) {
     const auto it = units_.find(u);
@@ -31,7 +32,8 @@ std::vector<std::string_view> LiveIndex::near(std::span<const std::string> units
     const OnUnit& on = it->second;
     // Seconds in 64 bits: no stored term comes near overflowing them.
     const Time from = starts - on.longest;
-    for (auto x = on.by_start.lower_bound({from, std::string()}); x != on.by_start.end() && x->first < ends; ++x) {
+    for (auto x = on.by_start.lower_bound({from, std::string()}); x != on.by_start.end() && x->first < ends;
+         ++x) {
       out.emplace_back(x->second);
     }
   }

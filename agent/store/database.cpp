@@ -3,16 +3,16 @@
 #include "gpunode/store/database.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <system_error>
 #include <vector>
@@ -303,7 +303,8 @@ std::expected<void, DbError> Database::preallocate_wal() {
     std::int64_t n = 0;
     auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
     if (ec != std::errc{} || end != v->data() + v->size() || n < 0) {
-      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is \"{}\"", path_.string(), name, *v)});
+      return std::unexpected(
+          DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is \"{}\"", path_.string(), name, *v)});
     }
     return n;
   };
@@ -337,11 +338,14 @@ std::expected<void, DbError> Database::preallocate_wal() {
   const std::vector<char> zeros(kChunk, '\0');
   int err = 0;
   for (off_t at = had; at < want && err == 0;) {
-    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kChunk), want - at));
+    const auto n =
+        static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kChunk), want - at));
     const ssize_t wrote = ::pwrite(fd, zeros.data(), n, at);
     if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) err = wrote < 0 ? errno : ENOSPC;
-    else at += wrote;
+    if (wrote <= 0)
+      err = wrote < 0 ? errno : ENOSPC;
+    else
+      at += wrote;
   }
   if (err == 0 && ::fdatasync(fd) != 0) err = errno;
   if (err != 0) {
@@ -350,7 +354,8 @@ std::expected<void, DbError> Database::preallocate_wal() {
     [[maybe_unused]] const int ignored = ::ftruncate(fd, had);
   }
   ::close(fd);
-  if (err != 0) return std::unexpected(os_error(err, wal, fmt::format("preallocate the WAL to {} bytes", want)));
+  if (err != 0)
+    return std::unexpected(os_error(err, wal, fmt::format("preallocate the WAL to {} bytes", want)));
   return {};
 }
 

@@ -1,11 +1,12 @@
 // LiveIndex: what an overlap check looks at. It must find every live term that meets the
 // candidate's, however the terms lie, and on a calendar of back-to-back terms only a few others.
+#include "gpunode/reservations/live_index.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <random>
 
-#include "gpunode/reservations/live_index.hpp"
 #include "gpunode/reservations/rules.hpp"
 
 using namespace gpunode::reservations;
@@ -16,7 +17,8 @@ namespace {
 
 const Time kBase = *parse_time("2027-01-01T00:00:00Z");
 
-Reservation term(std::string id, std::vector<std::string> units, Time starts, Time ends, State state = State::scheduled) {
+Reservation term(std::string id, std::vector<std::string> units, Time starts, Time ends,
+                 State state = State::scheduled) {
   Reservation r;
   r.id = std::move(id);
   r.node_id = "node-1";
@@ -27,14 +29,18 @@ Reservation term(std::string id, std::vector<std::string> units, Time starts, Ti
   return r;
 }
 
-std::vector<std::string> ids(const std::vector<std::string_view>& v) { return {v.begin(), v.end()}; }
+std::vector<std::string> ids(const std::vector<std::string_view>& v) {
+  return {v.begin(), v.end()};
+}
 
 // The ids near() gives for a candidate, and the ones that truly meet it, by brute force.
-std::vector<std::string> truly_meeting(const std::vector<Reservation>& all, const std::vector<std::string>& units, Time s, Time e) {
+std::vector<std::string> truly_meeting(const std::vector<Reservation>& all,
+                                       const std::vector<std::string>& units, Time s, Time e) {
   std::vector<std::string> out;
   for (const auto& r : all) {
     if (r.ended() || !terms_overlap(s, e, r.starts_at, r.ends_at)) continue;
-    if (std::any_of(units.begin(), units.end(), [&](const std::string& u) { return r.holds_unit(u); })) out.push_back(r.id);
+    if (std::any_of(units.begin(), units.end(), [&](const std::string& u) { return r.holds_unit(u); }))
+      out.push_back(r.id);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -54,7 +60,8 @@ TEST_CASE("on a calendar of back-to-back hours, a candidate looks at its neighbo
   auto after = index.near(std::vector<std::string>{"u1"}, kBase + hours(2000), kBase + hours(2001));
   CHECK(after.size() <= 1);
   // Half an hour straddling terms 999 and 1000.
-  auto mid = ids(index.near(std::vector<std::string>{"u1"}, kBase + hours(1000) - seconds(1800), kBase + hours(1000) + seconds(1800)));
+  auto mid = ids(index.near(std::vector<std::string>{"u1"}, kBase + hours(1000) - seconds(1800),
+                            kBase + hours(1000) + seconds(1800)));
   CHECK(mid.size() <= 3);
   const std::vector<std::string> neighbours{"rsv_10999", "rsv_11000"};
   CHECK(std::includes(mid.begin(), mid.end(), neighbours.begin(), neighbours.end()));
@@ -68,22 +75,24 @@ TEST_CASE("a long term is found by a candidate that starts long after it did") {
   auto hour = term("rsv_hour", {"u1"}, kBase + hours(24 * 400), kBase + hours(24 * 400 + 1));
   index.follow(nullptr, &year);
   index.follow(nullptr, &hour);
-  CHECK(ids(index.near(std::vector<std::string>{"u1"}, kBase + hours(24 * 300), kBase + hours(24 * 300 + 1))) ==
-        std::vector<std::string>{"rsv_year"});
+  CHECK(ids(index.near(std::vector<std::string>{"u1"}, kBase + hours(24 * 300),
+                       kBase + hours(24 * 300 + 1))) == std::vector<std::string>{"rsv_year"});
 }
 
 TEST_CASE("follow: amended terms move, ended ones leave, paired units are looked at once") {
   LiveIndex index;
   auto a = term("rsv_a", {"u1", "u2"}, kBase, kBase + hours(1));
   index.follow(nullptr, &a);
-  CHECK(ids(index.near(std::vector<std::string>{"u1", "u2"}, kBase, kBase + hours(1))) == std::vector<std::string>{"rsv_a"});
+  CHECK(ids(index.near(std::vector<std::string>{"u1", "u2"}, kBase, kBase + hours(1))) ==
+        std::vector<std::string>{"rsv_a"});
 
   auto moved = a;
   moved.starts_at = kBase + hours(10);
   moved.ends_at = kBase + hours(11);
   index.follow(&a, &moved);
   CHECK(index.near(std::vector<std::string>{"u1"}, kBase, kBase + hours(1)).empty());
-  CHECK(ids(index.near(std::vector<std::string>{"u2"}, kBase + hours(10), kBase + hours(11))) == std::vector<std::string>{"rsv_a"});
+  CHECK(ids(index.near(std::vector<std::string>{"u2"}, kBase + hours(10), kBase + hours(11))) ==
+        std::vector<std::string>{"rsv_a"});
 
   auto ended = moved;
   ended.state = State::ended;
@@ -111,7 +120,8 @@ TEST_CASE("near() finds every term that meets the candidate, even where terms ov
       const auto len = hours(1 + rng() % (i % 7 == 0 ? 400 : 6));
       std::vector<std::string> on{units[rng() % 3]};
       if (rng() % 4 == 0) on.push_back(units[(rng() % 2 + 1 + (on[0][1] - '1')) % 3]);
-      all.push_back(term("rsv_" + std::to_string(i), on, s, s + len, rng() % 5 == 0 ? State::ended : State::scheduled));
+      all.push_back(
+          term("rsv_" + std::to_string(i), on, s, s + len, rng() % 5 == 0 ? State::ended : State::scheduled));
     }
     for (const auto& r : all) index.follow(nullptr, &r);
     // Amend a few, end a few: the index follows.
@@ -135,7 +145,8 @@ TEST_CASE("near() finds every term that meets the candidate, even where terms ov
       const auto want = truly_meeting(all, on, s, e);
       CHECK(std::is_sorted(got.begin(), got.end()));
       CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
-      CHECK_MESSAGE(std::includes(got.begin(), got.end(), want.begin(), want.end()), "round ", round, " candidate ", c);
+      CHECK_MESSAGE(std::includes(got.begin(), got.end(), want.begin(), want.end()), "round ", round,
+                    " candidate ", c);
     }
   }
 }

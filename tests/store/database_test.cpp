@@ -185,7 +185,9 @@ TEST_CASE("data and WAL mode survive closing and reopening") {
   CHECK(db.pragma("journal_mode").value() == "wal");
 }
 
-TEST_CASE("preallocate_wal: zeros after the WAL's frames, which stay as they were and are read back after a crash") {
+TEST_CASE(
+    "preallocate_wal: zeros after the WAL's frames, which stay as they were and are read back after a "
+    "crash") {
   TempDir dir;
   const auto file = dir / "state.db", wal = dir / "state.db-wal";
   auto db = open_ok(file);
