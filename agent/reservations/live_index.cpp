@@ -9,16 +9,20 @@ void LiveIndex::follow(const Reservation* before, const Reservation* after) {
     for (const auto& u : before->unit_ids) {
       auto it = units_.find(u);
       if (it == units_.end()) continue;
-      it->second.by_start.erase({before->starts_at, before->id});
-      if (it->second.by_start.empty()) units_.erase(it);
+      OnUnit& on = it->second;
+      auto entry = on.by_start.find({before->starts_at, before->id});
+      if (entry == on.by_start.end()) continue;
+      on.lengths.erase(on.lengths.find(entry->second));  // there, as by_start's entry is
+      on.by_start.erase(entry);
+      if (on.by_start.empty()) units_.erase(it);
     }
   }
   if (after != nullptr && !after->ended()) {
-    const auto term = std::max(std::chrono::seconds{0}, after->ends_at - after->starts_at);
+    const auto length = std::max(std::chrono::seconds{0}, after->ends_at - after->starts_at);
     for (const auto& u : after->unit_ids) {
       auto& on = units_[u];
-      on.by_start.emplace(after->starts_at, after->id);
-      on.longest = std::max(on.longest, term);
+      if (on.by_start.emplace(std::pair{after->starts_at, after->id}, length).second)
+        on.lengths.insert(length);
     }
   }
 }
@@ -30,11 +34,12 @@ std::vector<std::string_view> LiveIndex::near(std::span<const std::string> units
     const auto it = units_.find(u);
     if (it == units_.end()) continue;
     const OnUnit& on = it->second;
-    // Seconds in 64 bits: no stored term comes near overflowing them.
-    const Time from = starts - on.longest;
-    for (auto x = on.by_start.lower_bound({from, std::string()}); x != on.by_start.end() && x->first < ends;
-         ++x) {
-      out.emplace_back(x->second);
+    // A unit is kept only while it holds a term, so `lengths` is not empty. Seconds in 64 bits: no
+    // stored term comes near overflowing them.
+    const Time from = starts - *on.lengths.rbegin();
+    for (auto x = on.by_start.lower_bound(std::pair{from, std::string()});
+         x != on.by_start.end() && x->first.first < ends; ++x) {
+      out.emplace_back(x->first.second);
     }
   }
   std::sort(out.begin(), out.end());

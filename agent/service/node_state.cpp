@@ -272,7 +272,9 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
   impl->names = names;
   impl->clock = std::move(clock);
   impl->log = std::move(log);
-  if (auto z = impl->store.preallocate_wal(); !z) impl->say(LogLevel::warning, fmt::format("{}; commits grow the WAL instead", z.error()));
+  if (auto z = impl->store.preallocate_wal(); !z) {
+    impl->say(LogLevel::warning, fmt::format("the WAL is not preallocated ({}): commits extend it as they go", z.error()));
+  }
   impl->load();
   impl->apply_terms();  // terms that came while the agent was down, in time order, before serving
   impl->scan(true);

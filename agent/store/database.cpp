@@ -315,48 +315,59 @@ std::expected<void, DbError> Database::preallocate_wal() {
   // The WAL's header, then (frame header + page) per frame; a commit may end a few frames past
   // the auto-checkpoint's mark, and the checkpoint runs after it.
   constexpr std::int64_t kWalHeader = 32, kFrameHeader = 24, kSlack = 64;
-  const std::int64_t want = kWalHeader + (*pages + kSlack) * (*page + kFrameHeader);
+  const std::int64_t frame = *page + kFrameHeader;
+  const std::int64_t want = kWalHeader + (*pages + kSlack) * frame;
+  // Where SQLite keeps it (beside the file a symbolic link names, not beside the link).
+  const char* name = sqlite3_filename_wal(sqlite3_db_filename(db_, "main"));
+  if (name == nullptr || *name == '\0') return {};
+  const std::filesystem::path wal = name;
 
-  const std::filesystem::path wal = path_.string() + "-wal";
-  const int fd = ::open(wal.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return {};  // SQLite makes it at the first write
-    return std::unexpected(os_error(errno, wal, "open the WAL to preallocate it"));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  // Under SQLite's write lock: no connection appends a frame while the file is written.
+  return transaction([&](Tx&) -> std::expected<void, DbError> {
+    const int fd = ::open(wal.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return {};  // SQLite makes it at the first write
+      return std::unexpected(os_error(errno, wal, "open the WAL to preallocate it"));
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return std::unexpected(os_error(err, wal, "stat the WAL"));
+    }
+    const std::int64_t had = st.st_size;
+    if (had >= want) {
+      ::close(fd);
+      return {};
+    }
+    // From the end of the last whole frame: a frame a crash cut short is overwritten, never
+    // completed. Its missing end could have been zeros, and zeros appended after it would make it
+    // whole again: a transaction that this open's recovery dropped would be back after the next.
+    const std::int64_t from = had < kWalHeader ? 0 : kWalHeader + (had - kWalHeader) / frame * frame;
+    static constexpr std::size_t kChunk = 256 * 1024;
+    const std::vector<char> zeros(kChunk, '\0');
+    int err = 0;
+    for (std::int64_t at = from; at < want && err == 0;) {
+      const auto n =
+          static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kChunk), want - at));
+      const ssize_t wrote = ::pwrite(fd, zeros.data(), n, static_cast<off_t>(at));
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0)
+        err = wrote < 0 ? errno : ENOSPC;
+      else
+        at += wrote;
+    }
+    if (err == 0 && ::fdatasync(fd) != 0) err = errno;
+    if (err != 0) {
+      // Back to its size: zeros past the frames are harmless, but the space is what the disk
+      // lacks. A failing truncate leaves nothing the error below does not already say.
+      [[maybe_unused]] const int ignored = ::ftruncate(fd, static_cast<off_t>(had));
+    }
     ::close(fd);
-    return std::unexpected(os_error(err, wal, "stat the WAL"));
-  }
-  const off_t had = st.st_size;
-  if (had >= want) {
-    ::close(fd);
+    if (err != 0)
+      return std::unexpected(os_error(err, wal, fmt::format("preallocate the WAL to {} bytes", want)));
     return {};
-  }
-  static constexpr std::size_t kChunk = 256 * 1024;
-  const std::vector<char> zeros(kChunk, '\0');
-  int err = 0;
-  for (off_t at = had; at < want && err == 0;) {
-    const auto n =
-        static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kChunk), want - at));
-    const ssize_t wrote = ::pwrite(fd, zeros.data(), n, at);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0)
-      err = wrote < 0 ? errno : ENOSPC;
-    else
-      at += wrote;
-  }
-  if (err == 0 && ::fdatasync(fd) != 0) err = errno;
-  if (err != 0) {
-    // Back to its size: zeros past the frames are harmless, but the space is what the disk lacks.
-    // A failing truncate leaves nothing the error below does not already say.
-    [[maybe_unused]] const int ignored = ::ftruncate(fd, had);
-  }
-  ::close(fd);
-  if (err != 0)
-    return std::unexpected(os_error(err, wal, fmt::format("preallocate the WAL to {} bytes", want)));
-  return {};
+  });
 }
 
 std::expected<std::string, DbError> Database::pragma(std::string_view name) {

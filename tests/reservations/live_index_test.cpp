@@ -79,6 +79,27 @@ TEST_CASE("a long term is found by a candidate that starts long after it did") {
                        kBase + hours(24 * 300 + 1))) == std::vector<std::string>{"rsv_year"});
 }
 
+TEST_CASE("once a long term ends, candidates look at their neighbours only again") {
+  LiveIndex index;
+  std::vector<Reservation> hours_of;
+  for (int i = 0; i < 2000; ++i) {
+    hours_of.push_back(
+        term("rsv_" + std::to_string(10000 + i), {"u1"}, kBase + hours(i), kBase + hours(i + 1)));
+  }
+  for (const auto& r : hours_of) index.follow(nullptr, &r);
+  auto year = term("rsv_year", {"u1"}, kBase - hours(24 * 365), kBase);
+  index.follow(nullptr, &year);
+  const auto mid = [&] {
+    return index.near(std::vector<std::string>{"u1"}, kBase + hours(1500) + seconds(600),
+                      kBase + hours(1500) + seconds(1200));
+  };
+  CHECK(mid().size() > 1000);  // a year's term could reach any of them, so all are looked at
+  auto ended = year;
+  ended.state = State::ended;
+  index.follow(&year, &ended);
+  CHECK(mid().size() <= 2);
+}
+
 TEST_CASE("follow: amended terms move, ended ones leave, paired units are looked at once") {
   LiveIndex index;
   auto a = term("rsv_a", {"u1", "u2"}, kBase, kBase + hours(1));
@@ -104,6 +125,16 @@ TEST_CASE("follow: amended terms move, ended ones leave, paired units are looked
   // An ended reservation is never added; following it again changes nothing.
   index.follow(&ended, &ended);
   CHECK(index.size("u1") == 0);
+
+  // An amendment that changes the units: the term leaves the old unit and holds the new one.
+  auto b = term("rsv_b", {"u1"}, kBase, kBase + hours(1));
+  index.follow(nullptr, &b);
+  auto moved_units = b;
+  moved_units.unit_ids = {"u3"};
+  index.follow(&b, &moved_units);
+  CHECK(index.size("u1") == 0);
+  CHECK(ids(index.near(std::vector<std::string>{"u3"}, kBase, kBase + hours(1))) ==
+        std::vector<std::string>{"rsv_b"});
 }
 
 TEST_CASE("near() finds every term that meets the candidate, even where terms overlap each other") {
@@ -128,9 +159,12 @@ TEST_CASE("near() finds every term that meets the candidate, even where terms ov
     for (int i = 0; i < 10; ++i) {
       auto& r = all[rng() % all.size()];
       auto before = r;
-      if (rng() % 2 == 0) {
+      const auto what = rng() % 3;
+      if (what == 0) {
         r.starts_at += hours(rng() % 50);
         r.ends_at = r.starts_at + hours(1 + rng() % 30);
+      } else if (what == 1) {
+        r.unit_ids = {units[rng() % 3]};
       } else {
         r.state = State::ended;
       }

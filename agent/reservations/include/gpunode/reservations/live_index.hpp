@@ -32,10 +32,9 @@ class LiveIndex {
 
  private:
   struct OnUnit {
-    std::set<std::pair<Time, std::string>> by_start;  // (starts_at, id)
-    // The longest term the unit has held since it was last empty: a term that meets [S, E)
-    // starts after S - longest. It only grows, so it may over-cover, never under-cover.
-    std::chrono::seconds longest{0};
+    std::map<std::pair<Time, std::string>, std::chrono::seconds> by_start;  // (starts_at, id) → length
+    // The lengths of those terms: a term that meets [S, E) starts after S minus the longest.
+    std::multiset<std::chrono::seconds> lengths;
   };
   std::map<std::string, OnUnit, std::less<>> units_;
 };

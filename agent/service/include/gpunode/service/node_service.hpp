@@ -103,9 +103,9 @@ class NodeService {
   // answer for a reason of its own (a damaged state file) is a problem response.
   Outcome handle(const ApiRequest& request);
   // The same, with the request's log lines held in `held` instead of written: the driver answers
-  // first and writes them after, so that neither a line's write (a write(2) to journald's stream,
-  // which blocks while journald is behind) nor its formatting stands between a commit and its
-  // acknowledgement.
+  // first and writes them after, so that a line's write (a write(2) to journald's stream, which
+  // blocks while journald is behind) does not stand between a commit and its acknowledgement.
+  // The lines are formatted when said, and stamped when written.
   Outcome handle(const ApiRequest& request, HeldLog& held);
   // Writes held lines to the service's log sink, in order, and empties `held`.
   void write_held(HeldLog& held) const;

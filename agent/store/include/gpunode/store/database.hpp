@@ -173,8 +173,9 @@ class Database {
   // PRAGMA integrity_check: ok, or a DbError (SQLITE_CORRUPT) whose message lists what it found.
   std::expected<void, DbError> integrity_check();
 
-  // Writes zeros after the end of the WAL file (FILE-wal) until it can hold an auto-checkpoint's
-  // worth of frames, and syncs them; nothing the WAL holds is touched (zeros are not frames).
+  // Writes zeros after the WAL's last whole frame (a frame a crash cut short is overwritten, never
+  // completed) until the file can hold an auto-checkpoint's worth of frames, and syncs them, under
+  // SQLite's write lock; the whole frames are not touched (zeros are not frames).
   // Commits then overwrite blocks the file system has already allocated, and their fdatasync only
   // flushes data, where one that grows the file must also commit its new size in the file
   // system's journal (PostgreSQL zero-fills its WAL segments for the same reason). Measured on
