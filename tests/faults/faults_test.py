@@ -107,14 +107,6 @@ def wait_for(cond, timeout):
     return cond()
 
 
-def log_has(lab, text, timeout=5.0):
-    return wait_for(lambda: text in lab.log(), timeout)
-
-
-def log_line(lab, text):
-    return next((x for x in lab.log().splitlines() if text in x), "")
-
-
 def outbox_state(lab):
     db = sqlite3.connect(f"file:{os.path.join(lab.state, 'state.db')}?mode=ro", uri=True)
     try:
@@ -206,7 +198,7 @@ def disk_body(c, lab, fc):
     c.check(f"disk full: {on_full} creates acknowledged in the WAL's preallocated pages", on_full > 10, on_full)
     c.problem("disk full: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")
     c.check("log: " + "state commit failed: ... database or disk is full",
-            log_has(lab, "state commit failed") and "database or disk is full" in log_line(lab, "state commit failed"),
+            "database or disk is full" in lab.log_line("state commit failed"),
             lab.tail(600))
     # The failed create's frames went where the WAL's last page had room; a smaller change may
     # still fit there (acknowledged, and kept as acknowledged), a few more do not.
@@ -225,7 +217,7 @@ def disk_body(c, lab, fc):
     ok = fc.wait_for(lambda: fc.acked() >= written, 15)
     c.check(f"disk full: the queued events are delivered ({fc.acked()} of {written})", ok, fc.acked())
     c.check("log: central: acknowledged through seq N but cannot delete it from the outbox: ... database or disk is full",
-            log_has(lab, "cannot delete it from the outbox") and "database or disk is full" in log_line(lab, "cannot delete it from the outbox"),
+            "database or disk is full" in lab.log_line("cannot delete it from the outbox"),
             lab.tail(600))
     depth, _ = outbox_state(lab)
     c.check(f"disk full: the acknowledged rows stay in the outbox ({depth} of {depth_before})", depth == depth_before > 0, depth)
@@ -235,7 +227,7 @@ def disk_body(c, lab, fc):
     emptied = wait_for(lambda: outbox_state(lab)[0] == 0, 8)
     c.check("space for a moment: the acknowledged rows are deleted at the reporter's next turn", emptied, outbox_state(lab))
     c.check("log: central: the acknowledged events through seq N are deleted from the outbox now",
-            log_has(lab, "are deleted from the outbox now"), lab.tail(600))
+            bool(lab.log_line("are deleted from the outbox now")), lab.tail(600))
     beats = len(fc.heartbeats)
     hb = fc.wait_for(lambda: [b for b in fc.heartbeats[beats:] if b["body"]["outboxDepth"] == 0], 4)
     c.check("space for a moment: a heartbeat says outboxDepth 0", hb, [b["body"]["outboxDepth"] for b in fc.heartbeats[-3:]])
@@ -361,8 +353,7 @@ def readonly_body(c, lab, files):
     # Under the running agent
     r = acked.create()
     c.problem("read-only state.db: a create is 503 storage-unavailable", r, 503, "storage-unavailable")
-    log_has(lab, "state commit failed")
-    line = log_line(lab, "state commit failed")
+    line = lab.log_line("state commit failed")
     c.check(f"log: {line[line.find('state commit failed'):][:160]!r}",
             "state.db: disk I/O error" in line, lab.tail(600))
     c.status("read-only state.db: /healthz 200", lab.get("/healthz"), 200)
@@ -422,7 +413,7 @@ def central_body(c, lab, fc):
     c.check("central stalling: heartbeats keep coming on their own connection",
             fc.wait_for(lambda: len(fc.heartbeats) >= beats + 2, 5), len(fc.heartbeats) - beats)
     timed_out = fc.wait_for(lambda: "reading the answer: timed out" in lab.log(), 40, step=0.2)
-    line = log_line(lab, "reading the answer: timed out")
+    line = lab.log_line("reading the answer: timed out")
     c.check(f"log after {time.time() - t0:.0f}s: {line[line.find('central:'):][:150]!r}", timed_out and "event delivery failed" in line, lab.tail(600))
     fc.set_mode("ok")
     check_delivery(c, fc, lab, "after the stall")
@@ -473,7 +464,7 @@ def sighup_body(c, lab):
     key = f"{lab.dir}/tls.key"
     os.rename(key, key + ".away")
     hup("TLS key missing")
-    line = log_line(lab, "reload refused")
+    line = lab.log_line("reload refused")
     c.check(f"log: {line[line.find('reload refused'):][:200]!r}",
             "reload refused" in line and "tls.key" in line and line.endswith("keeping the running configuration"), lab.tail(400))
     c.eq("TLS key missing: new connections get the old certificate and key", tls_fingerprint(lab), before)
