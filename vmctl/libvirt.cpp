@@ -175,14 +175,18 @@ class Libvirt final : public Hypervisor {
     std::free(raw);  // NOLINT: the array is malloc'd by libvirt
     std::vector<Domain> out;
     out.reserve(handles.size());
-    for (const auto& handle : handles) {
+    std::vector<std::pair<std::string, SharedDomain>> found;  // kept for the calls that follow a listing
+    found.reserve(handles.size());
+    for (auto& handle : handles) {
       auto domain = describe(*conn, handle.get());
       if (!domain) {
         if (domain.error().kind == VmError::Kind::not_found) continue;  // undefined since the listing
         return std::unexpected(domain.error());
       }
+      found.emplace_back(domain->uuid, SharedDomain{handle.release(), DomainFree{}});
       out.push_back(std::move(*domain));
     }
+    keep_handles(*conn, found);
     return out;
   }
 
@@ -373,6 +377,20 @@ class Libvirt final : public Hypervisor {
     auto& handles = (*conn)->handles;
     if (handles.size() >= kMaxHandles) evicted.swap(handles);
     return Target{*conn, handles.try_emplace(uuid, found).first->second};
+  }
+
+  // A listing's handles, so that the calls that act on what it listed (a termination's record,
+  // state and destroy) need no lookup. Those already kept stay; what is replaced or evicted is
+  // released after the unlock (`found` keeps it).
+  void keep_handles(const ConnRef& conn, std::vector<std::pair<std::string, SharedDomain>>& found) {
+    std::map<std::string, SharedDomain> evicted;
+    std::lock_guard lock{mu_};
+    auto& handles = conn->handles;
+    if (handles.size() + found.size() > kMaxHandles) evicted.swap(handles);
+    for (auto& [uuid, domain] : found) {
+      if (handles.size() >= kMaxHandles) break;
+      handles.try_emplace(uuid, domain);
+    }
   }
 
   // After a failed call on a cached handle: a domain that is gone is forgotten.

@@ -1,7 +1,8 @@
 // Fuzz target: the libvirt domain XML parsers (gpunode::vmctl::parse_domain_xml and the three
 // single-purpose parsers beside it), over XML text as libvirt (or a hook's stdin) hands it over.
 //
-// Properties: no parser throws or crashes; one parse gives what the three separate parsers give;
+// Properties: no parser throws or crashes; parse_domain_xml (SAX events) gives what the tree
+// readers give (detail::parse_domain_xml_tree), and what the three separate parsers give;
 // PCI addresses are sorted, unique and "dddd:bb:ss.f" in lower-case hex; every string taken from
 // the text is valid UTF-8 (it goes into JSON answers); a termination record read back from the
 // element termination_xml() and termination_element() write is the same record.
@@ -38,6 +39,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view xml(reinterpret_cast<const char*>(data), size);
   const vmctl::DomainXmlFacts facts = vmctl::parse_domain_xml(xml);
 
+  // The SAX reading against the tree's, fact by fact.
+  const vmctl::DomainXmlFacts tree = vmctl::detail::parse_domain_xml_tree(xml);
+  check(facts.is_domain == tree.is_domain, "parse_domain_xml and the tree differ on is_domain");
+  check(facts.name == tree.name, "parse_domain_xml and the tree differ on the name", facts.name);
+  check(facts.uuid == tree.uuid, "parse_domain_xml and the tree differ on the uuid", facts.uuid);
+  check(facts.unreadable_pci_hostdevs == tree.unreadable_pci_hostdevs,
+        "parse_domain_xml and the tree differ on unreadable hostdevs");
+  check(facts.pci_addresses == tree.pci_addresses, "parse_domain_xml and the tree differ on the addresses");
+  check(facts.label == tree.label, "parse_domain_xml and the tree differ on the label");
+  check(facts.termination == tree.termination, "parse_domain_xml and the tree differ on the termination");
   check(facts.pci_addresses == vmctl::hostdev_pci_addresses(xml),
         "parse_domain_xml and hostdev_pci_addresses differ");
   check(facts.label == vmctl::parse_workload(xml), "parse_domain_xml and parse_workload differ");

@@ -201,3 +201,115 @@ TEST_CASE("parse_domain_xml: name, uuid, and PCI hostdevs whose address cannot b
   CHECK(bare.name.empty());
   CHECK(bare.unreadable_pci_hostdevs == 0);
 }
+
+namespace {
+
+bool same(const DomainXmlFacts& a, const DomainXmlFacts& b) {
+  return a.pci_addresses == b.pci_addresses && a.label == b.label && a.termination == b.termination &&
+         a.is_domain == b.is_domain && a.name == b.name && a.uuid == b.uuid &&
+         a.unreadable_pci_hostdevs == b.unreadable_pci_hostdevs;
+}
+
+}  // namespace
+
+TEST_CASE("parse_domain_xml reads SAX events and answers as the tree readers do, on the corners of XML") {
+  const std::string w = R"(vm-id="vm-1" org="org-b" tier="spot")";
+  const std::string t = R"(reason="capacity-reclaim" at="2027-01-31T00:00:00Z" by="org-a" audit-id="aud_1")";
+  const std::vector<std::string> docs{
+      // what libvirt hands over
+      "<domain type='kvm' id='3'>\n  <name>train-7</name>\n  "
+      "<uuid>0b1e0f7c-5a52-4ad0-9a6a-9f3f0e2b7d11</uuid>\n"
+      "  <metadata>\n    <gw:workload xmlns:gw=\"urn:gpunode:workload:1\" " +
+          w +
+          "/>\n"
+          "    <gt:termination xmlns:gt=\"urn:gpunode:termination:1\" " +
+          t +
+          "/>\n  </metadata>\n"
+          "  <devices>\n" +
+          pci("domain='0x0000' bus='0x41' slot='0x00' function='0x0'") + "\n" +
+          pci("domain='0x0000' bus='0x41' slot='0x00' function='0x1'") + "\n  </devices>\n</domain>\n",
+      // names with a prefix bound to no namespace (the tree names them "p:local")
+      "<p:domain><name>x</name></p:domain>",
+      "<domain><p:name>x</p:name><p:devices>" + pci("bus='1' slot='0' function='0'") +
+          "</p:devices></domain>",
+      "<domain><devices><hostdev p:type='pci'><source><address bus='1' slot='0' "
+      "function='0'/></source></hostdev></devices></domain>",
+      "<domain><devices><hostdev type='pci'><source><address p:bus='1' slot='0' "
+      "function='0'/></source></hostdev></devices></domain>",
+      // names in a namespace: a <domain> in one still has its devices read, not its name or metadata
+      "<d:domain xmlns:d='urn:x'><name>x</name><devices>" + pci("bus='2' slot='0' function='0'") +
+          "</devices>"
+          "<metadata><workload xmlns='urn:gpunode:workload:1' " +
+          w + "/></metadata></d:domain>",
+      "<domain><x:name xmlns:x='urn:x'>n</x:name><x:devices xmlns:x='urn:x'>" +
+          pci("bus='3' slot='0' function='0'") +
+          "</x:devices><x:metadata xmlns:x='urn:x'><workload xmlns='urn:gpunode:workload:1' " + w +
+          "/></x:metadata></domain>",
+      // the first of each only
+      "<domain><name>a</name><name>b</name><uuid>u1</uuid><uuid>u2</uuid><devices/><devices>" +
+          pci("bus='4' slot='0' function='0'") + "</devices></domain>",
+      "<domain><metadata/><metadata><workload xmlns='urn:gpunode:workload:1' " + w + "/></metadata></domain>",
+      "<domain><metadata><workload xmlns='urn:gpunode:workload:1' vm-id='' org='o' tier='spot'/>"
+      "<workload xmlns='urn:gpunode:workload:1' " +
+          w + "/></metadata></domain>",
+      "<domain><devices><hostdev type='pci'><source/><source><address bus='5' slot='0' "
+      "function='0'/></source></hostdev>"
+      "<hostdev type='pci'><source><address bus='zz' slot='0' function='0'/><address bus='6' slot='0' "
+      "function='0'/></source></hostdev>"
+      "<hostdev type='pci'><source><x><address bus='7' slot='0' function='0'/></x></source></hostdev>"
+      "<hostdev type='pci'/><hostdev type='usb'><source><address bus='8' slot='0' "
+      "function='0'/></source></hostdev>"
+      "<hostdev><source><address bus='9' slot='0' function='0'/></source></hostdev></devices></domain>",
+      "<domain><x><devices>" + pci("bus='10' slot='0' function='0'") + "</devices></x></domain>",
+      // text: nested, CDATA, character and predefined entity references, comments, blanks
+      "<domain><name>a<b>c</b><![CDATA[<d>]]>&#x41;&lt;&amp;<!-- no -->e</name><uuid> u </uuid></domain>",
+      // attribute values: references, '&' (SAX keeps "&#38;" for the tree to decode), blanks normalised
+      "<domain><metadata><workload xmlns='urn:gpunode:workload:1' vm-id='vm&amp;1' org='o&#38;b' "
+      "tier='spot'/></metadata></domain>",
+      "<domain><metadata><workload xmlns='urn:gpunode:workload:1' vm-id='vm&lt;1&gt;' org='&#x6f;rg' "
+      "tier='&#115;pot'/></metadata></domain>",
+      "<domain><metadata><workload xmlns='urn:gpunode:workload:1' vm-id='a\tb\nc' org='o' "
+      "tier='spot'/></metadata></domain>",
+      "<domain><devices><hostdev type='&#112;ci'><source><address bus='0x&#52;1' slot='0' "
+      "function='0'/></source></hostdev></devices></domain>",
+      // a DTD, its entities and defaulted attributes: left to the tree readers
+      "<!DOCTYPE domain [<!ENTITY b '0x41'><!ATTLIST hostdev type CDATA "
+      "'pci'>]><domain><name>&b;</name><devices>"
+      "<hostdev><source><address bus='&b;' slot='0' function='0'/></source></hostdev></devices></domain>",
+      // roots other than <domain>
+      "<metadata><workload xmlns='urn:gpunode:workload:1' " + w +
+          "/><termination xmlns='urn:gpunode:termination:1' " + t + "/></metadata>",
+      "<m:metadata xmlns:m='urn:x'><workload xmlns='urn:gpunode:workload:1' " + w + "/></m:metadata>",
+      "<workload " + w + "/>",
+      "<workload xmlns='urn:gpunode:termination:1' " + w + "/>",
+      "<termination xmlns='urn:gpunode:termination:1' " + t + "><workload xmlns='urn:gpunode:workload:1' " +
+          w + "/></termination>",
+      "<network><name>default</name><devices>" + pci("bus='1' slot='0' function='0'") +
+          "</devices></network>",
+      // not well formed, or barely XML
+      "<domain><name>x</name>",
+      "<domain><a:b/></domain>",
+      "<domain a='1' a='2'/>",
+      "<?xml version='1.0' encoding='UTF-8'?><domain/>",
+      "\xEF\xBB\xBF<domain><name>bom</name></domain>",
+      "<domain>",
+      "",
+      " ",
+  };
+  for (const auto& d : docs) {
+    CAPTURE(d);
+    const auto fast = parse_domain_xml(d);
+    const auto tree = detail::parse_domain_xml_tree(d);
+    CHECK(same(fast, tree));
+    CHECK(fast.pci_addresses == hostdev_pci_addresses(d));
+    CHECK(fast.label == parse_workload(d));
+    CHECK(fast.termination == parse_termination(d));
+  }
+  // The values themselves, where the corners matter.
+  CHECK(parse_domain_xml(docs[0]).name == "train-7");
+  CHECK(parse_domain_xml(docs[0]).pci_addresses == std::vector<std::string>{"0000:41:00.0", "0000:41:00.1"});
+  CHECK(parse_domain_xml(docs[12]).name == "ac<d>A<&e");
+  CHECK(parse_domain_xml(docs[13]).label == WorkloadLabel{"vm&1", "o&b", Tier::spot});
+  CHECK(parse_domain_xml(docs[16]).pci_addresses == std::vector<std::string>{"0000:41:00.0"});
+  CHECK(parse_domain_xml(docs[17]).name == "0x41");
+}
