@@ -135,8 +135,8 @@ struct Connection {
   virConnectPtr ptr;
   int lifecycle_id = -1;
   bool close_registered = false;
-  // Domain handles by uuid, looked up once per connection (a lookup is a round trip to libvirtd,
-  // and a termination makes several calls on one domain). Guarded by Libvirt::mu_.
+  // Domain handles by uuid: a listing's, then any looked up since (a lookup is a round trip to
+  // libvirtd, and a termination makes several calls on one domain). Guarded by Libvirt::mu_.
   std::map<std::string, SharedDomain> handles;
 
   explicit Connection(virConnectPtr conn) : ptr(conn) {}
@@ -175,15 +175,14 @@ class Libvirt final : public Hypervisor {
     std::free(raw);  // NOLINT: the array is malloc'd by libvirt
     std::vector<Domain> out;
     out.reserve(handles.size());
-    std::vector<std::pair<std::string, SharedDomain>> found;  // kept for the calls that follow a listing
-    found.reserve(handles.size());
+    std::map<std::string, SharedDomain> found;  // kept for the calls that follow a listing
     for (auto& handle : handles) {
       auto domain = describe(*conn, handle.get());
       if (!domain) {
         if (domain.error().kind == VmError::Kind::not_found) continue;  // undefined since the listing
         return std::unexpected(domain.error());
       }
-      found.emplace_back(domain->uuid, SharedDomain{handle.release(), DomainFree{}});
+      if (found.size() < kMaxHandles) found.try_emplace(domain->uuid, SharedDomain{handle.release(), DomainFree{}});
       out.push_back(std::move(*domain));
     }
     keep_handles(*conn, found);
@@ -202,7 +201,7 @@ class Libvirt final : public Hypervisor {
     // on an active persistent domain and refuses LIVE on an inactive one. A domain that stops
     // between the check and the write is retried once with fresh flags.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      auto flags = definition_flags(conn, domain);
+      auto flags = definition_flags(conn, uuid, domain);
       if (!flags) return std::unexpected(flags.error());
       if (lv().virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(), ns.c_str(),
                                *flags) == 0)
@@ -379,18 +378,12 @@ class Libvirt final : public Hypervisor {
     return Target{*conn, handles.try_emplace(uuid, found).first->second};
   }
 
-  // A listing's handles, so that the calls that act on what it listed (a termination's record,
-  // state and destroy) need no lookup. Those already kept stay; what is replaced or evicted is
-  // released after the unlock (`found` keeps it).
-  void keep_handles(const ConnRef& conn, std::vector<std::pair<std::string, SharedDomain>>& found) {
-    std::map<std::string, SharedDomain> evicted;
+  // A listing's handles replace those kept, so that the calls that act on what it listed (a
+  // termination's record, state and destroy) need no lookup, and domains gone since the last
+  // listing are dropped. The handles replaced are released after the unlock, with `found`.
+  void keep_handles(const ConnRef& conn, std::map<std::string, SharedDomain>& found) {
     std::lock_guard lock{mu_};
-    auto& handles = conn->handles;
-    if (handles.size() + found.size() > kMaxHandles) evicted.swap(handles);
-    for (auto& [uuid, domain] : found) {
-      if (handles.size() >= kMaxHandles) break;
-      handles.try_emplace(uuid, domain);
-    }
+    conn->handles.swap(found);
   }
 
   // After a failed call on a cached handle: a domain that is gone is forgotten.
@@ -406,11 +399,11 @@ class Libvirt final : public Hypervisor {
     return e;
   }
 
-  std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, virDomainPtr domain) {
+  std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, const std::string& uuid, virDomainPtr domain) {
     const int active = lv().virDomainIsActive(domain);
-    if (active < 0) return std::unexpected(fail(conn));
+    if (active < 0) return std::unexpected(fail_on(conn, uuid));
     const int persistent = lv().virDomainIsPersistent(domain);
-    if (persistent < 0) return std::unexpected(fail(conn));
+    if (persistent < 0) return std::unexpected(fail_on(conn, uuid));
     unsigned flags = 0;
     if (active == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
     if (persistent == 1) flags |= VIR_DOMAIN_AFFECT_CONFIG;
@@ -458,8 +451,8 @@ class Libvirt final : public Hypervisor {
   //             and watch() when it starts or stops watching, clear it.
   //   watched_  whether new connections subscribe to events: written by watch(), read by the call
   //             that opens a connection.
-  //   Connection::handles, of every connection: read and filled by the calls that look a domain
-  //             up, pruned by those that find it gone.
+  //   Connection::handles, of every connection: replaced by each listing, read and filled by the
+  //             calls that look a domain up, pruned by those that find it gone.
   // libvirt's event-loop thread touches none of it: its callbacks reach Watchers only, by id.
   std::mutex mu_;
   ConnRef conn_;

@@ -226,9 +226,9 @@ namespace {
 //     <metadata>, in which the first <workload> and <termination> in their §5 namespaces count;
 //   - a root <metadata> in no namespace holds them the same way; a root <workload> or
 //     <termination> (in no namespace or in its own) is itself the element.
-// A document with a DTD or an entity reference, or an attribute read here whose value holds '&'
-// (SAX hands "&amp;" over as "&#38;", to be decoded by whoever builds a tree), goes to the tree
-// readers instead: rare, and never worth a second set of rules.
+// A document with a DTD, or an attribute read here whose value holds '&' (SAX hands "&amp;" over
+// as "&#38;", to be decoded by whoever builds a tree), goes to the tree readers instead: rare, and
+// never worth a second set of rules.
 struct Scan {
   enum class Role { none, devices, pci_hostdev, source, metadata, text };
   struct Open {
@@ -299,10 +299,8 @@ Scan& scan_of(void* ctx) {
   return *static_cast<Scan*>(static_cast<xmlParserCtxt*>(ctx)->_private);
 }
 
-void sax_start(void* ctx, const xmlChar* local, const xmlChar* prefix, const xmlChar* uri,
-               int /*nb_namespaces*/, const xmlChar** /*namespaces*/, int nb_attributes, int /*nb_defaulted*/,
-               const xmlChar** attrs) {
-  Scan& s = scan_of(ctx);
+void on_start(Scan& s, const xmlChar* local, const xmlChar* prefix, const xmlChar* uri, int nb_attributes,
+              const xmlChar** attrs) {
   const Name n{sv(local), sv(uri), prefix != nullptr && uri == nullptr};
   const std::size_t depth = s.stack.size();
   Scan::Open open;
@@ -358,8 +356,7 @@ void sax_start(void* ctx, const xmlChar* local, const xmlChar* prefix, const xml
   s.stack.push_back(open);
 }
 
-void sax_end(void* ctx, const xmlChar* /*local*/, const xmlChar* /*prefix*/, const xmlChar* /*uri*/) {
-  Scan& s = scan_of(ctx);
+void on_end(Scan& s) {
   if (s.stack.empty()) return;
   switch (s.stack.back().role) {
     case Scan::Role::pci_hostdev:
@@ -378,17 +375,36 @@ void sax_end(void* ctx, const xmlChar* /*local*/, const xmlChar* /*prefix*/, con
   s.stack.pop_back();
 }
 
+// libxml2's callbacks (C): each hands its event to the reading above. The tree readers take over
+// when the document needs them (a DTD; an entity reference, which without a DTD cannot occur and
+// is caught here only in case) or when the reading throws (it allocates): an exception must not
+// unwind through libxml2's C frames.
+void sax_to_tree(void* ctx) {
+  scan_of(ctx).fallback = true;
+  xmlStopParser(static_cast<xmlParserCtxt*>(ctx));
+}
+template <typename Reading>
+void guarded(void* ctx, Reading reading) {
+  try {
+    reading(scan_of(ctx));
+  } catch (...) {
+    sax_to_tree(ctx);
+  }
+}
+void sax_start(void* ctx, const xmlChar* local, const xmlChar* prefix, const xmlChar* uri,
+               int /*nb_namespaces*/, const xmlChar** /*namespaces*/, int nb_attributes, int /*nb_defaulted*/,
+               const xmlChar** attrs) {
+  guarded(ctx, [&](Scan& s) { on_start(s, local, prefix, uri, nb_attributes, attrs); });
+}
+void sax_end(void* ctx, const xmlChar* /*local*/, const xmlChar* /*prefix*/, const xmlChar* /*uri*/) {
+  guarded(ctx, [](Scan& s) { on_end(s); });
+}
 // All the text inside <name> or <uuid>, at any depth (as xmlNodeGetContent gives it).
 void sax_characters(void* ctx, const xmlChar* text, int length) {
-  Scan& s = scan_of(ctx);
-  if (s.text != nullptr && length > 0)
-    s.text->append(reinterpret_cast<const char*>(text), static_cast<std::size_t>(length));
-}
-
-void sax_to_tree(void* ctx) {
-  auto* ctxt = static_cast<xmlParserCtxt*>(ctx);
-  scan_of(ctx).fallback = true;
-  xmlStopParser(ctxt);
+  guarded(ctx, [&](Scan& s) {
+    if (s.text != nullptr && length > 0)
+      s.text->append(reinterpret_cast<const char*>(text), static_cast<std::size_t>(length));
+  });
 }
 void sax_subset(void* ctx, const xmlChar* /*name*/, const xmlChar* /*external_id*/,
                 const xmlChar* /*system_id*/) {

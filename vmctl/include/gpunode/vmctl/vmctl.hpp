@@ -138,7 +138,8 @@ DomainXmlFacts parse_domain_xml(std::string_view domain_xml);
 namespace detail {
 // The same from a document tree, by the three parsers' own readers: parse_domain_xml reads SAX
 // events instead (list() parses every domain's XML) and falls back to this for what it leaves to
-// the tree (a DTD, an entity); the tests and the fuzzer hold the two to the same answers.
+// the tree (a DTD, an attribute value read that holds '&'); the tests and the fuzzer hold the two
+// to the same answers.
 DomainXmlFacts parse_domain_xml_tree(std::string_view domain_xml);
 }  // namespace detail
 // The §5 element: <termination xmlns="urn:gpunode:termination:1" reason=".." at=".." by=".." audit-id=".."/>
