@@ -587,13 +587,13 @@ def limits(c, lab):
         s4.connect(lab.sock)
         s4.sendall(b"GET /v1/nodes/")
         held.append(s4)
-        t0 = time.time()
+        t0 = time.monotonic()
         r = lab.get(lab.npath("/units"), admin, timeout=5)
-        took = time.time() - t0
+        took = time.monotonic() - t0
         c.check(f"a second client is served while slow clients hang ({took:.2f}s)", r.status == 200 and took < 2, r)
-        t0 = time.time()
+        t0 = time.monotonic()
         r = lab.call("GET", lab.npath("/units"), unix=True, timeout=5)
-        took = time.time() - t0
+        took = time.monotonic() - t0
         c.check(f"an admin-socket client is served while a slow socket client hangs ({took:.2f}s)",
                 r.status == 200 and took < 2, r)
         # many at once

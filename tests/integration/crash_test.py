@@ -131,9 +131,9 @@ def main(c, agent):
                 print(f"# kill {k} after operation {s.done} ({s.acked} acknowledged)", flush=True)
                 lab.kill()
                 time.sleep(rng.random() * 0.2)
-                t0 = time.time()
+                t0 = time.monotonic()
                 lab.start()
-                c.check(f"restart {k} after SIGKILL serves again ({time.time() - t0:.2f}s)", lab.running(), lab.tail())
+                c.check(f"restart {k} after SIGKILL serves again ({time.monotonic() - t0:.2f}s)", lab.running(), lab.tail())
             th.join(60)
         finally:
             s.stop = True

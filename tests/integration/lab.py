@@ -525,8 +525,8 @@ log:
         self.proc = subprocess.Popen([self.agent, "run", "--config", self.cfg], stdout=self.logf,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, **(env or {})))
-        deadline = time.time() + wait
-        while time.time() < deadline:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited {self.proc.returncode}: {self.tail()}")
             try:
@@ -552,7 +552,7 @@ log:
         """SIGTERM by PID; returns (exit code, seconds taken); kill -9 if it overstays."""
         rc, took = None, 0.0
         if self.running():
-            t0 = time.time()
+            t0 = time.monotonic()
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 rc = self.proc.wait(timeout)
@@ -560,7 +560,7 @@ log:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
                 rc = "timeout"
-            took = time.time() - t0
+            took = time.monotonic() - t0
         self._closelog()
         return rc, took
 
@@ -587,10 +587,10 @@ log:
     def log_line(self, *needles, since=0, timeout=5.0):
         """The first line of the log after byte `since` that holds every needle, waiting up to
         `timeout` seconds for it (a request's lines are written just after its answer); "" if none."""
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             line = next((x for x in self.log()[since:].splitlines() if all(n in x for n in needles)), "")
-            if line or time.time() >= deadline:
+            if line or time.monotonic() >= deadline:
                 return line
             time.sleep(0.02)
 

@@ -82,9 +82,9 @@ def define(daemon, name, xml):
 
 
 def start(daemon, name):
-    t0 = time.time()
+    t0 = time.monotonic()
     r = daemon.virsh("start", name, check=False)
-    return r.returncode, r.stderr.strip(), time.time() - t0
+    return r.returncode, r.stderr.strip(), time.monotonic() - t0
 
 
 def body(c, agent, daemon, lab):
@@ -152,7 +152,7 @@ def main():
         print(f"usage: {sys.argv[0]} PATH/TO/gpunode-agent", file=sys.stderr)
         return 2
     agent = os.path.abspath(sys.argv[1])
-    t0 = time.time()
+    t0 = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     c = L.Checks("libvirtd-hook")
     daemon = None
@@ -179,7 +179,7 @@ def main():
             daemon.close()
     if daemon is not None:
         c.check("no process of the private libvirtd is left", not daemon.leftovers(), daemon.leftovers())
-    print(f"# {time.time() - t0:.1f}s", flush=True)
+    print(f"# {time.monotonic() - t0:.1f}s", flush=True)
     return c.finish()
 
 

@@ -21,8 +21,8 @@ DAY = 86400
 
 
 def wait_log(lab, needle, since, timeout=2.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if needle in lab.log()[since:].lower():
             return True
         time.sleep(0.05)
