@@ -90,13 +90,13 @@ def cmd_build(build, out):
     c = L.Checks("package.build")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    t0 = time.time()
+    t0 = time.monotonic()
     p = run(["cpack", "-G", "DEB", "--config", os.path.join(build, "CPackConfig.cmake"), "-B", out], timeout=900)
     print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
     c.eq("cpack -G DEB exits 0", p.returncode, 0)
     debs = glob.glob(os.path.join(out, "gpunode-agent_*.deb"))
     arch = run(["dpkg", "--print-architecture"]).stdout.strip()
-    c.check(f"one gpunode-agent_VERSION_{arch}.deb ({time.time() - t0:.0f}s)",
+    c.check(f"one gpunode-agent_VERSION_{arch}.deb ({time.monotonic() - t0:.0f}s)",
             len(debs) == 1 and debs[0].endswith(f"_{arch}.deb"), debs)
     shutil.rmtree(os.path.join(out, "_CPack_Packages"), ignore_errors=True)
     return c.finish()
@@ -234,8 +234,8 @@ def passwd_entry(root, file, name):
 
 
 def wait_for(pred, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if pred():
             return True
         time.sleep(0.05)

@@ -594,9 +594,9 @@ class Soak:
 
     def wait_pending_finished(self, label, before, timeout=20):
         """The pendings a kill left open are finished by the agent after the restart."""
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         left = set(before)
-        while left and time.time() < deadline:
+        while left and time.monotonic() < deadline:
             time.sleep(0.05)
             self.read_audit(label)
             left = {vm for vm in left if self.open_pending.get(vm) == before[vm]}
@@ -607,13 +607,13 @@ class Soak:
     def wait_written_ahead(self, most):
         """Polls state.db (read-only) for a termination written ahead and not finished yet, for at
         most `most` seconds: the moment to kill for a `pending` the next run must finish."""
-        deadline = time.time() + most
+        deadline = time.monotonic() + most
         try:
             db = sqlite3.connect(f"file:{os.path.join(self.lab.state, 'state.db')}?mode=ro", uri=True, timeout=1)
         except sqlite3.Error:
             return False
         try:
-            while time.time() < deadline:
+            while time.monotonic() < deadline:
                 try:
                     (n,) = db.execute("SELECT count(*) FROM terminations WHERE state = 'pending'").fetchone()
                 except sqlite3.Error:
@@ -627,8 +627,8 @@ class Soak:
 
     def pause_actors(self):
         self.pause.set()
-        deadline = time.time() + 60
-        while time.time() < deadline:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             if all(ev.is_set() for ev in self.idle.values()):
                 return True
             time.sleep(0.005)
@@ -662,7 +662,7 @@ def main(c, agent):
     seed = arg("--seed", random.randrange(1 << 30))
     full_every = arg("--full-every", 1 if kills <= 60 else 25)
     print(f"# seed {seed}, {kills} kills" + (f", at most {minutes} minutes" if minutes else ""), flush=True)
-    t0 = time.time()
+    t0 = time.monotonic()
     env = {}
     supp = os.path.join(HERE, "tsan_libvirt.supp")
     if os.environ.get("TSAN_OPTIONS") is not None:
@@ -685,16 +685,16 @@ def main(c, agent):
             rng = random.Random(seed + 3)
             try:
                 for k in range(1, kills + 1):
-                    if minutes and time.time() - t0 > minutes * 60:
+                    if minutes and time.monotonic() - t0 > minutes * 60:
                         print(f"# the {minutes}-minute bound came after {k - 1} kills", flush=True)
                         break
                     up = 0.15 + rng.random() * 0.9
-                    deadline = time.time() + up
+                    deadline = time.monotonic() + up
                     biased = rng.random() < 0.3
-                    while time.time() < deadline:
+                    while time.monotonic() < deadline:
                         if not lab.running():
                             break
-                        if biased and time.time() > deadline - up / 2:
+                        if biased and time.monotonic() > deadline - up / 2:
                             with s.lock:
                                 spot = s.in_flight.get("spot")
                             if spot and ("/terminate-spot" in spot[1] or spot[1].endswith("/reclaim")) and \
@@ -708,13 +708,13 @@ def main(c, agent):
                     lab.kill()
                     s.kills += 1
                     time.sleep(rng.random() * 0.1)
-                    t1 = time.time()
+                    t1 = time.monotonic()
                     try:
                         lab.start(wait=60, env=env)
                     except RuntimeError as e:
                         c.check(f"restart {k} after SIGKILL serves again", False, str(e))
                         break
-                    s.restart_s.append(time.time() - t1)
+                    s.restart_s.append(time.monotonic() - t1)
                     label = f"after kill {k}"
                     s.pause_actors()
                     try:
@@ -740,7 +740,7 @@ def main(c, agent):
                 s.stop = True
                 for t in threads:
                     t.join(30)
-            wall_loop = time.time() - t0
+            wall_loop = time.monotonic() - t0
             c.check(f"{s.kills} kills (of {kills}), every one restarted and checked", s.kills > 0 and not s.problems, s.problems[:5])
             c.check("no mutation was refused unexpectedly", not s.unexpected, s.unexpected[:5])
 
@@ -795,7 +795,7 @@ def main(c, agent):
             for marker in ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer"):
                 c.check(f"no sanitizer report in the agent's log ({marker!r})", marker not in log,
                         log[max(0, log.find(marker) - 200):log.find(marker) + 3000])
-            wall = time.time() - t0
+            wall = time.monotonic() - t0
             restart = sorted(s.restart_s)
             print(f"# restarts: median {restart[len(restart) // 2]:.2f}s, max {restart[-1]:.2f}s; {s.biased_kills} kills"
                   f" came while a termination was written ahead and not finished; {s.resend} requests sent again after no answer;"
