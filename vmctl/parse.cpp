@@ -157,23 +157,34 @@ std::vector<std::string> addresses_of(const xmlDoc* doc, std::size_t* unreadable
   return out;
 }
 
-std::optional<WorkloadLabel> workload_of(const xmlDoc* doc) {
-  const xmlNode* element = find_metadata_element(doc, "workload", workload_ns);
-  if (element == nullptr) return std::nullopt;
-  auto vm_id = attr(element, "vm-id");
-  auto org = attr(element, "org");
-  auto tier_text = attr(element, "tier");
+// The §5 elements from their attributes, read by `attr` (name -> optional value), as the tree
+// and the SAX reading both do.
+template <typename Attr>
+std::optional<WorkloadLabel> workload_from(Attr attr) {
+  auto vm_id = attr("vm-id");
+  auto org = attr("org");
+  auto tier_text = attr("tier");
   if (!vm_id || vm_id->empty() || !org || org->empty() || !tier_text) return std::nullopt;
   auto tier = parse_tier(*tier_text);
   if (!tier) return std::nullopt;
   return WorkloadLabel{std::move(*vm_id), std::move(*org), *tier};
 }
+template <typename Attr>
+TerminationRecord termination_from(Attr attr) {
+  return TerminationRecord{attr("reason").value_or(""), attr("at").value_or(""), attr("by").value_or(""),
+                           attr("audit-id").value_or("")};
+}
+
+std::optional<WorkloadLabel> workload_of(const xmlDoc* doc) {
+  const xmlNode* element = find_metadata_element(doc, "workload", workload_ns);
+  if (element == nullptr) return std::nullopt;
+  return workload_from([&](const char* name) { return attr(element, name); });
+}
 
 std::optional<TerminationRecord> termination_of(const xmlDoc* doc) {
   const xmlNode* element = find_metadata_element(doc, "termination", termination_ns);
   if (element == nullptr) return std::nullopt;
-  return TerminationRecord{attr(element, "reason").value_or(""), attr(element, "at").value_or(""),
-                           attr(element, "by").value_or(""), attr(element, "audit-id").value_or("")};
+  return termination_from([&](const char* name) { return attr(element, name); });
 }
 
 }  // namespace
@@ -270,18 +281,11 @@ std::optional<std::string> sax_pci_address(Scan& s, int count, const xmlChar** a
 }
 
 void sax_workload(Scan& s, int count, const xmlChar** attrs) {
-  auto vm_id = sax_attr(s, count, attrs, "vm-id");
-  auto org = sax_attr(s, count, attrs, "org");
-  auto tier_text = sax_attr(s, count, attrs, "tier");
-  if (!vm_id || vm_id->empty() || !org || org->empty() || !tier_text) return;
-  if (auto tier = parse_tier(*tier_text))
-    s.facts.label = WorkloadLabel{std::move(*vm_id), std::move(*org), *tier};
+  s.facts.label = workload_from([&](const char* name) { return sax_attr(s, count, attrs, name); });
 }
 
 void sax_termination(Scan& s, int count, const xmlChar** attrs) {
-  s.facts.termination = TerminationRecord{
-      sax_attr(s, count, attrs, "reason").value_or(""), sax_attr(s, count, attrs, "at").value_or(""),
-      sax_attr(s, count, attrs, "by").value_or(""), sax_attr(s, count, attrs, "audit-id").value_or("")};
+  s.facts.termination = termination_from([&](const char* name) { return sax_attr(s, count, attrs, name); });
 }
 
 // A child of a <metadata> that counts: the first <workload> and <termination> in their namespaces.
