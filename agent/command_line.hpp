@@ -7,8 +7,9 @@
 // executable itself links no library beyond the C++ runtime: it parses the command line, answers
 // `version`, and loads the one module the command needs (dlopen by full path: next to it in the
 // build tree, /usr/lib/gpunode-agent once installed; main.cpp's module_path):
-//   gpunode-agent-tools.so   discover, check-config, libvirt-hook (libpci, yaml-cpp, Boost.JSON)
-//   gpunode-agent-daemon.so  run (everything: OpenSSL, SQLite, libxml2, Boost.Beast, ...)
+//   gpunode-agent-tools.so   discover, check-config, libvirt-hook, reload (libpci, yaml-cpp, Boost.JSON)
+//   gpunode-agent-daemon.so  run, check-config --files (everything: OpenSSL, SQLite, libxml2,
+//                            Boost.Beast, ...: the files are checked by the agent's own loaders)
 // Each module defines kCommandEntry as a CommandEntry.
 #pragma once
 
@@ -21,9 +22,11 @@
 namespace gpunode::agent {
 
 struct CommandLine {
-  enum class Command { discover, check_config, run, libvirt_hook };
+  enum class Command { discover, check_config, run, libvirt_hook, reload };
   Command command = Command::discover;
-  std::string config_file;  // --config of the command (run and libvirt-hook have defaults)
+  std::string config_file;  // --config of the command (run, libvirt-hook and reload have defaults)
+  // check-config --files: also open every file the config names, as the calling user
+  bool files = false;
   // discover
   std::string host_root;
   bool json = false;

@@ -77,6 +77,11 @@ int main(int argc, char** argv) {
   agent::CommandLine check_line = line_of(Command::check_config);
   auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
   check->add_option("--config", check_line.config_file, "The file to check")->required();
+  check->add_flag("--files", check_line.files, "Also open every file it names as this user would (run it as the service's user)");
+
+  agent::CommandLine reload_line = line_of(Command::reload, "/etc/gpunode/agent.yaml");
+  auto* reload = app.add_subcommand("reload", "Ask the running agent to reload its configuration; exit 1 if it refused, 3 if unreachable");
+  reload->add_option("--config", reload_line.config_file, "agent.yaml whose admin.socket the agent listens on (default /etc/gpunode/agent.yaml)");
 
   agent::CommandLine run_line = line_of(Command::run, "/etc/gpunode/agent.yaml");
   auto* run = app.add_subcommand("run", "Run the agent daemon (HTTPS API, admin socket, discovery, terms)");
@@ -103,7 +108,8 @@ int main(int argc, char** argv) {
   }
 
   if (discover->parsed()) return run_in("gpunode-agent-tools.so", discover_line);
-  if (check->parsed()) return run_in("gpunode-agent-tools.so", check_line);
+  if (check->parsed()) return run_in(check_line.files ? "gpunode-agent-daemon.so" : "gpunode-agent-tools.so", check_line);
+  if (reload->parsed()) return run_in("gpunode-agent-tools.so", reload_line);
   if (hook->parsed()) return run_in("gpunode-agent-tools.so", hook_line);
   if (run->parsed()) return run_in("gpunode-agent-daemon.so", run_line);
   if (version->parsed()) {

@@ -1,5 +1,6 @@
-// gpunode-agent-tools.so: `discover`, `check-config` and `libvirt-hook` (see command_line.hpp for
-// why they live in a module of their own: none of them maps OpenSSL, SQLite or libxml2).
+// gpunode-agent-tools.so: `discover`, `check-config`, `libvirt-hook` and `reload` (see
+// command_line.hpp for why they live in a module of their own: none of them maps OpenSSL, SQLite or
+// libxml2). `check-config --files` is the daemon module's: it opens the files with the agent's loaders.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "libvirt_hook.hpp"
+#include "reload_client.hpp"
 
 namespace {
 
@@ -95,6 +97,13 @@ int cmd_libvirt_hook(const agent::CommandLine& line) {
   return verdict.exit_code;
 }
 
+int cmd_reload(const std::string& config_file) {
+  const auto verdict = agent::run_reload(config_file);
+  for (const auto& text : verdict.out) fmt::print("{}\n", text);
+  for (const auto& text : verdict.err) fmt::print(stderr, "{}\n", text);
+  return verdict.exit_code;
+}
+
 }  // namespace
 
 extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& line) {
@@ -104,7 +113,8 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& li
       case agent::CommandLine::Command::discover: return cmd_discover(line.config_file, line.host_root, line.json);
       case agent::CommandLine::Command::check_config: return cmd_check_config(line.config_file);
       case agent::CommandLine::Command::libvirt_hook: return cmd_libvirt_hook(line);
-      case agent::CommandLine::Command::run: break;  // gpunode-agent-daemon.so's
+      case agent::CommandLine::Command::reload: return cmd_reload(line.config_file);
+      case agent::CommandLine::Command::run: break;  // gpunode-agent-daemon.so's (and check-config --files)
     }
     return kExitUsage;
   });

@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <tuple>
 #include <cerrno>
 #include <initializer_list>
 #include <optional>
@@ -293,6 +294,31 @@ void require_value(const Section& s, std::string_view key) {
     s.problems().add(pos_of(value), fmt::format("{} must not be empty to run the agent", s.path(key)));
 }
 
+// --- the files it names (check-config --files) ----------------------------------------------------
+
+using Files = std::vector<NamedFile>;
+
+// Notes the file(s) `key` names: its value when a non-empty string, or each such entry of the list
+// auth.keys.
+// Bad values were reported when they were read; `fallback` is the default a missing key stands for.
+void note_file(const Section& s, std::string_view key, NamedFile::Kind kind, Files& files, std::string_view fallback = {}) {
+  const Entry* entry = s.find(key);
+  if (entry == nullptr) {
+    if (!fallback.empty()) files.push_back({s.path(key), 0, 0, std::string(fallback), kind});
+    return;
+  }
+  const auto add = [&](const YAML::Node& value) {
+    if (!value.IsScalar() || value.Scalar().empty()) return;
+    const Pos at = pos_of(value);
+    files.push_back({s.path(key), at.line, at.column, value.Scalar(), kind});
+  };
+  if (kind != NamedFile::Kind::public_keys) {
+    add(entry->value);  // a list here is a problem read_string reported
+  } else if (entry->value.IsSequence()) {
+    for (const YAML::Node& item : entry->value) add(item);
+  }
+}
+
 // --- the sections --------------------------------------------------------------------------------
 
 void read_node(const Section& root, Purpose purpose, Config::Node& out) {
@@ -305,32 +331,37 @@ void read_node(const Section& root, Purpose purpose, Config::Node& out) {
   require_key(s, "owner_org");
 }
 
-void read_discovery(const Section& root, Config::Discovery& out) {
+void read_discovery(const Section& root, Config::Discovery& out, Files& files) {
   const Section s =
       root.child("discovery", {"host_root", "gpu_vendors", "reservable_classes", "rescan_interval"});
   read_string(s, "host_root", values::absolute_path, out.host_root);
   read_list(s, "gpu_vendors", values::gpu_vendor, out.gpu_vendors);
   read_list(s, "reservable_classes", values::reservable_class, out.reservable_classes);
   read_value(s, "rescan_interval", "a duration", values::rescan_interval, out.rescan_interval);
+  note_file(s, "host_root", NamedFile::Kind::host_root, files, Config::Discovery{}.host_root);
 }
 
-void read_api(const Section& root, Purpose purpose, Config::Api& out) {
+void read_api(const Section& root, Purpose purpose, Config::Api& out, Files& files) {
   const Section s = root.child("api", {"listen", "tls"});
   read_string(s, "listen", values::listen, out.listen);
   const Section tls = s.child("tls", {"cert", "key", "client_ca"});
   read_string(tls, "cert", values::text, out.tls.cert);
   read_string(tls, "key", values::text, out.tls.key);
   read_string(tls, "client_ca", values::text, out.tls.client_ca);
+  note_file(tls, "cert", NamedFile::Kind::certificate_chain, files);
+  note_file(tls, "key", NamedFile::Kind::private_key, files);
+  note_file(tls, "client_ca", NamedFile::Kind::ca_certificates, files);
   if (purpose != Purpose::run) return;
   require_value(tls, "cert");
   require_value(tls, "key");
 }
 
-void read_auth(const Section& root, Purpose purpose, Config::Auth& out) {
+void read_auth(const Section& root, Purpose purpose, Config::Auth& out, Files& files) {
   const Section s = root.child("auth", {"issuer", "audience", "keys"});
   read_string(s, "issuer", values::text, out.issuer);
   read_string(s, "audience", values::non_empty_text, out.audience);
   read_list(s, "keys", values::non_empty_text, out.keys);
+  note_file(s, "keys", NamedFile::Kind::public_keys, files);
   if (purpose != Purpose::run) return;
   require_value(s, "issuer");
   require_value(s, "keys");
@@ -349,14 +380,18 @@ void read_libvirt(const Section& root, Config::Libvirt& out) {
   read_value(s, "shutdown_grace", "a duration", values::shutdown_grace, out.shutdown_grace);
 }
 
-void read_central(const Section& root, Purpose purpose, Config::Central& out) {
+void read_central(const Section& root, Purpose purpose, Config::Central& out, Files& files) {
   const Section s = root.child("central", {"url", "ca", "client_cert", "client_key", "heartbeat_interval"});
   read_string(s, "url", values::central_url, out.url);
   read_string(s, "ca", values::text, out.ca);
   read_string(s, "client_cert", values::text, out.client_cert);
   read_string(s, "client_key", values::text, out.client_key);
   read_value(s, "heartbeat_interval", "a duration", values::heartbeat_interval, out.heartbeat_interval);
-  if (purpose != Purpose::run || out.url.empty()) return;
+  if (out.url.empty()) return;  // reporting off: the agent opens none of its files
+  note_file(s, "ca", NamedFile::Kind::ca_certificates, files);
+  note_file(s, "client_cert", NamedFile::Kind::certificate_chain, files);
+  note_file(s, "client_key", NamedFile::Kind::private_key, files);
+  if (purpose != Purpose::run) return;
   require_value(s, "ca");  // the central API's server certificate is verified against it (CONTRACT §7 TLS)
   require_value(s, "client_cert");  // reporting is mTLS (CONTRACT §6)
   require_value(s, "client_key");
@@ -373,9 +408,10 @@ void read_metrics(const Section& root, Config::Metrics& out) {
   read_string(s, "listen", values::optional_listen, out.listen);
 }
 
-void read_state(const Section& root, Config::State& out) {
+void read_state(const Section& root, Config::State& out, Files& files) {
   const Section s = root.child("state", {"dir"});
   read_string(s, "dir", values::absolute_path, out.dir);
+  note_file(s, "dir", NamedFile::Kind::state_directory, files, Config::State{}.dir);
 }
 
 void read_log(const Section& root, Config::Log& out) {
@@ -384,20 +420,20 @@ void read_log(const Section& root, Config::Log& out) {
   read_string(s, "format", values::log_format, out.format);
 }
 
-void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out) {
+void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out, Files& files) {
   const Section root =
       Section::root(problems, document,
                     {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "enforcement", "metrics", "state", "log"});
   read_node(root, purpose, out.node);
-  read_discovery(root, out.discovery);
-  read_api(root, purpose, out.api);
-  read_auth(root, purpose, out.auth);
+  read_discovery(root, out.discovery, files);
+  read_api(root, purpose, out.api, files);
+  read_auth(root, purpose, out.auth, files);
   read_admin(root, out.admin);
   read_libvirt(root, out.libvirt);
-  read_central(root, purpose, out.central);
+  read_central(root, purpose, out.central, files);
   read_enforcement(root, out.enforcement);
   read_metrics(root, out.metrics);
-  read_state(root, out.state);
+  read_state(root, out.state, files);
   read_log(root, out.log);
 }
 
@@ -623,7 +659,10 @@ LoadResult load_string(std::string_view source, const std::string& file, Purpose
     problems.add({fault->line, fault->column}, fault->message);
   } else if (const auto document = parse(source, problems)) {
     try {
-      read_config(*document, purpose, problems, result.config);
+      read_config(*document, purpose, problems, result.config, result.files);
+      std::stable_sort(result.files.begin(), result.files.end(), [](const NamedFile& x, const NamedFile& y) {
+        return std::tuple(x.line == 0, x.line, x.column) < std::tuple(y.line == 0, y.line, y.column);
+      });
     } catch (const std::exception& e) {  // a yaml-cpp node API that throws: a bug here, not bad input
       problems.add(kNowhere, "internal error while reading the config: " + text::printable(e.what()));
     }

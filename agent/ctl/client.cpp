@@ -47,39 +47,40 @@ std::string_view Response::header(std::string_view lower_name) const {
   return {};
 }
 
-std::string describe(const TransportError& e, uid_t uid) {
+std::string describe(const TransportError& e, uid_t uid, std::string_view program) {
   using K = TransportError::Kind;
   switch (e.kind) {
     case K::missing:
       return fmt::format(
-          "gpunodectl: no admin socket at {} ({})\n"
+          "{}: no admin socket at {} ({})\n"
           "  is gpunode-agent running on this host? (systemctl status gpunode-agent.service)\n"
-          "  is this the admin.socket of /etc/gpunode/agent.yaml? (--socket PATH names another)\n",
-          e.path, e.detail);
+          "  is this the admin.socket of /etc/gpunode/agent.yaml? ({})\n",
+          program, e.path, e.detail,
+          program == "gpunodectl" ? "--socket PATH names another" : "the running agent keeps the socket it started with until a restart");
     case K::denied:
       return fmt::format(
-          "gpunodectl: permission denied on the admin socket {} ({})\n"
-          "  uid {} may not open it: the socket is mode 0660 for root and admin.allowed_group, in a directory mode 0750;\n"
+          "{}: permission denied on the admin socket {} ({})\n"
+          "  uid {} may not open it: the socket is mode 0660, group admin.allowed_group, in a directory mode 0755;\n"
           "  run as root, or as a member of admin.allowed_group, or ask for the uid in admin.allowed_uids\n",
-          e.path, e.detail, uid);
+          program, e.path, e.detail, uid);
     case K::not_listening:
       return fmt::format(
-          "gpunodectl: nothing listens on the admin socket {} ({})\n"
+          "{}: nothing listens on the admin socket {} ({})\n"
           "  the socket file is stale: is gpunode-agent running? (systemctl status gpunode-agent.service)\n",
-          e.path, e.detail);
+          program, e.path, e.detail);
     case K::refused_peer:
       return fmt::format(
-          "gpunodectl: the agent at {} refused this caller: it closed the connection without an answer ({})\n"
+          "{}: the agent at {} refused this caller: it closed the connection without an answer ({})\n"
           "  uid {} is not in admin.allowed_uids and not in admin.allowed_group of /etc/gpunode/agent.yaml;\n"
           "  run as root or as a member of admin.allowed_group (the agent logs the refusal)\n",
-          e.path, e.detail, uid);
+          program, e.path, e.detail, uid);
     case K::timeout:
-      return fmt::format("gpunodectl: no answer from the agent at {} within {}\n  is gpunode-agent stuck? (journalctl -u gpunode-agent.service)\n",
-                         e.path, e.detail);
+      return fmt::format("{}: no answer from the agent at {} within {}\n  is gpunode-agent stuck? (journalctl -u gpunode-agent.service)\n",
+                         program, e.path, e.detail);
     case K::broken:
       break;
   }
-  return fmt::format("gpunodectl: cannot talk to the agent at {}: {}\n", e.path, e.detail);
+  return fmt::format("{}: cannot talk to the agent at {}: {}\n", program, e.path, e.detail);
 }
 
 UnixClient::UnixClient(std::string path, std::string user_agent) : path_(std::move(path)), user_agent_(std::move(user_agent)) {}

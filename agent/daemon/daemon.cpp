@@ -14,19 +14,20 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/json.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/daemon/config_files.hpp"
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
 #include "gpunode/daemon/sd_notify.hpp"
 #include "gpunode/daemon/uevents.hpp"
 #include "gpunode/daemon/wall_timer.hpp"
-#include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
@@ -66,6 +67,21 @@ service::ApiRequest to_api(http::Request&& q) {
   if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
   a.request_id = std::move(q.request_id);
   return a;
+}
+
+// The config at `file` for `run`, and every file it names usable by this process; else every problem.
+std::expected<config::Config, std::vector<config::Problem>> load_checked(const std::string& file) {
+  auto loaded = config::load_file(file, config::Purpose::run);
+  if (!loaded.ok()) return std::unexpected(std::move(loaded.problems));
+  if (auto bad = check_named_files(loaded, file); !bad.empty()) return std::unexpected(std::move(bad));
+  return std::move(loaded.config);
+}
+
+// 405 naming the one method a route of the daemon's own takes.
+http::Response method_not_allowed(const char* allow) {
+  auto r = http::problem(405, "method-not-allowed", "Method not allowed", fmt::format("allowed: {}", allow));
+  r.headers.emplace_back("Allow", allow);
+  return r;
 }
 
 // Runs an io_context until it stops, logging whatever a handler throws: the thread's boundary.
@@ -238,17 +254,40 @@ struct Daemon::Parts {
     return d;
   }
   void serve_metrics(const http::Request& q, http::Reply reply) {
-    if (q.method != "GET") {
-      auto r = http::problem(405, "method-not-allowed", "Method not allowed", "allowed: GET");
-      r.headers.emplace_back("Allow", "GET");
-      return reply(std::move(r));
-    }
+    if (q.method != "GET") return reply(method_not_allowed("GET"));
     asio::post(core, [this, reply = std::move(reply)] {
       try {
         reply(http::Response{200, {{"Content-Type", std::string(metrics::kContentType)}}, metrics_text()});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("internal error serving /metrics: {}", e.what()));
         reply(http::problem(500, "internal", "Internal error", "the metrics could not be gathered"));
+      }
+    });
+  }
+
+  // POST /v1/admin/reload (admin socket only; CONTRACT §11): the reload runs on the slow thread, as
+  // SIGHUP's does, and its outcome is the answer: 200 {"reloaded", "restartNeeded"} or 422
+  // reload-refused with each problem as {"field": "FILE:LINE:COLUMN", "message"}.
+  void serve_reload(const http::Request& q, http::Reply reply) {
+    if (q.method != "POST") return reply(method_not_allowed("POST"));
+    asio::post(slow, [this, reply = std::move(reply)] {
+      try {
+        const auto outcome = reload_now();
+        if (!outcome) {
+          std::vector<json::FieldError> errors;
+          for (const auto& e : outcome.errors) {
+            errors.push_back({e.line > 0 ? fmt::format("{}:{}:{}", e.file, e.line, e.column) : e.file, e.message});
+          }
+          return reply(http::problem(422, "reload-refused", "Reload refused",
+                                     fmt::format("{} problem{}: the running configuration is kept", errors.size(), errors.size() == 1 ? "" : "s"), errors));
+        }
+        boost::json::array keys;
+        for (const auto& k : outcome.restart_needed) keys.emplace_back(k);
+        reply(http::Response{200, {{"Content-Type", "application/json"}},
+                             boost::json::serialize(boost::json::object{{"reloaded", true}, {"restartNeeded", std::move(keys)}})});
+      } catch (const std::exception& e) {
+        say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
+        reply(http::problem(500, "internal", "Internal error", "the reload failed; the running configuration is kept"));
       }
     });
   }
@@ -261,6 +300,7 @@ struct Daemon::Parts {
     const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
     trim_after_load.poke();
     if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket)) return serve_metrics(q, std::move(reply));
+    if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket) return serve_reload(q, std::move(reply));
     if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "Not found", "no such resource"));
     auto a = to_api(std::move(q));
     // A read the state thread answered already for this caller at this revision: given again here.
@@ -318,33 +358,38 @@ struct Daemon::Parts {
     });
   }
 
-  bool reload_now() {
-    auto fresh = config::load_file(opt.config_file, config::Purpose::run);
-    if (!fresh.ok()) {
-      for (const auto& p : fresh.problems) say(LogLevel::error, "reload: " + p.to_string());
-      say(LogLevel::error, "reload refused: keeping the running configuration");
-      return false;
-    }
-    auto v = load_verifier(fresh.config);
-    auto t = http::make_tls_context(tls_files(fresh.config));
+  // Slow thread (one at a time: SIGHUP's and POST /v1/admin/reload's).
+  ReloadOutcome reload_now() {
+    ReloadOutcome outcome;
+    const auto refuse = [&](std::vector<config::Problem> problems) {
+      for (const auto& p : problems) say(LogLevel::error, "reload: " + p.to_string());
+      say(LogLevel::error, fmt::format("reload refused: {}{}; keeping the running configuration", problems.front().to_string(),
+                                       problems.size() > 1 ? fmt::format(" (and {} more above)", problems.size() - 1) : std::string()));
+      outcome.errors = std::move(problems);
+      return outcome;
+    };
+    auto checked = load_checked(opt.config_file);
+    if (!checked) return refuse(std::move(checked.error()));
+    config::Config fresh_config = std::move(*checked);
+    auto v = load_verifier(fresh_config);
+    auto t = http::make_tls_context(tls_files(fresh_config));
     // The central API's files, when reporting runs and is still meant to (a changed url is a restart).
     std::expected<std::shared_ptr<asio::ssl::context>, std::string> c = nullptr;
-    if (reporter) c = central_tls(fresh.config);
-    if (!v || !t || !c) {
-      say(LogLevel::error, "reload refused: " + (!v ? v.error() : !t ? t.error() : c.error()) + "; keeping the running configuration");
-      return false;
+    if (reporter) c = central_tls(fresh_config);
+    if (!v || !t || !c) {  // the files changed again since they were checked
+      return refuse({config::Problem{opt.config_file, 0, 0, !v ? v.error() : !t ? t.error() : c.error()}});
     }
-    const auto restart = config::keys_needing_restart(cfg, fresh.config);
+    const auto restart = config::keys_needing_restart(cfg, fresh_config);
     if (!restart.empty()) {
       say(LogLevel::warning, fmt::format("reload: {} changed and take effect only after a restart: {}", restart.size() == 1 ? "this key" : "these keys",
                                          fmt::join(restart, ", ")));
     }
     server->set_tls_context(*t);
     if (reporter && *c) reporter->set_tls_context(*c);
-    log.configure(fresh.config.log.level, fresh.config.log.format);
-    peers->configure(fresh.config.admin);
+    log.configure(fresh_config.log.level, fresh_config.log.format);
+    peers->configure(fresh_config.admin);
     peers->resolve();
-    asio::post(core, [this, v = *v, u = fresh.config.node.unsellable_units, mode = fresh.config.enforcement.mode]() mutable {
+    asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units, mode = fresh_config.enforcement.mode]() mutable {
       node->set_verifier(std::move(v));
       node->set_unsellable(std::move(u));
       node->set_enforcement(mode);
@@ -352,7 +397,9 @@ struct Daemon::Parts {
     });
     say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers, central API files"
                                  : "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers");
-    return true;
+    outcome.reloaded = true;
+    outcome.restart_needed = restart;
+    return outcome;
   }
 
   void join_threads() {
@@ -389,13 +436,14 @@ Daemon::~Daemon() {
 std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions options) {
   auto p = std::make_unique<Parts>();
   p->opt = std::move(options);
-  auto loaded = config::load_file(p->opt.config_file, config::Purpose::run);
-  if (!loaded.ok()) {
+  // The config, and every file it names as this process would open it (CONTRACT §11): all problems at once.
+  auto loaded = load_checked(p->opt.config_file);
+  if (!loaded) {
     std::string all;
-    for (const auto& x : loaded.problems) all += x.to_string() + "\n";
+    for (const auto& x : loaded.error()) all += x.to_string() + "\n";
     return std::unexpected(fmt::format("{}{} is invalid", all, p->opt.config_file));
   }
-  p->cfg = std::move(loaded.config);
+  p->cfg = std::move(*loaded);
   const auto& cfg = p->cfg;
   p->log.configure(cfg.log.level, cfg.log.format);
 
@@ -405,11 +453,11 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!tls) return std::unexpected(tls.error());
   auto central = central_tls(cfg);
   if (!central) return std::unexpected(central.error());
-  if (auto root = discovery::check_host_root(cfg.discovery.host_root); !root) return std::unexpected(root.error());
   std::error_code ec;
   std::filesystem::create_directories(cfg.state.dir, ec);
   if (ec) return std::unexpected(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
-  ::chmod(cfg.state.dir.c_str(), 0700);
+  // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
+  ::chmod(cfg.state.dir.c_str(), 0750);
   auto lock = store::StateLock::acquire(cfg.state.dir);
   if (!lock) return std::unexpected(lock.error());
   p->lock.emplace(std::move(*lock));
@@ -541,7 +589,7 @@ void Daemon::reload() {
   });
 }
 
-bool Daemon::reload_now() { return p_->reload_now(); }
+ReloadOutcome Daemon::reload_now() { return p_->reload_now(); }
 
 void Daemon::submit(service::ApiRequest request, Respond respond) {
   asio::post(p_->core, [p = p_.get(), request = std::move(request), respond = std::move(respond)]() mutable {

@@ -12,6 +12,7 @@
 
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
+#include "gpunode/http/tls_files.hpp"
 
 namespace gpunode::http {
 namespace {
@@ -121,6 +122,35 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_clie
   SSL_CTX_set_verify(h, SSL_VERIFY_PEER, nullptr);
   ERR_clear_error();
   return ctx;
+}
+
+std::expected<void, std::string> check_tls_file(const std::string& path, TlsFileKind kind) {
+  ERR_clear_error();
+  boost::asio::ssl::context scratch(boost::asio::ssl::context::tls);
+  SSL_CTX* h = scratch.native_handle();
+  if (auto why = unreadable(path)) return std::unexpected(*why);
+  int ok = 0;
+  switch (kind) {
+    case TlsFileKind::certificate_chain: ok = SSL_CTX_use_certificate_chain_file(h, path.c_str()); break;
+    case TlsFileKind::private_key: ok = SSL_CTX_use_PrivateKey_file(h, path.c_str(), SSL_FILETYPE_PEM); break;
+    case TlsFileKind::ca_certificates: ok = SSL_CTX_load_verify_locations(h, path.c_str(), nullptr); break;
+  }
+  if (ok != 1) {
+    const char* what = kind == TlsFileKind::private_key ? "a PEM private key" : "PEM certificates";
+    return std::unexpected(fmt::format("not {}: {}", what, ssl_reason()));
+  }
+  ERR_clear_error();
+  return {};
+}
+
+std::expected<void, std::string> check_key_pair(const std::string& cert, const std::string& key) {
+  ERR_clear_error();
+  boost::asio::ssl::context scratch(boost::asio::ssl::context::tls);
+  if (auto id = load_identity(scratch.native_handle(), cert, key, "TLS"); !id) {
+    ERR_clear_error();
+    return std::unexpected(fmt::format("does not belong to the certificate in {}", cert));
+  }
+  return {};
 }
 
 }  // namespace gpunode::http

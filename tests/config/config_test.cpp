@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -752,4 +753,66 @@ TEST_CASE("Problem::to_string and the enum names") {
         "agent.yaml: cannot read the file: Permission denied");
   CHECK(gpunode::config::to_string(LogLevel::warning) == "warning");
   CHECK(gpunode::config::to_string(LogFormat::json) == "json");
+}
+
+// ---- the files a config names (check-config --files, CONTRACT §11) -------------------------------
+
+namespace {
+
+using gpunode::config::NamedFile;
+
+// "key path line:column" per named file, in the order load_string gives them.
+std::vector<std::string> files_of(std::string_view yaml) {
+  const LoadResult result = load_string(yaml, "agent.yaml", Purpose::run);
+  std::vector<std::string> out;
+  for (const NamedFile& f : result.files) out.push_back(f.key + " " + f.path + " " + std::to_string(f.line) + ":" + std::to_string(f.column));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("config: the files it names, each at its value's position, in file order, defaults last") {
+  const std::string yaml =
+      "state:\n"
+      "  dir: /srv/state\n"
+      "auth:\n"
+      "  issuer: https://c\n"
+      "  keys: [/k/a.pub, \"/k/b.pub\"]\n"
+      "api:\n"
+      "  tls:\n"
+      "    key: /t/agent.key\n"
+      "    cert:   /t/agent.crt\n"
+      "    client_ca: /t/ca.crt\n";
+  CHECK(files_of(yaml) == std::vector<std::string>{
+                              "state.dir /srv/state 2:8",
+                              "auth.keys /k/a.pub 5:10",
+                              "auth.keys /k/b.pub 5:20",  // a quoted scalar starts at its quote
+                              "api.tls.key /t/agent.key 8:10",
+                              "api.tls.cert /t/agent.crt 9:13",
+                              "api.tls.client_ca /t/ca.crt 10:16",
+                              "discovery.host_root / 0:0",  // the default, stated nowhere
+                          });
+  const LoadResult r = load_string(yaml, "agent.yaml", Purpose::run);
+  REQUIRE(r.files.size() == 7);
+  CHECK(r.files[0].kind == NamedFile::Kind::state_directory);
+  CHECK(r.files[1].kind == NamedFile::Kind::public_keys);
+  CHECK(r.files[3].kind == NamedFile::Kind::private_key);
+  CHECK(r.files[4].kind == NamedFile::Kind::certificate_chain);
+  CHECK(r.files[5].kind == NamedFile::Kind::ca_certificates);
+  CHECK(r.files[6].kind == NamedFile::Kind::host_root);
+}
+
+TEST_CASE("config: the central API's files are named only when reporting is on") {
+  const std::string off = "central:\n  url: \"\"\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: /c/n.key\n";
+  for (const auto& f : files_of(off)) CHECK_FALSE(f.starts_with("central."));
+  const std::string on = "central:\n  url: https://central.example\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: /c/n.key\n";
+  const auto files = files_of(on);
+  CHECK(std::find(files.begin(), files.end(), "central.ca /c/ca.crt 3:7") != files.end());
+  CHECK(std::find(files.begin(), files.end(), "central.client_cert /c/n.crt 4:16") != files.end());
+  CHECK(std::find(files.begin(), files.end(), "central.client_key /c/n.key 5:15") != files.end());
+}
+
+TEST_CASE("config: an invalid or empty value names no file; the defaults stand for absent keys") {
+  const auto files = files_of("api:\n  tls:\n    cert: \"\"\n    key: [x]\nauth:\n  keys: [\"\", /k/ok.pub]\n");
+  CHECK(files == std::vector<std::string>{"auth.keys /k/ok.pub 6:14", "discovery.host_root / 0:0", "state.dir /var/lib/gpunode 0:0"});
 }

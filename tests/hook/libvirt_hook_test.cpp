@@ -2,6 +2,7 @@
 // answer the agent can give (or not give).
 #include <doctest/doctest.h>
 
+#include "answers.hpp"
 #include "libvirt_hook.hpp"
 
 using gpunode::agent::hook_asks;
@@ -11,17 +12,8 @@ using gpunode::config::WhenAgentDown;
 using gpunode::ctl::Response;
 using gpunode::ctl::TransportError;
 
-namespace {
-
-std::expected<Response, TransportError> answer(unsigned status, std::string body) {
-  return Response{status, {{"content-type", "application/json"}}, std::move(body)};
-}
-
-std::expected<Response, TransportError> failure(TransportError::Kind kind, std::string detail = "") {
-  return std::unexpected(TransportError{kind, "/run/gpunode/admin.sock", std::move(detail)});
-}
-
-}  // namespace
+using gpunode::test::answer;
+using gpunode::test::failure;
 
 TEST_CASE("only prepare, migrate and restore begin ask") {
   CHECK(hook_asks("prepare", "begin"));

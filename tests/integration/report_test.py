@@ -171,7 +171,8 @@ def body(c, lab, fc):
         fc.wait_for(lambda: lab.log().count("reload") > mark, 5)
 
     reload(lab.config_text(central=lab.central_text(fc.url).replace(f"{lab.dir}/client.key", f"{lab.dir}/missing.key")))
-    c.check("SIGHUP with a missing client key: refused, logged", "reload refused: central client key" in lab.log(), lab.tail(400))
+    c.check("SIGHUP with a missing client key: refused, logged at central.client_key's position",
+            f"reload refused: {lab.cfg}:" in lab.log() and f"{lab.dir}/missing.key: missing" in lab.log(), lab.tail(400))
     s = change()
     c.check("... and the old certificate is still used", delivered(s, 5) and fc.batches[-1][2] == "central", fc.batches[-1:])
 

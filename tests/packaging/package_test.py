@@ -295,6 +295,9 @@ def cmd_install(out, src):
         c.check("postinst: user gpunode is a system user (uid < 1000)", user is not None and int(user[2]) < 1000, user)
         for group in ("gpunode", "gpunode-admin", "libvirt"):
             c.check(f"postinst: group {group} exists", passwd_entry(root, "group", group) is not None, group)
+        libvirt_group = passwd_entry(root, "group", "libvirt")
+        c.check("postinst: gpunode is a member of libvirt in /etc/group (polkit decides qemu:///system by it)",
+                libvirt_group is not None and "gpunode" in libvirt_group[3].split(","), libvirt_group)
         tls = os.path.join(root, "etc/gpunode/tls")
         st = os.stat(tls) if os.path.isdir(tls) else None
         gid = int(passwd_entry(root, "group", "gpunode")[2]) if passwd_entry(root, "group", "gpunode") else -1
@@ -324,18 +327,50 @@ def cmd_install(out, src):
         with open(conf, encoding="utf-8") as f:
             shipped = f.read()
         filled = shipped.replace('id: ""', "id: node-pkg-1", 1).replace('owner_org: ""', "owner_org: org-pkg-owner", 1)
+
+        # The gate opens every file the config names as the service's user (check-config --files,
+        # CONTRACT §11): with the TLS key only root may read, the agent is not started.
+        lab = os.path.join(scratch, "lab")
+        os.makedirs(lab)
+        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+              "-subj", "/CN=127.0.0.1", "-keyout", os.path.join(lab, "tls.key"), "-out", os.path.join(lab, "tls.crt")])
+        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
+        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
+        for path in (scratch, lab, os.path.join(lab, "tls.crt"), os.path.join(lab, "issuer.pub")):
+            os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+        os.chmod(os.path.join(lab, "tls.key"), 0o600)
+        gated = (filled.replace("/etc/gpunode/tls/agent.crt", os.path.join(lab, "tls.crt"))
+                 .replace("/etc/gpunode/tls/agent.key", os.path.join(lab, "tls.key"))
+                 .replace("/etc/gpunode/issuer.pub", os.path.join(lab, "issuer.pub")))
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(gated)
+        os.remove(calls)
+        p = script("postinst", "configure")
+        c.eq("postinst, configured but the TLS key 0600 root: not started", actions(), ["systemctl --system daemon-reload"])
+        if os.geteuid() == 0:
+            c.check("... and it says why, as check-config --files as gpunode: the key, permission denied",
+                    f"{lab}/tls.key: permission denied" in p.stderr and "not ready to run" in p.stderr, p.stderr)
+            os.chown(os.path.join(lab, "tls.key"), 0, gid)
+            os.chmod(os.path.join(lab, "tls.key"), 0o640)
+            os.remove(calls)
+            script("postinst", "configure")
+            c.eq("postinst, configured, the key 0640 root:gpunode (first install): started", actions(),
+                 ["systemctl --system daemon-reload", f"deb-systemd-invoke start {UNIT}"])
+        else:
+            c.check("SKIP: the gate's as-gpunode run needs root (setpriv): a non-root run never starts", True)
         with open(conf, "w", encoding="utf-8") as f:
             f.write(filled)
         os.remove(calls)
-        script("postinst", "configure")
-        c.eq("postinst, configured (first install): started", actions(),
-             ["systemctl --system daemon-reload", f"deb-systemd-invoke start {UNIT}"])
-        os.remove(calls)
         with open(active, "w", encoding="utf-8") as f:
             f.write("libvirtd.service\n")
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(gated)
         script("postinst", "configure", "0.0.9-1")
+        want = [f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
         c.eq("postinst, configured (upgrade), libvirtd running: restarted, libvirtd reloaded (not restarted)", actions(),
-             ["systemctl --system daemon-reload", f"deb-systemd-invoke restart {UNIT}", "deb-systemd-invoke reload libvirtd.service"])
+             ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(filled)
 
         # The shipped config: invalid only for want of node.id and node.owner_org.
         agent = os.path.join(root, "usr/bin/gpunode-agent")
@@ -376,14 +411,8 @@ def cmd_install(out, src):
 
         # The packaged agent from the filled-in config, its host, state and socket in the scratch
         # area, libvirt's test driver; under systemd's notify protocol.
-        lab = os.path.join(scratch, "lab")
-        os.makedirs(lab)
         host = os.path.join(lab, "host")
         run([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host], check=True)
-        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-              "-subj", "/CN=127.0.0.1", "-keyout", os.path.join(lab, "tls.key"), "-out", os.path.join(lab, "tls.crt")])
-        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
-        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
         state = os.path.join(root, "var/lib/gpunode")
         sock = os.path.join(root, "run/gpunode/admin.sock")
         os.makedirs(os.path.dirname(sock))

@@ -94,9 +94,29 @@ struct Problem {
 // other keys the daemon cannot start without); `discover` accepts a file without them.
 enum class Purpose { discover, run };
 
+// A file or directory the configuration names (check-config --files, CONTRACT §11): the key, where
+// its value is in the file, and what the agent needs it to be. A key the file leaves out names its
+// default (state.dir, discovery.host_root) at line 0.
+struct NamedFile {
+  enum class Kind {
+    certificate_chain,  // api.tls.cert, central.client_cert: PEM certificates, the leaf first
+    private_key,        // api.tls.key, central.client_key: a PEM private key matching the chain before it
+    ca_certificates,    // api.tls.client_ca, central.ca: PEM certificates to trust
+    public_keys,        // auth.keys: PEM public keys, Ed25519 or P-256
+    state_directory,    // state.dir: a directory the agent writes (made by the unit when missing)
+    host_root,          // discovery.host_root: a root holding sys/bus/pci
+  };
+  std::string key;  // dotted: "api.tls.key", "auth.keys"
+  int line = 0;     // 1-based; 0 for a default the file does not state
+  int column = 0;
+  std::string path;
+  Kind kind = Kind::certificate_chain;
+};
+
 struct LoadResult {
   Config config;                  // defaults where the file says nothing; meaningful only if ok()
   std::vector<Problem> problems;  // in file order
+  std::vector<NamedFile> files;   // every file the config names, in file order (defaults last)
   [[nodiscard]] bool ok() const { return problems.empty(); }
 };
 

@@ -39,8 +39,8 @@ struct TransportError {
   std::string detail;  // what the system or the parser said
 };
 
-// "gpunodectl: ..." lines for stderr: the path, what happened and what to check.
-std::string describe(const TransportError& e, uid_t uid);
+// "PROGRAM: ..." lines for stderr: the path, what happened and what to check.
+std::string describe(const TransportError& e, uid_t uid, std::string_view program = "gpunodectl");
 
 class Transport {
  public:

@@ -23,7 +23,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "gpunode/config/config.hpp"
 #include "gpunode/daemon/driver.hpp"
 #include "gpunode/report/reporter.hpp"
 #include "gpunode/service/node_service.hpp"
@@ -39,6 +41,14 @@ struct DaemonOptions {
   // (called from the core and the network threads).
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   service::Clock clock;
+};
+
+// What a reload did (CONTRACT §11 "Reload says whether it took": POST /v1/admin/reload, SIGHUP).
+struct ReloadOutcome {
+  bool reloaded = false;
+  std::vector<std::string> restart_needed;  // changed keys that take effect only after a restart
+  std::vector<config::Problem> errors;      // why it was refused (the config's own problems, then its files')
+  explicit operator bool() const { return reloaded; }
 };
 
 class Daemon {
@@ -62,10 +72,10 @@ class Daemon {
   void reload();
   // Re-reads the config on the calling thread and applies what can change while running: TLS
   // files, token keys, log level and format, unsellable units, the admin socket's uids and group,
-  // the central API's CA and client certificate (new connections use them).
-  // A key that needs a restart is a warning naming it; an invalid file keeps the running config.
-  // True when the reload applied.
-  bool reload_now();
+  // the enforcement mode, the central API's CA and client certificate (new connections use them).
+  // A key that needs a restart is a warning naming it; an invalid file, or one naming a file the
+  // agent cannot use (check_named_files), keeps the running config. Logged either way.
+  ReloadOutcome reload_now();
 
   // Any thread: where reporting to the central API stands (nullopt: central.url is empty).
   [[nodiscard]] std::optional<report::Status> report_status() const;
