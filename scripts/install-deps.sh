@@ -26,6 +26,9 @@ PACKAGES=(
   # init-system-helpers: only the tools; nothing is started), systemd-analyze verify and security
   # (systemd), man --warnings for the manual pages (man-db, groff-base)
   dpkg-dev lintian systemd init-system-helpers man-db groff-base
+  # tests/packaging/systemd_test.py: the package under a real systemd in a booted Debian 12 container
+  # (systemd-nspawn from systemd-container; its root built by mmdebstrap and cached)
+  systemd-container mmdebstrap
   # tests/integration/metrics_test.py: `promtool check metrics` on /metrics. Debian ships promtool
   # only in the server's package; on a host that runs systemd it also enables a Prometheus server
   # on :9090 (`systemctl disable --now prometheus` on a test machine that does not want it).

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""The package on a stock Debian 12 host under a real systemd (issue 25, CONTRACT §11 "A stock
+host", "Reload says whether it took", "Checking the files").
+
+A Debian 12 root (mmdebstrap, from this machine's Debian apt sources; cached, see below) with
+Debian's own systemd 252, dbus, polkitd and libvirt-daemon-system is booted with
+`systemd-nspawn -b` (`--register=no --keep-unit`: the test machine's PID 1 need not be systemd,
+and there may be no system bus; a private network). Commands run inside it through `nsenter`. The
+package built by `package.build` is installed with apt and configured as the README's steps say;
+then, each checked and printed:
+
+  install     the user and groups (gpunode in libvirt in /etc/group), the key directory, the unit
+              enabled and not started, the postinst saying why
+  configure   check-config --files as gpunode refusing a 0600 root:root key, then passing
+  start       Type=notify active, HTTPS /healthz, `libvirt: connected` on qemu:///system through
+              polkit (gpunode_libvirt_connected 1, no polkit refusal in the journal), units from the
+              container's own sysfs under the sandbox, the admin socket for root and for a member of
+              gpunode-admin (a non-member refused, exit 3), systemd-analyze security of the live unit
+  reload      refused (`systemctl reload` fails, the agent keeps running with the same PID) and
+              accepted; a key needing a restart, then the restart
+  watchdog    a frozen agent (SIGSTOP) is killed by systemd and restarted
+  upgrade     the same package installed over the running agent: restarted, state and edited
+              configuration kept
+  remove      stopped, state and configuration kept; purge: both gone
+
+The root is cached in $GPUNODE_TEST_CACHE (default /var/cache/gpunode-tests), one directory per
+package list and apt sources (a hash of them), built once (about 90 s and 270 MB with the network)
+and never written to: each run boots an overlay of it. Older roots are removed when a new one is
+built. Needs root, systemd-nspawn (systemd-container) and mmdebstrap; without root it prints
+`SKIP: why` and exits 77.
+
+Usage: systemd_test.py OUT_DIR SOURCE_DIR     (OUT_DIR holds the package, as package.build left it)
+"""
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+sys.dont_write_bytecode = True
+import lab as L  # noqa: E402
+
+UNIT = "gpunode-agent.service"
+HOOK = "/etc/libvirt/hooks/qemu.d/50-gpunode"
+SUITE = "bookworm"
+# What a stock libvirt host has, beyond the package's own Depends (added from the .deb): Debian's
+# libvirtd with its QEMU driver and polkit, systemd as PID 1 with a system bus, and curl for the
+# checks. Not qemu-system: no domain is started here (tests/integration/libvirtd_hook_test.py
+# starts real ones).
+BASE_PACKAGES = ["systemd", "systemd-sysv", "dbus", "polkitd", "libvirt-daemon-system", "libvirt-daemon-driver-qemu",
+                 "libvirt-clients", "curl"]
+ROOT_FORMAT = "1"  # bump when the way the root is built changes
+MAX_EXPOSURE = 2.0
+
+
+def run(cmd, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("timeout", 300)
+    return subprocess.run(cmd, **kw)
+
+
+def short(text, n=300):
+    text = (text or "").strip()
+    return text if len(text) <= n else text[:n] + " ..."
+
+
+# ---- the cached root ------------------------------------------------------------------------------
+
+def debian_sources():
+    """This machine's apt sources that name Debian's archive (third-party ones would need their keys)."""
+    found = []
+    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list")),
+                 *sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))]:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        live = [l for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+        if any("debian.org" in l or "debian-archive-keyring" in l for l in live):
+            found.append((path, text))
+    return found
+
+
+def package_depends(deb):
+    """The first alternative of each Depends and Recommends entry of the .deb, without versions."""
+    names = []
+    for field in ("Depends", "Recommends"):
+        value = run(["dpkg-deb", "-f", deb, field], check=True).stdout.strip()
+        for entry in filter(None, (e.strip() for e in value.split(","))):
+            names.append(re.split(r"[\s(|]", entry.split("|")[0].strip())[0])
+    return names
+
+
+def cached_root(deb, c):
+    base = os.environ.get("GPUNODE_TEST_CACHE", "/var/cache/gpunode-tests")
+    sources = debian_sources()
+    if not sources:
+        raise RuntimeError("no apt source of Debian's archive on this machine (/etc/apt/sources.list*)")
+    packages = sorted(set(BASE_PACKAGES + package_depends(deb)))
+    key = hashlib.sha256(json.dumps([ROOT_FORMAT, SUITE, packages, sources]).encode()).hexdigest()[:16]
+    root = os.path.join(base, f"{SUITE}-{key}")
+    os.makedirs(base, exist_ok=True)
+    with open(os.path.join(base, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others wait and reuse its root
+        if os.path.exists(os.path.join(root, ".complete")):
+            print(f"# root: cached {root}", flush=True)
+            return root
+        building = tempfile.mkdtemp(prefix=f".{SUITE}-", dir=base)
+        try:
+            t0 = time.monotonic()
+            p = run(["mmdebstrap", "--mode=root", "--variant=apt", "--include=" + ",".join(packages), SUITE, building,
+                     *[path for path, _ in sources]], timeout=1200)
+            if p.returncode != 0:
+                raise RuntimeError(f"mmdebstrap failed ({p.returncode}): {p.stderr[-2000:]}")
+            with open(os.path.join(building, ".complete"), "w") as f:
+                f.write(" ".join(packages) + "\n")
+            os.rename(building, root)
+            print(f"# root: built {root} in {time.monotonic() - t0:.0f} s ({len(packages)} packages named)", flush=True)
+        finally:
+            if os.path.exists(building):
+                shutil.rmtree(building, ignore_errors=True)
+        # The cache keeps one root: a root for another package list or other sources is stale.
+        for old in glob.glob(os.path.join(base, f"{SUITE}-*")):
+            if old != root:
+                shutil.rmtree(old, ignore_errors=True)
+        return root
+
+
+# ---- the container --------------------------------------------------------------------------------
+
+class Container:
+    """systemd-nspawn -b over an overlay of the cached root; commands through nsenter."""
+
+    def __init__(self, lower, scratch, binds):
+        self.scratch = scratch
+        self.dir = os.path.join(scratch, "merged")
+        self.mounted = False
+        for d in ("upper", "work", "merged"):
+            os.makedirs(os.path.join(scratch, d))
+        p = run(["mount", "-t", "overlay", "overlay", "-o",
+                 f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work", self.dir])
+        if p.returncode == 0:
+            self.mounted = True
+        else:  # no overlayfs here: a copy (slower, same result)
+            print(f"# overlay mount failed ({short(p.stderr)}): copying the root", flush=True)
+            os.rmdir(self.dir)
+            run(["cp", "-a", "--reflink=auto", lower, self.dir], check=True, timeout=600)
+        self.console = open(os.path.join(scratch, "console.log"), "wb")
+        args = ["systemd-nspawn", "--quiet", "-D", self.dir, "-b", "--register=no", "--keep-unit",
+                "--machine=gpunode-systemd-test", "--private-network", "--console=passive"]
+        args += [f"--bind-ro={src}:{dst}" for src, dst in binds]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.console, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.leader = None
+
+    def boot(self, timeout=120):
+        """Waits for the container's systemd to finish starting up; returns what it says."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.leader is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}: {self.console_tail()}")
+            kids = run(["pgrep", "-P", str(self.proc.pid)]).stdout.split()
+            if kids:
+                self.leader = int(kids[0])
+            else:
+                time.sleep(0.1)
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.sh("systemctl is-system-running").stdout.strip()
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(0.25)
+        raise RuntimeError(f"the container did not finish booting ({state!r}): {self.console_tail()}")
+
+    def sh(self, script, timeout=300, user=None):
+        """`sh -c script` inside, as root (or as `user` with runuser), with a clean environment."""
+        inner = ["runuser", "-u", user, "--"] if user else []
+        return run(["nsenter", "-t", str(self.leader), "-a", "--", "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+                    "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive", "SYSTEMD_COLORS=0", *inner, "/bin/sh", "-c", script],
+                   timeout=timeout)
+
+    def path(self, inside):
+        return os.path.join(self.dir, inside.lstrip("/"))
+
+    def console_tail(self):
+        try:
+            with open(os.path.join(self.scratch, "console.log"), "rb") as f:
+                return f.read()[-2000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self):
+        if self.proc.poll() is None:
+            if self.leader is not None:
+                self.sh("systemctl poweroff --no-block", timeout=30)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.console.close()
+        if self.mounted:
+            run(["umount", "-l", self.dir])
+
+
+# ---- the checks -----------------------------------------------------------------------------------
+
+def main_pid(ct):
+    return ct.sh(f"systemctl show -P MainPID {UNIT}").stdout.strip()
+
+
+def wait_active(ct, timeout=30):
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = ct.sh(f"systemctl is-active {UNIT}").stdout.strip()
+        if state == "active":
+            return state
+        time.sleep(0.2)
+    return state
+
+
+def status_json(ct, user=None):
+    p = ct.sh("gpunodectl --json status", user=user)
+    try:
+        return p, json.loads(p.stdout)
+    except ValueError:
+        return p, {}
+
+
+def wait_libvirt(ct, timeout=30):
+    deadline = time.monotonic() + timeout
+    status = {}
+    while time.monotonic() < deadline:
+        _, status = status_json(ct)
+        if status.get("libvirt") == "connected":
+            break
+        time.sleep(0.5)
+    return status
+
+
+def journal(ct, since_cursor=None):
+    cursor = f"--after-cursor='{since_cursor}'" if since_cursor else ""
+    return ct.sh(f"journalctl -u {UNIT} --no-pager -o cat {cursor}").stdout
+
+
+def cursor(ct):
+    p = ct.sh("journalctl -n 0 --show-cursor --no-pager")
+    m = re.search(r"-- cursor: (\S+)", p.stdout)
+    return m.group(1) if m else None
+
+
+def set_config(ct, text):
+    with open(ct.path("/etc/gpunode/agent.yaml"), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def check_install(c, ct, deb_name):
+    p = ct.sh(f"apt-get install -y --no-install-recommends /mnt/pkg/{deb_name}", timeout=600)
+    c.eq(f"apt-get install ./{deb_name}: exit 0", p.returncode, 0)
+    if p.returncode != 0:
+        print(f"# apt: {p.stdout[-1500:]}{p.stderr[-1500:]}", flush=True)
+    said = [l for l in (p.stdout + p.stderr).splitlines() if "gpunode" in l and ("not started" in l or ": " in l)]
+    c.check("postinst: enabled, not started, and why (the shipped config's problems as gpunode)",
+            "enabled, not started" in p.stdout + p.stderr and "node.id" in p.stdout + p.stderr, short(p.stdout + p.stderr, 800))
+    print("#   postinst said: " + " | ".join(short(l, 160) for l in said[:6]), flush=True)
+    p = ct.sh("getent passwd gpunode; getent group libvirt; getent group gpunode-admin; id gpunode")
+    print(f"#   {p.stdout.strip()}".replace("\n", "\n#   "), flush=True)
+    group = next((l for l in p.stdout.splitlines() if l.startswith("libvirt:")), "")
+    c.check("sysusers: gpunode is a member of libvirt in /etc/group", "gpunode" in group.split(":")[-1].split(","), group)
+    p = ct.sh("stat -c '%a %U:%G' /etc/gpunode/tls")
+    c.eq("tmpfiles: /etc/gpunode/tls is 750 root:gpunode", p.stdout.strip(), "750 root:gpunode")
+    p = ct.sh(f"systemctl is-enabled {UNIT}; systemctl is-active {UNIT}")
+    c.eq("the unit: enabled, not started", p.stdout.split(), ["enabled", "inactive"])
+    p = ct.sh("test -x /etc/libvirt/hooks/qemu.d/50-gpunode && systemctl is-active libvirtd")
+    c.eq("the libvirt hook is installed and libvirtd runs", p.stdout.strip(), "active")
+
+
+def check_configure(c, ct, lab, shipped):
+    for name in ("agent.crt", "agent.key"):
+        shutil.copy(os.path.join(lab, name), ct.path(f"/etc/gpunode/tls/{name}"))
+    shutil.copy(os.path.join(lab, "issuer.pub"), ct.path("/etc/gpunode/issuer.pub"))
+    ct.sh("chown root:root /etc/gpunode/tls/agent.* /etc/gpunode/issuer.pub; chmod 0600 /etc/gpunode/tls/agent.key; "
+          "chmod 0644 /etc/gpunode/tls/agent.crt /etc/gpunode/issuer.pub")
+    # The README's steps: node.id and owner_org, the issuer; TLS files and key at their default paths.
+    config = (shipped.replace('id: ""', "id: node-systemd-1", 1).replace('owner_org: ""', "owner_org: org-systemd", 1)
+              .replace("issuer: https://central.example.invalid", "issuer: https://central.test", 1))
+    set_config(ct, config)
+    p = ct.sh("gpunode-agent check-config --files --config /etc/gpunode/agent.yaml", user="gpunode")
+    print(f"#   as gpunode, key 0600 root:root: exit {p.returncode}: {short(p.stderr)}", flush=True)
+    c.check("check-config --files as gpunode: the 0600 root:root key is refused (permission denied, naming gpunode)",
+            p.returncode == 1 and "/etc/gpunode/tls/agent.key: permission denied: gpunode (uid" in p.stderr, p.stderr)
+    ct.sh("chown root:gpunode /etc/gpunode/tls/agent.key; chmod 0640 /etc/gpunode/tls/agent.key")
+    p = ct.sh("gpunode-agent check-config --files --config /etc/gpunode/agent.yaml", user="gpunode")
+    print(f"#   as gpunode, key 0640 root:gpunode: exit {p.returncode}: {short(p.stdout + p.stderr)}", flush=True)
+    c.eq("check-config --files as gpunode, key 0640 root:gpunode: exit 0", p.returncode, 0)
+    return config
+
+
+def check_running(c, ct):
+    p = ct.sh(f"systemctl start {UNIT}", timeout=60)
+    c.eq("systemctl start: exit 0 (Type=notify: READY=1 came)", p.returncode, 0)
+    c.eq("the unit is active", wait_active(ct), "active")
+    status = wait_libvirt(ct)
+    print(f"#   gpunodectl --json status: {json.dumps(status)}", flush=True)
+    c.eq("gpunodectl status as root: libvirt connected (qemu:///system, polkit by /etc/group)", status.get("libvirt"), "connected")
+    p = ct.sh("curl -s --unix-socket /run/gpunode/admin.sock http://agent/metrics | grep '^gpunode_libvirt_connected'")
+    c.eq("/metrics: gpunode_libvirt_connected 1", p.stdout.strip(), "gpunode_libvirt_connected 1")
+    log = journal(ct)
+    c.check("the journal has no polkit refusal", "polkit" not in log, short(log[-600:]))
+    p = ct.sh("curl -sk https://127.0.0.1:8443/healthz")
+    c.eq("HTTPS on api.listen: /healthz", p.stdout.strip(), '{"status":"ok"}')
+    p = ct.sh("gpunodectl --json units")
+    try:
+        units = json.loads(p.stdout).get("units")
+    except ValueError:
+        units = None
+    c.check(f"units from the container's own /sys under the sandbox: answered ({len(units or [])} units, no GPU here)",
+            p.returncode == 0 and isinstance(units, list), short(p.stdout + p.stderr))
+    ct.sh("useradd -m alice && usermod -aG gpunode-admin alice; useradd -m bob")
+    p, s = status_json(ct, user="alice")
+    c.check("the admin socket: alice (gpunode-admin) gets status", p.returncode == 0 and s.get("nodeId") == "node-systemd-1",
+            short(p.stdout + p.stderr))
+    p = ct.sh("gpunodectl status", user="bob")
+    print(f"#   bob: exit {p.returncode}: {short(p.stderr, 200)}", flush=True)
+    c.check("the admin socket: bob (no group) is refused, exit 3", p.returncode == 3, p.stderr)
+    p = ct.sh(f"systemd-analyze security --no-pager {UNIT}")
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", p.stdout)
+    exposure = float(m.group(1)) if m else 99.0
+    c.check(f"systemd-analyze security of the live unit: {exposure} <= {MAX_EXPOSURE}", exposure <= MAX_EXPOSURE,
+            p.stdout[-300:] + p.stderr)
+
+
+def check_reload(c, ct, config):
+    pid = main_pid(ct)
+    set_config(ct, config.replace("level: info", "level: loud", 1))
+    mark = cursor(ct)
+    p = ct.sh(f"systemctl reload {UNIT}", timeout=120)
+    print(f"#   reload of an invalid file: exit {p.returncode}: {short(p.stderr, 200)}", flush=True)
+    c.check("systemctl reload, invalid file: fails", p.returncode != 0, p.stdout + p.stderr)
+    log = journal(ct, mark)
+    line = next((l for l in log.splitlines() if "reload refused" in l), "")
+    print(f"#   journal: {short(line, 200)}", flush=True)
+    c.check("... the journal names the problem (log.level) and the refusal", "reload refused" in log and "log.level" in log, log[-600:])
+    c.check("... the agent runs on, same PID", ct.sh(f"systemctl is-active {UNIT}").stdout.strip() == "active"
+            and main_pid(ct) == pid, (pid, main_pid(ct)))
+    set_config(ct, config.replace("level: info", "level: debug", 1))
+    p = ct.sh(f"systemctl reload {UNIT}", timeout=120)
+    c.eq("systemctl reload, valid file: exit 0", p.returncode, 0)
+    c.eq("... same PID", main_pid(ct), pid)
+    p = ct.sh("gpunode-agent reload")
+    c.check("gpunode-agent reload as root: exit 0, reloaded", p.returncode == 0 and "reloaded" in p.stdout, p.stdout + p.stderr)
+
+
+def check_restart_to_fixture(c, ct, config):
+    """discovery.host_root to the bind-mounted fixture host (a key that needs a restart): the reload
+    names it, the restart takes it, and a reservation is made to follow across what comes next."""
+    fixture = config.replace("host_root: /", "host_root: /srv/gpunode-host", 1)
+    set_config(ct, fixture)
+    p = ct.sh("gpunode-agent reload")
+    c.check("reload with discovery.host_root changed: exit 0, names it as needing a restart",
+            p.returncode == 0 and "discovery.host_root" in p.stderr, p.stdout + p.stderr)
+    pid = main_pid(ct)
+    p = ct.sh(f"systemctl restart {UNIT}", timeout=60)
+    c.check("systemctl restart: exit 0, a new PID, active", p.returncode == 0 and wait_active(ct) == "active"
+            and main_pid(ct) != pid, (p.returncode, pid, main_pid(ct)))
+    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note systemd-test")
+    try:
+        made = json.loads(p.stdout)
+    except ValueError:
+        made = {}
+    c.check("gpunodectl reserve on the fixture's unit: made", made.get("id", "").startswith("rsv_"), short(p.stdout + p.stderr))
+    return fixture, made.get("id")
+
+
+def has_reservation(ct, rid):
+    p = ct.sh(f"gpunodectl --json reservation {rid}")
+    try:
+        return json.loads(p.stdout).get("id") == rid
+    except ValueError:
+        return False
+
+
+def check_watchdog(c, ct):
+    os.makedirs(ct.path(f"/etc/systemd/system/{UNIT}.d"), exist_ok=True)
+    with open(ct.path(f"/etc/systemd/system/{UNIT}.d/watchdog.conf"), "w") as f:
+        f.write("[Service]\nWatchdogSec=3s\nRestartSec=1s\n")
+    ct.sh(f"systemctl daemon-reload && systemctl restart {UNIT}", timeout=60)
+    wait_active(ct)
+    restarts = ct.sh(f"systemctl show -P NRestarts {UNIT}").stdout.strip()
+    pid = main_pid(ct)
+    ct.sh(f"kill -STOP {pid}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if main_pid(ct) not in (pid, "0") and ct.sh(f"systemctl is-active {UNIT}").stdout.strip() == "active":
+            break
+        time.sleep(0.5)
+    log = journal(ct)
+    c.check("watchdog: a frozen agent is killed by systemd and restarted (new PID, NRestarts grew)",
+            main_pid(ct) not in (pid, "0") and ct.sh(f"systemctl show -P NRestarts {UNIT}").stdout.strip() != restarts,
+            (pid, main_pid(ct), restarts))
+    c.check("... the journal says watchdog timeout", "Watchdog timeout" in ct.sh("journalctl --no-pager -o cat").stdout, log[-400:])
+    os.remove(ct.path(f"/etc/systemd/system/{UNIT}.d/watchdog.conf"))
+    ct.sh(f"systemctl daemon-reload && systemctl restart {UNIT}", timeout=60)
+    wait_active(ct)
+
+
+def check_upgrade(c, ct, deb_name, fixture, rid):
+    pid = main_pid(ct)
+    p = ct.sh(f"apt-get install -y --reinstall /mnt/pkg/{deb_name}", timeout=600)
+    c.eq("apt-get install --reinstall over the running agent: exit 0", p.returncode, 0)
+    c.check("... the agent was restarted (new PID) and is active", wait_active(ct) == "active" and main_pid(ct) != pid,
+            (pid, main_pid(ct)))
+    with open(ct.path("/etc/gpunode/agent.yaml"), encoding="utf-8") as f:
+        c.check("... the edited agent.yaml is kept (a conffile)", f.read() == fixture, "")
+    c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
+    c.eq("... libvirt connected again", wait_libvirt(ct).get("libvirt"), "connected")
+
+
+def check_remove(c, ct, rid):
+    p = ct.sh("apt-get remove -y gpunode-agent", timeout=300)
+    c.eq("apt-get remove: exit 0", p.returncode, 0)
+    c.eq("... the agent is stopped", ct.sh(f"systemctl is-active {UNIT}").stdout.strip(), "inactive")
+    c.check("... state.db and agent.yaml are kept",
+            os.path.exists(ct.path("/var/lib/gpunode/state.db")) and os.path.exists(ct.path("/etc/gpunode/agent.yaml")), "")
+    p = ct.sh("apt-get purge -y gpunode-agent", timeout=300)
+    c.eq("apt-get purge: exit 0", p.returncode, 0)
+    c.check("... /var/lib/gpunode, agent.yaml and the hook are gone",
+            not os.path.exists(ct.path("/var/lib/gpunode")) and not os.path.exists(ct.path("/etc/gpunode/agent.yaml"))
+            and not os.path.exists(ct.path(HOOK)), os.listdir(ct.path("/etc/gpunode")) if os.path.isdir(ct.path("/etc/gpunode")) else "")
+    c.check("... the operator's TLS files stay", os.path.exists(ct.path("/etc/gpunode/tls/agent.key")), "")
+    c.eq("... libvirtd still runs", ct.sh("systemctl is-active libvirtd").stdout.strip(), "active")
+
+
+def wait_for(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return pred()
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, src = sys.argv[1:]
+    if os.geteuid() != 0:
+        print("SKIP: booting a container with systemd-nspawn needs root")
+        return 77
+    for tool in ("systemd-nspawn", "mmdebstrap", "nsenter"):
+        if shutil.which(tool) is None:
+            print(f"FAIL: {tool} is missing (scripts/install-deps.sh installs it)")
+            return 1
+    debs = sorted(glob.glob(os.path.join(out, "gpunode-agent_*.deb")))
+    if len(debs) != 1:
+        print(f"FAIL: want one gpunode-agent_*.deb in {out}, found {debs}")
+        return 1
+    deb = debs[0]
+    c = L.Checks("package.systemd")
+    t0 = time.monotonic()
+    root = cached_root(deb, c)
+    scratch = tempfile.mkdtemp(prefix="gpunode-systemd-", dir="/var/tmp")
+    ct = None
+    try:
+        lab = os.path.join(scratch, "lab")
+        os.makedirs(lab)
+        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+              "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+              "-keyout", os.path.join(lab, "agent.key"), "-out", os.path.join(lab, "agent.crt")])
+        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
+        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
+        host = os.path.join(scratch, "host")
+        L.sh([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host])
+        with open(os.path.join(src, "packaging", "agent.yaml"), encoding="utf-8") as f:
+            shipped = f.read()
+        ct = Container(root, os.path.join(scratch, "ct"), [(os.path.dirname(os.path.abspath(deb)), "/mnt/pkg"),
+                                                         (host, "/srv/gpunode-host")])
+        state = ct.boot()
+        versions = ct.sh("systemctl --version | head -1; dpkg-query -W -f='${Version}' libvirt-daemon-system polkitd").stdout
+        print(f"# booted ({state}) in {time.monotonic() - t0:.0f} s: {' '.join(versions.split())}", flush=True)
+        name = os.path.basename(deb)
+        check_install(c, ct, name)
+        config = check_configure(c, ct, lab, shipped)
+        check_running(c, ct)
+        check_reload(c, ct, config)
+        fixture, rid = check_restart_to_fixture(c, ct, config.replace("level: info", "level: debug", 1))
+        check_watchdog(c, ct)
+        c.check(f"the reservation {rid} survived the watchdog's restart", has_reservation(ct, rid), rid)
+        check_upgrade(c, ct, name, fixture, rid)
+        check_remove(c, ct, rid)
+    except Exception as e:  # a broken step: say where, with what the container said
+        c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)
+        if ct is not None and ct.leader is not None:
+            print("# the agent's journal:\n" + "\n".join(f"#   {l}" for l in journal(ct).splitlines()[-40:]), flush=True)
+    finally:
+        if ct is not None:
+            ct.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"# {time.monotonic() - t0:.0f} s in all", flush=True)
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
