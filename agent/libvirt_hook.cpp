@@ -6,6 +6,8 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include "gpunode/ctl/printable.hpp"
+
 namespace gpunode::agent {
 namespace {
 
@@ -19,9 +21,10 @@ bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 // The verdict when the agent cannot be asked.
 HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
   if (when_down == config::WhenAgentDown::allow) {
-    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", socket, why)}};
+    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", ctl::printable(socket),
+                            ctl::printable(why))}};
   }
-  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", socket, why)}};
+  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", ctl::printable(socket), ctl::printable(why))}};
 }
 
 std::string str(const json::object& o, std::string_view key, std::string_view otherwise = "") {
@@ -78,6 +81,7 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
       case ctl::TransportError::Kind::not_listening: why = "nobody listens on the socket"; break;
       case ctl::TransportError::Kind::refused_peer: why = "the agent refused this caller"; break;
       case ctl::TransportError::Kind::timeout: why = fmt::format("no answer within {} s", kAskBound.count()); break;
+      case ctl::TransportError::Kind::untrusted: why = "an untrusted server"; break;
       case ctl::TransportError::Kind::broken: why = "the exchange failed"; break;
     }
     if (!e.detail.empty()) why += " (" + e.detail + ")";
@@ -87,13 +91,15 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
   boost::system::error_code ec;
   const auto body = json::parse(r.body, ec);
   const json::object* o = !ec ? body.if_object() : nullptr;
-  // An agent that cannot decide (5xx), or one without the route (404: an older agent), is down.
-  if (r.status >= 500 || r.status == 404) {
-    return agent_down(socket, fmt::format("answered {}{}", r.status, o ? ": " + str(*o, "detail") : std::string()), when_down);
-  }
-  if (r.status != 200) {  // the agent refuses the question itself (a domain XML it cannot read)
-    return {1, {fmt::format("gpunode: domain {} refused: -: {}: {}", name, o ? str(*o, "code", "invalid-request") : "invalid-request",
-                            o ? str(*o, "detail") : fmt::format("the agent answered {}", r.status))}};
+  // Anything but a decision is no decision (CONTRACT §9): a problem of any status (an agent that
+  // cannot decide, one without the route, a body over its limit, a domain XML it cannot read)
+  // follows when_agent_down, naming the status and the problem's code.
+  if (r.status != 200) {
+    const std::string code = o ? str(*o, "code") : std::string();
+    const std::string detail = o ? str(*o, "detail") : std::string();
+    return agent_down(socket,
+                      fmt::format("answered {}{}{}", r.status, code.empty() ? "" : " " + code, detail.empty() ? "" : ": " + detail),
+                      when_down);
   }
   const json::value* allowed = o ? o->if_contains("allowed") : nullptr;
   const json::value* reasons = o ? o->if_contains("reasons") : nullptr;
@@ -106,17 +112,18 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
   for (const auto& rv : reasons->get_array()) {
     const json::object* reason = rv.if_object();
     if (reason == nullptr) continue;
-    const std::string line = fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message"));
-    v.stderr_lines.push_back(mode == "enforce" ? fmt::format("gpunode: domain {} refused: {}", name, line)
-                                               : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", name, mode, line));
+    const std::string line = ctl::printable(fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message")));
+    v.stderr_lines.push_back(mode == "enforce"
+                                 ? fmt::format("gpunode: domain {} refused: {}", ctl::printable(name), line)
+                                 : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", ctl::printable(name), ctl::printable(mode), line));
   }
-  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", name));
+  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", ctl::printable(name)));
   return v;
 }
 
 HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
                              const std::string& config_file, std::string_view domain_xml) {
-  if (args.size() < 3) return {2, {"gpunode: libvirt-hook expects NAME OPERATION SUB-OPERATION [EXTRA] (libvirt's hook arguments)"}};
+  if (args.size() != 4) return {1, {"gpunode: libvirt-hook refuses: expected libvirt's NAME OPERATION SUB-OPERATION EXTRA"}};
   const std::string& name = args[0];
   if (!hook_asks(args[1], args[2]) || !may_have_pci_hostdev(domain_xml)) return {};
 
@@ -127,7 +134,7 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
     auto loaded = config::load_file(config_file, config::Purpose::discover);
     if (!loaded.ok()) {
       // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
-      return {1, {fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string())}};
+      return {1, {ctl::printable(fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string()))}};
     }
     cfg = std::move(loaded.config);
   } else {
@@ -141,7 +148,7 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
   q.body = json::serialize(json::object{{"domainXml", domain_xml}});
   q.content_type = "application/json";
   q.timeout = kAskBound;
-  ctl::UnixClient client(socket, "gpunode-libvirt-hook");
+  ctl::UnixClient client(socket, "gpunode-libvirt-hook", [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });
   return hook_verdict(client.call(q), socket, name, cfg.enforcement.when_agent_down);
 }
 

@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "command_line.hpp"
+#include "hook_args.hpp"
 
 namespace {
 
@@ -60,9 +62,25 @@ int run_in(const char* module, const agent::CommandLine& line) {
   return entry(line);
 }
 
+// `libvirt-hook`: its arguments by position, never through the option parser (hook_args.hpp). An
+// argument list it cannot read refuses (exit 1), as every failure of the hook before an answer does.
+int libvirt_hook(int argc, char** argv) {
+  std::vector<std::string_view> args(argv + 2, argv + argc);
+  auto parsed = agent::parse_hook_command(args);
+  if (!parsed) {
+    std::fprintf(stderr, "gpunode: libvirt-hook refuses: %s\n", parsed.error().c_str());
+    return 1;
+  }
+  agent::CommandLine line = line_of(agent::CommandLine::Command::libvirt_hook, parsed->config_file);
+  line.hook_args = std::move(parsed->args);
+  line.hook_socket = std::move(parsed->socket);
+  return run_in("gpunode-agent-tools.so", line);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string_view(argv[1]) == "libvirt-hook") return libvirt_hook(argc, argv);
   using Command = agent::CommandLine::Command;
   CLI::App app{"gpunode-agent: the GPU node agent (discovery, reservations, spot control)", "gpunode-agent"};
   app.require_subcommand(1);
@@ -89,12 +107,8 @@ int main(int argc, char** argv) {
 
   auto* version = app.add_subcommand("version", "Print the agent's version");
 
-  // libvirt runs hooks as HOOK NAME OPERATION SUB-OPERATION EXTRA, the domain XML on stdin (§9).
-  agent::CommandLine hook_line = line_of(Command::libvirt_hook, "/etc/gpunode/agent.yaml");
-  auto* hook = app.add_subcommand("libvirt-hook", "libvirt's qemu hook: ask the agent whether a domain may start on its GPU units");
-  hook->add_option("args", hook_line.hook_args, "NAME OPERATION SUB-OPERATION [EXTRA], as libvirt passes them")->expected(3, 4);
-  hook->add_option("--socket", hook_line.hook_socket, "The agent's admin socket (default: admin.socket of --config)");
-  hook->add_option("--config", hook_line.config_file, "agent.yaml for admin.socket and enforcement.when_agent_down");
+  // Listed for --help only: main() reads `libvirt-hook` by position before this parser runs.
+  app.add_subcommand("libvirt-hook", "libvirt's qemu hook: [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]");
 
   try {
     app.parse(argc, argv);
@@ -110,7 +124,6 @@ int main(int argc, char** argv) {
   if (discover->parsed()) return run_in("gpunode-agent-tools.so", discover_line);
   if (check->parsed()) return run_in(check_line.files ? "gpunode-agent-daemon.so" : "gpunode-agent-tools.so", check_line);
   if (reload->parsed()) return run_in("gpunode-agent-tools.so", reload_line);
-  if (hook->parsed()) return run_in("gpunode-agent-tools.so", hook_line);
   if (run->parsed()) return run_in("gpunode-agent-daemon.so", run_line);
   if (version->parsed()) {
     std::printf("gpunode-agent %s\n", GPUNODE_VERSION);

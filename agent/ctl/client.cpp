@@ -3,7 +3,11 @@
 // (connect, write, read) is bounded by one deadline and the socket is closed when it passes.
 #include "gpunode/ctl/client.hpp"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <cerrno>
+#include <cstring>
 #include <optional>
 
 #include <boost/asio/io_context.hpp>
@@ -74,6 +78,8 @@ std::string describe(const TransportError& e, uid_t uid, std::string_view progra
           "  uid {} is not in admin.allowed_uids and not in admin.allowed_group of /etc/gpunode/agent.yaml;\n"
           "  run as root or as a member of admin.allowed_group (the agent logs the refusal)\n",
           program, e.path, e.detail, uid);
+    case K::untrusted:
+      return fmt::format("{}: the server at {} is not to be trusted: {}\n", program, e.path, e.detail);
     case K::timeout:
       return fmt::format("{}: no answer from the agent at {} within {}\n  is gpunode-agent stuck? (journalctl -u gpunode-agent.service)\n",
                          program, e.path, e.detail);
@@ -83,7 +89,26 @@ std::string describe(const TransportError& e, uid_t uid, std::string_view progra
   return fmt::format("{}: cannot talk to the agent at {}: {}\n", program, e.path, e.detail);
 }
 
-UnixClient::UnixClient(std::string path, std::string user_agent) : path_(std::move(path)), user_agent_(std::move(user_agent)) {}
+UnixClient::UnixClient(std::string path, std::string user_agent, VetServer vet)
+    : path_(std::move(path)), user_agent_(std::move(user_agent)), vet_(std::move(vet)) {}
+
+std::optional<std::string> vet_agent_socket(const std::string& path, int fd) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return fmt::format("cannot tell who serves it: {}", std::strerror(errno));
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return fmt::format("cannot inspect its directory {}: {}", dir, std::strerror(errno));
+  if (peer.uid != 0 && peer.uid != st.st_uid) {
+    return fmt::format("it is served by uid {}, neither root nor the owner (uid {}) of its directory {}", peer.uid, st.st_uid, dir);
+  }
+  if (st.st_uid != 0 && st.st_uid != peer.uid) return fmt::format("its directory {} belongs to uid {}, neither root nor the server", dir, st.st_uid);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format("its directory {} is writable by others (mode {:04o}): anyone could have put the socket there", dir, st.st_mode & 07777);
+  }
+  return std::nullopt;
+}
 
 std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   asio::io_context io;
@@ -110,6 +135,12 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   };
   sock.async_connect(local::endpoint(path_), [&](const boost::system::error_code& ec) {
     if (ec) return fail(connect_kind(ec), ec);
+    if (vet_) {
+      if (auto why = vet_(sock.native_handle())) {
+        failed = TransportError{TransportError::Kind::untrusted, path_, std::move(*why)};
+        return;
+      }
+    }
     http::async_write(sock, req, [&](const boost::system::error_code& wec, std::size_t) {
       // A refused peer may be closed before the request is written: then the write fails.
       if (wec) return fail(closed_by_peer(wec) ? TransportError::Kind::refused_peer : TransportError::Kind::broken, wec);

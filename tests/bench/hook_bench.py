@@ -75,9 +75,9 @@ def main():
         gpu = domain_xml("bench-gpu", ("org-x", "on-demand"), ["0000:24:00.0"], uid=str(uuid.uuid4()))
         cases = (("/bin/true (a bare hook)", ["/bin/true", "bench", "prepare", "begin", "-"], plain),
                  ("libvirt-hook, no hostdev (never asks)",
-                  hook + ["bench-plain", "prepare", "begin", "-", "--config", lab.cfg], plain),
+                  hook + ["--config", lab.cfg, "--", "bench-plain", "prepare", "begin", "-"], plain),
                  ("libvirt-hook, allowed GPU start (asks the agent)",
-                  hook + ["bench-gpu", "prepare", "begin", "-", "--config", lab.cfg], gpu))
+                  hook + ["--config", lab.cfg, "--", "bench-gpu", "prepare", "begin", "-"], gpu))
         for _, argv, xml in cases:  # warm the page cache
             for _ in range(5):
                 run_once(argv, xml)

@@ -65,11 +65,12 @@ TEST_CASE("refused: exit 1, one line per reason; audit mode lets it start") {
   CHECK(a.exit_code == 0);
   REQUIRE(a.stderr_lines.size() == 2);
   CHECK(a.stderr_lines[0].find("would be refused (audit mode") != std::string::npos);
-  // A question the agent refuses (a definition it cannot read) refuses the start.
+  // A question the agent refuses (a definition it cannot read) is no decision: when_agent_down's.
   auto bad = hook_verdict(answer(400, R"({"code":"invalid-request","detail":"domainXml is not a libvirt domain definition"})"), "/s", "x",
-                          WhenAgentDown::allow);
+                          WhenAgentDown::deny);
   CHECK(bad.exit_code == 1);
-  CHECK(bad.stderr_lines == std::vector<std::string>{"gpunode: domain x refused: -: invalid-request: domainXml is not a libvirt domain definition"});
+  CHECK(bad.stderr_lines ==
+        std::vector<std::string>{"gpunode: agent unreachable at /s: answered 400 invalid-request: domainXml is not a libvirt domain definition"});
 }
 
 TEST_CASE("the agent cannot be asked: when_agent_down decides, and the line says why") {
@@ -80,6 +81,10 @@ TEST_CASE("the agent cannot be asked: when_agent_down decides, and the line says
       failure(TransportError::Kind::refused_peer),
       failure(TransportError::Kind::timeout),
       failure(TransportError::Kind::broken, "not HTTP"),
+      failure(TransportError::Kind::untrusted, "its directory /tmp is writable by others (mode 1777)"),
+      answer(413, R"({"code":"body-too-large","detail":"the request body exceeds 65536 bytes"})"),
+      answer(400, R"({"code":"invalid-request","detail":"domainXml is not XML"})"),
+      answer(401, R"({"code":"unauthenticated"})"),
       answer(503, R"({"code":"storage-unavailable","detail":"disk full"})"),
       answer(500, "not json"),
       answer(404, R"({"code":"not-found","detail":"no such resource"})"),  // an agent without the route
@@ -100,9 +105,20 @@ TEST_CASE("the agent cannot be asked: when_agent_down decides, and the line says
         "gpunode: agent unreachable at /s: no answer within 5 s");
   CHECK(hook_verdict(answer(503, R"({"detail":"disk full"})"), "/s", "vm", WhenAgentDown::deny).stderr_lines[0] ==
         "gpunode: agent unreachable at /s: answered 503: disk full");
+  CHECK(hook_verdict(answer(413, R"({"code":"body-too-large","detail":"over 16 MiB"})"), "/s", "vm", WhenAgentDown::deny).stderr_lines[0] ==
+        "gpunode: agent unreachable at /s: answered 413 body-too-large: over 16 MiB");
+  CHECK(hook_verdict(failure(TransportError::Kind::untrusted, "served by uid 1000"), "/s", "vm", WhenAgentDown::deny).stderr_lines[0] ==
+        "gpunode: agent unreachable at /s: an untrusted server (served by uid 1000)");
 }
 
-TEST_CASE("the whole hook: other operations and domains without PCI hostdevs never ask; bad arguments are usage errors") {
+TEST_CASE("what reaches libvirt's error is escaped: a domain's name, the agent's reasons") {
+  const auto v = hook_verdict(answer(200, R"({"allowed":false,"mode":"enforce","reasons":[{"unitId":"u-1","code":"unit-reserved","message":"held\u001b[2J"}]})"),
+                              "/s", "vm\n\x1b[31mforged", WhenAgentDown::deny);
+  REQUIRE(v.stderr_lines.size() == 1);
+  CHECK(v.stderr_lines[0] == "gpunode: domain vm\\x0a\\x1b[31mforged refused: u-1: unit-reserved: held\\x1b[2J");
+}
+
+TEST_CASE("the whole hook: other operations and domains without PCI hostdevs never ask; bad arguments refuse") {
   using gpunode::agent::run_libvirt_hook;
   const std::string gpu = "<domain><name>vm</name><devices><hostdev mode='subsystem' type='pci'/></devices></domain>";
   // No agent anywhere: had it asked, deny would refuse.
@@ -113,5 +129,5 @@ TEST_CASE("the whole hook: other operations and domains without PCI hostdevs nev
   CHECK(asked.exit_code == 1);
   REQUIRE(asked.stderr_lines.size() == 1);
   CHECK(asked.stderr_lines[0].starts_with("gpunode: agent unreachable at /nonexistent/gpunode/admin.sock: no socket"));
-  CHECK(run_libvirt_hook({"vm"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 2);
+  CHECK(run_libvirt_hook({"vm"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 1);  // fails closed
 }

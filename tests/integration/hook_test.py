@@ -175,9 +175,8 @@ class Hook:
         self.allowed_ms = []    # wall time of asked-and-allowed runs
 
     def run(self, name, op, sub, xml, socket=None, config=None, extra="-"):
-        args = [self.agent, "libvirt-hook", name, op, sub, extra, "--config", config or self.lab.cfg]
-        if socket:
-            args += ["--socket", socket]
+        args = [self.agent, "libvirt-hook", "--config", config or self.lab.cfg, *(["--socket", socket] if socket else []),
+                "--", name, op, sub, extra]
         t0 = time.perf_counter()
         p = subprocess.run(args, input=xml, capture_output=True, text=True, timeout=30,
                            env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
@@ -238,6 +237,94 @@ def config_text(lab, mode="enforce", when_down="deny", socket=None):
     if socket:
         text = text.replace(f"socket: {lab.sock}", f"socket: {socket}")
     return text
+
+
+# A stand-in for the agent that allows everything: the server a hostile local user would put at the
+# socket. It binds, drops to UID if given (SO_PEERCRED reports who called listen()), then answers.
+FAKE_AGENT = r"""
+import os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+os.chmod(path, 0o777)
+if uid >= 0:
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
+s.listen(16)
+body = b'{"allowed": true, "mode": "enforce", "unitIds": [], "reasons": []}'
+while True:
+    conn, _ = s.accept()
+    conn.recv(1 << 20)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    conn.close()
+"""
+
+
+def fake_agent(path, uid=-1):
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_AGENT, path, str(uid)])
+    deadline = time.time() + 10
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # listen() follows the bind
+    return proc
+
+
+def shipped_hook(lab, agent):
+    """packaging/libvirt/50-gpunode, naming this build's binary and the lab's socket and config."""
+    with open(os.path.join(os.path.dirname(L.HERE), "..", "packaging", "libvirt", "50-gpunode")) as f:
+        text = f.read()
+    assert 'exec /usr/bin/gpunode-agent libvirt-hook -- "$@"' in text, "the shipped hook changed its exec line"
+    text = (text.replace("/usr/bin/gpunode-agent libvirt-hook --", f"{agent} libvirt-hook --socket {lab.sock} --config {lab.cfg} --")
+            .replace("/usr/bin/gpunode-agent", agent))
+    path = os.path.join(lab.dir, "50-gpunode")
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def attacks(c, h, lab, agent, dom):
+    """CONTRACT §9: a domain's name never switches enforcement off; an untrusted server is no agent."""
+    hook = shipped_hook(lab, agent)
+    for name in ("--", "--help", "-h", "--socket=x", f"--config={lab.dir}/evil.yaml"):
+        xml = dom(name, (OUTSIDER, "on-demand"), [U43])
+        p = subprocess.run([hook, name, "prepare", "begin", "-"], input=xml, capture_output=True, text=True, timeout=30)
+        c.check(f"the shipped 50-gpunode, a domain named {name!r} on a reserved unit: asked and refused (exit 1)",
+                p.returncode == 1 and p.stderr.startswith(refused(name, U43, "unit-reserved")), (p.returncode, p.stderr))
+        # An older 50-gpunode passed no `--`: the same names cannot shift the arguments; they refuse.
+        p = subprocess.run([agent, "libvirt-hook", name, "prepare", "begin", "-"], input=xml, capture_output=True, text=True,
+                           timeout=30)
+        c.check(f"without '--', a domain named {name!r}: refused (exit 1, fails closed)",
+                p.returncode == 1 and p.stderr.startswith("gpunode: "), (p.returncode, p.stderr))
+
+    # A server in a directory anyone may write to (where a hostile user could have bound first).
+    open_dir = os.path.join(lab.dir, "open")
+    os.makedirs(open_dir)
+    os.chmod(open_dir, 0o1777)
+    sock = os.path.join(open_dir, "admin.sock")
+    fake = fake_agent(sock)
+    try:
+        h.case("a server in a world-writable directory (it would allow): untrusted, deny", "untrusted-dir", "prepare", "begin",
+               dom("untrusted-dir", (OUTSIDER, "on-demand"), [U43]), 1, socket=sock,
+               startswith=f"gpunode: agent unreachable at {sock}: an untrusted server (its directory {open_dir} is writable by others")
+    finally:
+        fake.kill()
+        fake.wait()
+    if os.geteuid() != 0:
+        c.check("SKIP: a server of another uid needs root", True)
+        return
+    # A server of another uid in root's directory.
+    own_dir = os.path.join(lab.dir, "rootdir")
+    os.makedirs(own_dir)
+    os.chmod(own_dir, 0o755)
+    sock = os.path.join(own_dir, "admin.sock")
+    fake = fake_agent(sock, 65534)
+    try:
+        h.case("a server running as nobody in root's directory (it would allow): untrusted, deny", "untrusted-uid", "prepare",
+               "begin", dom("untrusted-uid", (OUTSIDER, "on-demand"), [U43]), 1, socket=sock,
+               startswith=f"gpunode: agent unreachable at {sock}: an untrusted server (it is served by uid 65534")
+    finally:
+        fake.kill()
+        fake.wait()
 
 
 def body(c, agent):
@@ -340,6 +427,8 @@ def body(c, agent):
              (e.get("org"), e.get("tier"), e.get("vmId")), (None, "on-demand", None))
         c.check("agent log: a warning line per refusal (DOMAIN=span-two)",
                 bool(lab.log_line("warning", "DOMAIN=span-two")), lab.tail(600))
+
+        attacks(c, h, lab, agent, dom)
 
         # -- the race: a start let through holds its unit against a create (up to 120 s) -------
         h.case("on-demand on free 24 (then a create on 24)", "race-24", *ask,

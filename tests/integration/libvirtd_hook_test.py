@@ -59,8 +59,8 @@ def install_hook(daemon, agent, lab):
     """The shipped hook, naming the build's binary and the test agent's socket and config."""
     with open(HOOK) as f:
         text = f.read()
-    assert "exec /usr/bin/gpunode-agent libvirt-hook \"$@\"" in text, "the shipped hook changed its exec line"
-    text = (text.replace("/usr/bin/gpunode-agent libvirt-hook", f"{agent} libvirt-hook --socket {lab.sock} --config {lab.cfg}")
+    assert "exec /usr/bin/gpunode-agent libvirt-hook -- \"$@\"" in text, "the shipped hook changed its exec line"
+    text = (text.replace("/usr/bin/gpunode-agent libvirt-hook --", f"{agent} libvirt-hook --socket {lab.sock} --config {lab.cfg} --")
             .replace("/usr/bin/gpunode-agent", agent))
     d = os.path.join(daemon.dir, "etc", "hooks", "qemu.d")
     os.makedirs(d)

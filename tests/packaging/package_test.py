@@ -142,7 +142,7 @@ def cmd_contents(out, src):
         with open(os.path.join(root, HOOK.lstrip("/")), encoding="utf-8") as hf:
             hook = hf.read()
         c.check(f"{HOOK} is a sh script that execs gpunode-agent libvirt-hook with libvirt's arguments",
-                hook.startswith("#!/bin/sh\n") and 'exec /usr/bin/gpunode-agent libvirt-hook "$@"\n' in hook, hook[-200:])
+                hook.startswith("#!/bin/sh\n") and 'exec /usr/bin/gpunode-agent libvirt-hook -- "$@"\n' in hook, hook[-200:])
         for page in ("usr/share/man/man8/gpunode-agent.8.gz", "usr/share/man/man1/gpunodectl.1.gz",
                      "usr/share/man/man5/agent.yaml.5.gz"):
             with gzip.open(os.path.join(root, page), "rt", encoding="utf-8") as g:

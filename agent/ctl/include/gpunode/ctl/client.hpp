@@ -9,6 +9,8 @@
 #include <sys/types.h>
 
 #include <expected>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,6 +35,7 @@ struct TransportError {
     not_listening,   // a socket file nobody listens on (ECONNREFUSED)
     refused_peer,    // connected, then closed without an answer: the agent's peer check refused us
     timeout,         // no whole answer within the request's timeout
+    untrusted,       // the server at the socket failed the caller's check (UnixClient's vet)
     broken,          // anything else: a read or write error, an answer that is not HTTP
   } kind = Kind::broken;
   std::string path;    // the socket
@@ -48,14 +51,24 @@ class Transport {
   virtual std::expected<Response, TransportError> call(const Request& r) = 0;
 };
 
+// Checks the server on a connected socket before anything is written to it: why it is not to be
+// trusted, or nothing. Runs on the very connection the request then uses (no check-then-connect race).
+using VetServer = std::function<std::optional<std::string>(int fd)>;
+
 class UnixClient final : public Transport {
  public:
-  UnixClient(std::string path, std::string user_agent);
+  UnixClient(std::string path, std::string user_agent, VetServer vet = {});
   std::expected<Response, TransportError> call(const Request& r) override;
 
  private:
   std::string path_;
   std::string user_agent_;
+  VetServer vet_;
 };
+
+// CONTRACT §9 "Who answers": the server at the socket `path` (SO_PEERCRED of `fd`) runs as root or
+// as the owner of the socket's directory, and that directory is owned by root or by that user and
+// writable by no one else. Else why not, naming the uids and the mode.
+std::optional<std::string> vet_agent_socket(const std::string& path, int fd);
 
 }  // namespace gpunode::ctl

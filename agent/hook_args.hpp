@@ -1,0 +1,35 @@
+// The libvirt hook's command line (CONTRACT §9 "Arguments"): `gpunode-agent libvirt-hook
+// [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]`.
+//
+// libvirt's four arguments are data, read by position: a domain's name is chosen by whoever defines
+// the domain, and a domain named `--help` or `--socket=x` must be asked about like any other. So the
+// hook's arguments are not given to an option parser: options come first, `--` ends them, and what
+// follows is libvirt's. Read before anything else runs (main.cpp), and pure, for the tests.
+#pragma once
+
+#include <expected>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpunode::agent {
+
+struct HookCommand {
+  std::optional<std::string> socket;                    // --socket: else admin.socket of the config
+  std::string config_file = "/etc/gpunode/agent.yaml";  // --config
+  std::vector<std::string> args;                        // NAME OPERATION SUB-OPERATION EXTRA
+};
+
+// `argv`: what follows `libvirt-hook`. Options (`--socket S`, `--socket=S`, `--config F`,
+// `--config=F`) until `--`; after it, libvirt's four arguments taken as they are. Without `--`
+// (an older 50-gpunode, which passed no option), the four are libvirt's only when none of them
+// begins with '-': else they cannot be told from options, and that is an error. The error (a help
+// request included) says why; the hook then refuses (fails closed).
+std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::string_view> argv);
+
+inline constexpr std::string_view kHookUsage =
+    "usage: gpunode-agent libvirt-hook [--socket PATH] [--config FILE] -- NAME OPERATION SUB-OPERATION EXTRA";
+
+}  // namespace gpunode::agent
