@@ -6,7 +6,7 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
-#include "gpunode/ctl/printable.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::agent {
 namespace {
@@ -21,10 +21,10 @@ bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 // The verdict when the agent cannot be asked.
 HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
   if (when_down == config::WhenAgentDown::allow) {
-    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", ctl::printable(socket),
-                            ctl::printable(why))}};
+    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", text::printable(socket),
+                            text::printable(why))}};
   }
-  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", ctl::printable(socket), ctl::printable(why))}};
+  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", text::printable(socket), text::printable(why))}};
 }
 
 std::string str(const json::object& o, std::string_view key, std::string_view otherwise = "") {
@@ -112,12 +112,12 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
   for (const auto& rv : reasons->get_array()) {
     const json::object* reason = rv.if_object();
     if (reason == nullptr) continue;
-    const std::string line = ctl::printable(fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message")));
+    const std::string line = text::printable(fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message")));
     v.stderr_lines.push_back(mode == "enforce"
-                                 ? fmt::format("gpunode: domain {} refused: {}", ctl::printable(name), line)
-                                 : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", ctl::printable(name), ctl::printable(mode), line));
+                                 ? fmt::format("gpunode: domain {} refused: {}", text::printable(name), line)
+                                 : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", text::printable(name), text::printable(mode), line));
   }
-  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", ctl::printable(name)));
+  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", text::printable(name)));
   return v;
 }
 
@@ -134,7 +134,7 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
     auto loaded = config::load_file(config_file, config::Purpose::discover);
     if (!loaded.ok()) {
       // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
-      return {1, {ctl::printable(fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string()))}};
+      return {1, {text::printable(fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string()))}};
     }
     cfg = std::move(loaded.config);
   } else {

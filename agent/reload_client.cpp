@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "gpunode/config/config.hpp"
-#include "gpunode/ctl/printable.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::agent {
 namespace {
@@ -41,7 +41,7 @@ ReloadVerdict reload_verdict(const std::expected<ctl::Response, ctl::TransportEr
       std::string names;
       for (const auto& k : keys->get_array()) {
         if (!k.is_string()) continue;
-        names += (names.empty() ? "" : ", ") + ctl::printable(k.get_string());
+        names += (names.empty() ? "" : ", ") + text::printable(k.get_string());
       }
       v.err.push_back(fmt::format(
           "gpunode-agent reload: these changed keys take effect only after a restart: {}", names));
@@ -57,14 +57,14 @@ ReloadVerdict reload_verdict(const std::expected<ctl::Response, ctl::TransportEr
         const auto* eo = e.if_object();
         if (eo == nullptr) continue;
         v.err.push_back(
-            fmt::format("{}: {}", ctl::printable(str(*eo, "field")), ctl::printable(str(*eo, "message"))));
+            fmt::format("{}: {}", text::printable(str(*eo, "field")), text::printable(str(*eo, "message"))));
       }
     }
     return v;
   }
   v.err.push_back(fmt::format(
       "gpunode-agent reload: the agent answered {}{}", r.status,
-      o != nullptr && !str(*o, "detail").empty() ? ": " + ctl::printable(str(*o, "detail")) : std::string()));
+      o != nullptr && !str(*o, "detail").empty() ? ": " + text::printable(str(*o, "detail")) : std::string()));
   return v;
 }
 

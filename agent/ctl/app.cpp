@@ -18,6 +18,7 @@
 #include "gpunode/ctl/render.hpp"
 #include "gpunode/ctl/socket_path.hpp"
 #include "gpunode/json/strict.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::ctl {
 namespace json = boost::json;
@@ -60,8 +61,8 @@ class Session {
     if (id == nullptr || !id->is_string()) {
       return std::unexpected(Failure{kExitProblem, "gpunodectl: bad-answer: GET /healthz on the admin socket has no nodeId (is this a gpunode-agent?)\n", {}});
     }
-    node_ = std::string(id->get_string());
-    if (const auto* v = o->if_contains("version"); v != nullptr && v->is_string()) version_ = std::string(v->get_string());
+    node_ = std::string(id->get_string());  // used in request paths; shown escaped (status)
+    if (const auto* v = o->if_contains("version"); v != nullptr && v->is_string()) version_ = text::printable(v->get_string());
     if (const auto* rev = o->if_contains("revision"); rev != nullptr && rev->is_int64()) revision_ = rev->get_int64();
     return *node_;
   }

@@ -7,13 +7,16 @@
 #include <fmt/format.h>
 
 #include "gpunode/reservations/model.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::ctl {
 namespace json = boost::json;
 
 namespace {
 
-// Reads one object's fields; the first wrong one is kept as the error, with its place.
+// Reads one object's fields; the first wrong one is kept as the error, with its place. Its strings
+// are for people (the tables and pictures; --json prints the body itself): each is escaped
+// (text::printable), so an org's note or reason cannot drive the operator's terminal.
 class Fields {
  public:
   Fields(const json::value& v, std::string place, std::string& error) : place_(std::move(place)), error_(error) {
@@ -26,7 +29,7 @@ class Fields {
   std::optional<std::string> opt_str(std::string_view key) {
     const auto* v = get(key);
     if (v == nullptr || v->is_null()) return std::nullopt;
-    if (const auto* s = v->if_string()) return std::string(*s);
+    if (const auto* s = v->if_string()) return text::printable(*s);
     fail(at(key), "not a string");
     return std::nullopt;
   }
@@ -53,7 +56,7 @@ class Fields {
   std::vector<std::string> strings(std::string_view key) {
     std::vector<std::string> out;
     each(key, [&](const json::value& x, const std::string& place) {
-      if (const auto* s = x.if_string()) out.emplace_back(*s);
+      if (const auto* s = x.if_string()) out.push_back(text::printable(*s));
       else fail(place, "not a string");
     });
     return out;

@@ -10,26 +10,28 @@
 #include <fmt/ranges.h>
 
 #include "gpunode/ctl/render.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::ctl {
 namespace json = boost::json;
 
 namespace {
 
-std::string_view str_of(const json::object& o, std::string_view key, std::string_view fallback = "") {
+// The strings below come from the agent's answers and are for people: escaped (text::printable).
+std::string str_of(const json::object& o, std::string_view key, std::string_view fallback = "") {
   const auto* v = o.if_contains(key);
   const auto* s = v == nullptr ? nullptr : v->if_string();
-  return s == nullptr ? fallback : std::string_view(*s);
+  return s == nullptr ? std::string(fallback) : text::printable(*s);
 }
 
 std::string text_of(const json::object& o, std::string_view key) {
   const auto* v = o.if_contains(key);
   if (v == nullptr || v->is_null()) return "-";
-  if (const auto* s = v->if_string()) return s->empty() ? "-" : std::string(*s);
+  if (const auto* s = v->if_string()) return s->empty() ? "-" : text::printable(*s);
   if (const auto* a = v->if_array()) {
     std::vector<std::string> parts;
     for (const auto& x : *a) {
-      if (const auto* s = x.if_string()) parts.emplace_back(*s);
+      if (const auto* s = x.if_string()) parts.push_back(text::printable(*s));
     }
     return parts.empty() ? "-" : fmt::format("{}", fmt::join(parts, ","));
   }
@@ -201,7 +203,7 @@ std::string render_problem(unsigned status, std::string_view body) {
   const json::value v = json::parse(body, ec);
   const auto* o = ec ? nullptr : v.if_object();
   if (o == nullptr || o->if_contains("code") == nullptr) {
-    std::string_view shown = body.substr(0, 200);
+    const std::string shown = text::printable(body.substr(0, 200));
     return fmt::format("gpunodectl: http-{}: the agent answered {} without a problem body{}{}\n", status, status,
                        shown.empty() ? "" : ": ", shown);
   }
@@ -215,7 +217,7 @@ std::string render_problem(unsigned status, std::string_view body) {
   }
   if (const auto* blocking = array_of(v, "blockingReservationIds")) {
     for (const auto& b : *blocking) {
-      if (const auto* s = b.if_string()) out += fmt::format("  blocked by reservation {}\n", std::string_view(*s));
+      if (const auto* s = b.if_string()) out += fmt::format("  blocked by reservation {}\n", text::printable(*s));
     }
   }
   if (const auto* units = array_of(v, "units")) {

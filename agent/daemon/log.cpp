@@ -10,6 +10,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include "gpunode/text/printable.hpp"
+
 namespace gpunode::daemon {
 namespace {
 
@@ -40,10 +42,12 @@ void Logger::log(config::LogLevel level, std::string_view message) const {
                                                       {"level", config::to_string(level)},
                                                       {"msg", message}}) + "\n";
   } else if (journal) {
-    line = fmt::format("<{}>{}\n", syslog_priority(level), message);
+    // One record per line: a message's control characters (which may come from a request, a
+    // domain's XML or sysfs) are escaped, so none can end the line or forge the next (CONTRACT §10).
+    line = fmt::format("<{}>{}\n", syslog_priority(level), text::printable(message));
   } else {
     const auto now = std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
-    line = fmt::format("{:%FT%TZ} {:<7} {}\n", now, config::to_string(level), message);
+    line = fmt::format("{:%FT%TZ} {:<7} {}\n", now, config::to_string(level), text::printable(message));
   }
   std::lock_guard lock(out_mutex());
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -11,6 +11,7 @@ When run as root, the refusals are made real by running gpunodectl as `nobody` (
 agent is configured so that this uid is not allowed."""
 import json
 import os
+import re
 import pty
 import select
 import shutil
@@ -253,11 +254,52 @@ def body(c, lab):
     lab.stop()
 
 
+# Bytes a terminal acts on: C0 controls but the newline that ends a line, DEL, and C1 (U+0080..U+009F).
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f\x80-\x9f]")
+
+
+def hostile_text(c, agent):
+    """CONTRACT §10: an org's or a caller's text (a note, a reason) never reaches an operator's terminal
+    or the text log raw; `--json` stays exact."""
+    evil_note = "quarterly\x1b[2J\x1b[1;1H\x07\rFORGED row\nsecond line\u009b31m"
+    evil_reason = "done\x1b]0;owned\x07\r\nFORGED 2026-01-01 INFO fake record"
+    with L.Lab(agent) as lab:
+        lab.write_config(lab.config_text().replace("uri: test:///default", f"uri: test://{XML}"))
+        lab.start()
+        r = ctl(lab, "--json", "reserve", "--units", U24, "--audience", "org-acme", "--starts", "+1d", "--ends", "+30d", "--note", evil_note)
+        rid = (r.json() or {}).get("id", "")
+        c.check("a note with ESC, BEL, CR, a newline and CSI (U+009B): --json gives it back exactly",
+                r.rc == 0 and (r.json() or {}).get("note") == evil_note, r)
+        r = ctl(lab, "reservation", rid)
+        c.check("reservation ID for people: no raw control byte, each escaped as \\xNN",
+                r.rc == 0 and not RAW_CONTROL.search(r.out.replace("\n", "")) and "quarterly\\x1b[2J\\x1b[1;1H\\x07\\x0dFORGED row\\x0asecond line\\xc2\\x9b31m" in r.out, r)
+        c.check("... and no line of it begins with the forged text", not any(l.startswith("FORGED") for l in r.out.splitlines()), r.out)
+        r = ctl(lab, "end", rid, "--reason", evil_reason)
+        c.eq("end with a hostile reason: exit 0", r.rc, 0)
+        r = ctl(lab, "audit")
+        c.check("audit for people: the reason escaped, no raw control byte, no forged line",
+                r.rc == 0 and not RAW_CONTROL.search(r.out) and "\\x1b]0;owned\\x07\\x0d\\x0aFORGED" in r.out
+                and not any(l.startswith("FORGED") for l in r.out.splitlines()), r)
+        r = ctl(lab, "--json", "audit")
+        recs = (r.json() or {}).get("records", [])
+        c.check("audit --json: the reason exact", any(evil_reason in json.dumps(x, ensure_ascii=False) or evil_reason in str(x.get("detail"))
+                                                      for x in recs), recs[-1:])
+        r = ctl(lab, "reservations")
+        c.check("reservations for people: no raw control byte", r.rc == 0 and not RAW_CONTROL.search(r.out), r)
+        lab.stop()
+        with open(os.path.join(lab.dir, "agent.log"), "rb") as f:
+            log = f.read().decode("utf-8", errors="replace")
+        c.check("the agent's text log: no raw control byte, no line begins with forged text",
+                not RAW_CONTROL.search(log) and not any(l.startswith("FORGED") for l in log.splitlines()),
+                RAW_CONTROL.search(log) and log[max(0, RAW_CONTROL.search(log).start() - 100):][:200])
+
+
 def main(c, agent):
     if not CTL or not os.access(CTL, os.X_OK):
         raise RuntimeError(f"gpunodectl not found: {CTL!r}")
     with L.Lab(agent) as lab:
         body(c, lab)
+    hostile_text(c, agent)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-#include "gpunode/ctl/printable.hpp"
+#include "gpunode/text/printable.hpp"
 
 #include <fmt/format.h>
 
-namespace gpunode::ctl {
+namespace gpunode::text {
 namespace {
 
 // The length of the well-formed UTF-8 sequence of 2 to 4 bytes at s[i] (RFC 3629: no overlongs,
@@ -64,4 +64,4 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-}  // namespace gpunode::ctl
+}  // namespace gpunode::text

@@ -1,11 +1,11 @@
-// ctl::printable: what reaches an operator's terminal from the agent is never a control sequence.
-#include "gpunode/ctl/printable.hpp"
+// text::printable: what reaches an operator's terminal from the agent is never a control sequence.
+#include "gpunode/text/printable.hpp"
 
 #include <doctest/doctest.h>
 
 #include <string>
 
-using gpunode::ctl::printable;
+using gpunode::text::printable;
 
 TEST_CASE("printable: printable ASCII and UTF-8 pass; a backslash is doubled") {
   CHECK(printable("capacity-reclaim") == "capacity-reclaim");
