@@ -404,8 +404,17 @@ void read_enforcement(const Section& root, Config::Enforcement& out) {
 }
 
 void read_metrics(const Section& root, Config::Metrics& out) {
-  const Section s = root.child("metrics", {"listen"});
+  const Section s = root.child("metrics", {"listen", "allow_remote"});
   read_string(s, "listen", values::optional_listen, out.listen);
+  read_value(s, "allow_remote", "true or false", values::boolean, out.allow_remote);
+  // CONTRACT §10: /metrics shows reservation counts and more, over plain HTTP without a token.
+  if (out.listen.empty() || out.allow_remote || values::is_loopback_listen(out.listen)) return;
+  const Entry* listen = s.find("listen");
+  s.problems().add(listen != nullptr ? pos_of(listen->value) : s.anchor(),
+                   fmt::format("metrics.listen {} is not a loopback address: /metrics (plain HTTP, no token) would show this "
+                               "node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set "
+                               "metrics.allow_remote: true",
+                               text::quote(out.listen)));
 }
 
 void read_state(const Section& root, Config::State& out, Files& files) {

@@ -21,6 +21,7 @@ std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) 
   check(a.central.url == b.central.url, "central.url");
   check(a.central.heartbeat_interval == b.central.heartbeat_interval, "central.heartbeat_interval");
   check(a.metrics.listen == b.metrics.listen, "metrics.listen");
+  check(a.metrics.allow_remote == b.metrics.allow_remote, "metrics.allow_remote");
   check(a.state.dir == b.state.dir, "state.dir");
   return out;
 }

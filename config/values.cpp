@@ -350,6 +350,22 @@ Parsed<std::string> optional_listen(std::string_view s) {
   return listen(s);
 }
 
+Parsed<bool> boolean(std::string_view s) {
+  if (s == "true") return true;
+  if (s == "false") return false;
+  return unexpected(std::string("expected true or false"));
+}
+
+bool is_loopback_listen(std::string_view s) {
+  const auto where = parse_listen(s);
+  if (!where) return false;
+  if (where->host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, where->host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, where->host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
 Parsed<Duration> heartbeat_interval(std::string_view s) {
   auto d = parse_duration(s);
   if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1))) return unexpected(std::string("must be from 1s to 1h"));

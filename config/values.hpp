@@ -36,6 +36,10 @@ Parsed<std::string> unit_ref(std::string_view s);
 Parsed<std::string> listen(std::string_view s);
 // Empty (not listening), or as listen().
 Parsed<std::string> optional_listen(std::string_view s);
+// true or false (YAML 1.2's core schema; not yes/no/on/off).
+Parsed<bool> boolean(std::string_view s);
+// Whether a valid HOST:PORT listens on loopback only: localhost, 127.0.0.0/8 or ::1.
+bool is_loopback_listen(std::string_view s);
 // Empty, or an absolute https URL with a host (Boost.URL's grammar), no user info, query or fragment.
 Parsed<std::string> central_url(std::string_view s);
 // A decimal integer in [0, 2^32).

@@ -387,6 +387,20 @@ std::expected<std::optional<std::int64_t>, AuthError> int_claim(const boost::jso
       reject(Rejection::malformed, fmt::format("claim {} is not an integer number of seconds", name)));
 }
 
+// CONTRACT §10: a time claim (exp, nbf, iat) is seconds within 1970-01-01 .. 2199-12-31, so that
+// no sum with a leeway, no conversion to a time_point and no comparison can overflow.
+constexpr std::int64_t kLatestClaimTime = 7258118399;  // 2199-12-31T23:59:59Z
+
+std::expected<std::optional<std::int64_t>, AuthError> time_claim(const boost::json::object& o, std::string_view name,
+                                                                 bool null_is_absent) {
+  auto v = int_claim(o, name, null_is_absent);
+  if (!v || !*v) return v;
+  if (**v < 0 || **v > kLatestClaimTime) {
+    return std::unexpected(reject(Rejection::malformed, fmt::format("claim {} is outside 1970..2199", name)));
+  }
+  return v;
+}
+
 std::int64_t floor_seconds(std::chrono::system_clock::time_point t) {
   return std::chrono::floor<std::chrono::seconds>(t.time_since_epoch()).count();
 }
@@ -587,7 +601,7 @@ std::expected<Claims, AuthError> TokenVerifier::verify(std::string_view authoriz
   const std::int64_t leeway = cfg.leeway.count();
   Claims claims;
 
-  auto exp = int_claim(*payload, "exp", false);
+  auto exp = time_claim(*payload, "exp", false);
   if (!exp) return std::unexpected(exp.error());
   if (!*exp) return std::unexpected(reject(Rejection::missing_claim, "no exp claim"));
   claims.exp = **exp;
@@ -596,8 +610,9 @@ std::expected<Claims, AuthError> TokenVerifier::verify(std::string_view authoriz
         Rejection::expired, fmt::format("expired: exp={} now={} leeway={}s", claims.exp, now_s, leeway)));
   }
 
-  auto nbf = int_claim(*payload, "nbf", true);
+  auto nbf = time_claim(*payload, "nbf", true);
   if (!nbf) return std::unexpected(nbf.error());
+  if (auto iat = time_claim(*payload, "iat", true); !iat) return std::unexpected(iat.error());  // only bounded
   claims.nbf = *nbf;
   if (claims.nbf && now_s + leeway < *claims.nbf) {
     return std::unexpected(

@@ -439,7 +439,12 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
                                       {"unitIds", strings_json(x.unit_ids)}, {"releasedUnitIds", strings_json(x.released_unit_ids)},
                                       {"gpuCount", gpus}, {"units", std::move(units_out)}});
   }
-  return json_response(json::object{{"orgId", org}, {"nodeId", opt.node_id}, {"reservations", std::move(entries)},
+  // CONTRACT §10: the node's id only to an org that sees the node (its owner, or a manager or the
+  // audience of a non-ended reservation here), whoever asks: no org learns a node id from this route.
+  r::Caller as_org;
+  as_org.org = org;
+  const json::value node_id = r::sees_node(as_org, node(), all_reservations()) ? json::value(opt.node_id) : json::value(nullptr);
+  return json_response(json::object{{"orgId", org}, {"nodeId", node_id}, {"reservations", std::move(entries)},
                                     {"totals", json::object{{"units", total_units}, {"gpus", total_gpus}}}});
 }
 

@@ -816,3 +816,20 @@ TEST_CASE("config: an invalid or empty value names no file; the defaults stand f
   const auto files = files_of("api:\n  tls:\n    cert: \"\"\n    key: [x]\nauth:\n  keys: [\"\", /k/ok.pub]\n");
   CHECK(files == std::vector<std::string>{"auth.keys /k/ok.pub 6:14", "discovery.host_root / 0:0", "state.dir /var/lib/gpunode 0:0"});
 }
+
+TEST_CASE("config: metrics.listen must be loopback unless metrics.allow_remote (CONTRACT §10)") {
+  CHECK(problems_of("metrics:\n  listen: \"127.0.0.1:9464\"\n") == "");
+  CHECK(problems_of("metrics:\n  listen: \"127.8.9.10:9464\"\n") == "");
+  CHECK(problems_of("metrics:\n  listen: \"[::1]:9464\"\n") == "");
+  CHECK(problems_of("metrics:\n  listen: \"localhost:9464\"\n") == "");
+  CHECK(problems_of("metrics:\n  listen: \"\"\n") == "");
+  CHECK(problems_of("metrics:\n  listen: \"0.0.0.0:9464\"\n") ==
+        "agent.yaml:2:11: metrics.listen \"0.0.0.0:9464\" is not a loopback address: /metrics (plain HTTP, no token) would show "
+        "this node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set metrics.allow_remote: true\n");
+  CHECK(problems_of("metrics:\n  listen: \"[::]:9464\"\n").find("is not a loopback address") != std::string::npos);
+  CHECK(problems_of("metrics:\n  listen: \"10.0.0.5:9464\"\n").find("is not a loopback address") != std::string::npos);
+  CHECK(problems_of("metrics:\n  listen: \"node7.example:9464\"\n").find("is not a loopback address") != std::string::npos);
+  CHECK(problems_of("metrics:\n  listen: \"0.0.0.0:9464\"\n  allow_remote: true\n") == "");
+  CHECK(problems_of("metrics:\n  allow_remote: yes\n") == "agent.yaml:2:17: invalid value \"yes\" for metrics.allow_remote: expected true or false\n");
+  CHECK(load_string("metrics:\n  allow_remote: true\n", "agent.yaml", Purpose::discover).config.metrics.allow_remote);
+}

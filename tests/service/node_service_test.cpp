@@ -208,6 +208,24 @@ std::string code_of(const ApiResponse& r) {
 
 }  // namespace
 
+TEST_CASE("reserved-capacity: the node's id only for an org that sees the node (CONTRACT §10)") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto node_id_for = [&](const std::string& org, const std::string& token) {
+    auto r = lab.call("GET", "/v1/orgs/" + org + "/reserved-capacity", token);
+    REQUIRE(r.status == 200);
+    return boost::json::parse(r.body).at("nodeId");
+  };
+  // Nothing here for org-stranger: asking about itself, or an admin asking about it, learns no node id.
+  CHECK(node_id_for("org-stranger", lab.token("org-stranger")).is_null());
+  CHECK(node_id_for("org-stranger", admin).is_null());
+  CHECK(node_id_for(kOwner, lab.token(kOwner)) == boost::json::value(kNode));  // the owner sees its node
+  auto made = lab.create(admin, {"u-0000-41-00-0"}, {"org-aud"}, {});
+  CHECK(node_id_for("org-aud", lab.token("org-aud")) == boost::json::value(kNode));
+  lab.call("POST", Lab::path("/reservations/" + std::string(made.at("id").as_string()) + "/end"), admin);
+  CHECK(node_id_for("org-aud", lab.token("org-aud")).is_null());  // an ended reservation shows nothing
+}
+
 TEST_CASE("every route by every relation") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});

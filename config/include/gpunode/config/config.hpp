@@ -66,7 +66,8 @@ struct Config {
     WhenAgentDown when_agent_down = WhenAgentDown::deny;
   } enforcement;
   struct Metrics {
-    std::string listen;  // empty: /metrics on the admin socket only; else HOST:PORT (plain HTTP)
+    std::string listen;         // empty: /metrics on the admin socket only; else HOST:PORT (plain HTTP)
+    bool allow_remote = false;  // listen must be loopback unless true (CONTRACT §10)
   } metrics;
   struct State {
     std::string dir = "/var/lib/gpunode";
