@@ -14,6 +14,7 @@ namespace {
 namespace json = boost::json;
 
 constexpr std::chrono::seconds kAskBound{5};  // CONTRACT §9: the agent answers within 5 s or is down
+constexpr std::size_t kAdmissionBody = 16 * 1024 * 1024;  // CONTRACT §9: what the admission route takes
 constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -148,6 +149,10 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
   q.body = json::serialize(json::object{{"domainXml", domain_xml}});
   q.content_type = "application/json";
   q.timeout = kAskBound;
+  if (q.body.size() > kAdmissionBody) {  // the agent would answer 413 while this is still writing it
+    return agent_down(socket, fmt::format("the domain's admission request is {} bytes, over the {} bytes the agent takes", q.body.size(), kAdmissionBody),
+                      cfg.enforcement.when_agent_down);
+  }
   ctl::UnixClient client(socket, "gpunode-libvirt-hook", [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });
   return hook_verdict(client.call(q), socket, name, cfg.enforcement.when_agent_down);
 }

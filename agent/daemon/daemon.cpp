@@ -506,8 +506,10 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!gid && !cfg.admin.allowed_group.empty()) {
     p->say(LogLevel::info, fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only", cfg.admin.allowed_group));
   }
+  http::Limits limits;
+  limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
   p->server.emplace(
-      p->net, http::Limits{}, [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); },
+      p->net, limits, [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); },
       [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); },
       [raw](const http::Answered& a) { raw->http_metrics.record(a.method, a.path, a.status, a.took); });
   const auto where = config::parse_listen(cfg.api.listen);  // checked when the config was loaded

@@ -301,7 +301,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void read_header() {
     phase_ = Phase::reading;
     parser_.emplace();
-    parser_->body_limit(limits().body);
+    // The admin socket's one large-body path is known only once the request line is read: its
+    // peers (already admitted) may send up to large_body, and on_header holds every other path to
+    // `body` (chunked bodies when they are read whole: on_request).
+    parser_->body_limit(admits_large_body() ? std::max(limits().body, limits().large_body) : limits().body);
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(limits().header, std::numeric_limits<std::uint32_t>::max())));
     lowest().expires_after(limits().read_timeout);
@@ -314,6 +317,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void on_header() {
     const auto& msg = parser_->get();
+    if (admits_large_body() && !is_large_body_request(msg.target()) && msg.payload_size() && *msg.payload_size() > limits().body) {
+      return reject(too_large(), true);
+    }
     if (!parser_->is_done() && beast::iequals(msg[bhttp::field::expect], "100-continue")) {
       continue_.emplace(bhttp::status::continue_, msg.version());
       lowest().expires_after(limits().write_timeout);
@@ -338,12 +344,23 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     });
   }
 
+  bool admits_large_body() const { return peer_.kind == Peer::Kind::unix_socket && !limits().large_body_path.empty(); }
+  bool is_large_body_request(std::string_view target) const {
+    const auto path = target.substr(0, target.find('?'));
+    return path == limits().large_body_path;
+  }
+  // 413 naming the limit of the request's path (the parser's own limit is the larger one).
+  Response too_large() {
+    // The request line is parsed before any field, so its target is known here.
+    const bool large = parser_ && admits_large_body() && is_large_body_request(parser_->get().target());
+    return problem(413, "body-too-large", "Request body too large",
+                   fmt::format("the request body exceeds {} bytes", large ? limits().large_body : limits().body));
+  }
+
   void on_read_error(const beast::error_code& ec) {
     if (ec == bhttp::error::body_limit) {
       // Beast checks Content-Length against the limit once every field is parsed.
-      return reject(problem(413, "body-too-large", "Request body too large",
-                            fmt::format("the request body exceeds {} bytes", limits().body)),
-                    true);
+      return reject(too_large(), true);
     }
     if (ec == bhttp::error::header_limit) {
       return reject(problem(431, "headers-too-large", "Request headers too large",
@@ -377,6 +394,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void on_request() {
+    if (admits_large_body() && !is_large_body_request(parser_->get().target()) && parser_->get().body().size() > limits().body) {
+      return reject(too_large(), true);  // a chunked body over `body` on another path
+    }
     started_ = std::chrono::steady_clock::now();
     phase_ = Phase::handling;
     auto msg = parser_->release();

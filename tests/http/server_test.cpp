@@ -669,6 +669,49 @@ TEST_CASE("limits: a 64 KiB body is accepted, one byte more is 413") {
   CHECK(u->closed_without_data());
 }
 
+TEST_CASE("limits: the admin socket's one large-body path takes up to large_body; every other path, and HTTPS, keep body") {
+  Limits limits = test_limits();
+  limits.large_body_path = "/echo";
+  limits.large_body = 2 * 1024 * 1024;
+  Fixture f(limits);
+  auto path = f.listen_unix();
+  auto u = Client::plain_unix(path);
+  auto r = u->roundtrip(request("POST", "/echo", std::string(2 * 1024 * 1024, 'x')));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(json::parse(r->body).as_object()["bodySize"].as_int64() == 2 * 1024 * 1024);
+  r = u->roundtrip(request("POST", "/echo?x=1", std::string(1024 * 1024, 'x')));  // the path, whatever the query
+  REQUIRE(r);
+  CHECK(r->status == 200);
+
+  auto u2 = Client::plain_unix(path);  // refused on its Content-Length, before the body is sent
+  r = u2->roundtrip("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2097153\r\n\r\n");
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+  CHECK(json::parse(r->body).as_object()["detail"].as_string() == "the request body exceeds 2097152 bytes");
+
+  auto u3 = Client::plain_unix(path);
+  r = u3->roundtrip(request("POST", "/other", std::string(64 * 1024 + 1, 'x')));
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+  CHECK(json::parse(r->body).as_object()["detail"].as_string() == "the request body exceeds 65536 bytes");
+
+  auto u4 = Client::plain_unix(path);
+  std::string chunked = "POST /other HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 17; ++i) chunked += "1000\r\n" + std::string(4096, 'b') + "\r\n";
+  chunked += "0\r\n\r\n";
+  r = u4->roundtrip(chunked);
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");
+
+  auto port = f.listen();
+  auto c = Client::tls(port);
+  REQUIRE_MESSAGE(c->ok, c->error);
+  r = c->roundtrip(request("POST", "/echo", std::string(64 * 1024 + 1, 'a')));
+  REQUIRE(r);
+  check_problem(*r, 413, "body-too-large");  // HTTPS never takes the large path
+}
+
 TEST_CASE("limits: 9 KiB of headers is 431; a garbage request is 400; both then close") {
   Fixture f;
   auto port = f.listen();

@@ -60,6 +60,14 @@ def hostdev(addr, n):
 """
 
 
+def padded(xml, size=2 * 1024 * 1024):
+    """The domain with `size` bytes of metadata of another application (CONTRACT §9: up to 16 MiB)."""
+    pad = f"<pad:blob xmlns:pad='urn:example:pad'>{'A' * size}</pad:blob>"
+    if "<metadata>" in xml:
+        return xml.replace("<metadata>", "<metadata>" + pad, 1)
+    return xml.replace("<memory ", f"<metadata>{pad}</metadata>\n  <memory ", 1)
+
+
 def domain_xml(name, label=None, addrs=(), uid=None):
     """A domain as libvirt gives it to a hook (virsh dumpxml of a q35 guest). `label`: (org, tier)
     or None (unlabelled)."""
@@ -429,6 +437,16 @@ def body(c, agent):
                 bool(lab.log_line("warning", "DOMAIN=span-two")), lab.tail(600))
 
         attacks(c, h, lab, agent, dom)
+        _, lines = h.case("enforce, 2 MiB of metadata: decided (refused), not 413", "big-enforce", *ask,
+                          padded(dom("big-enforce", (OUTSIDER, "on-demand"), [U43])), 1)
+        c.check("... the refusal line", lines_like(lines, [refused("big-enforce", U43, "unit-reserved")]), lines)
+        h.case("enforce, 2 MiB of metadata on a free unit: allowed", "big-ok", *ask,
+               padded(dom("big-ok", (OUTSIDER, "on-demand"), [U24])), 0, [])
+        _, lines = h.case("a domain over 16 MiB: 413 is no decision, deny (when_agent_down)", "huge", *ask,
+                          padded(dom("huge", (OUTSIDER, "on-demand"), [U24]), 16 * 1024 * 1024 + 1), 1)
+        c.check("... the line says the request is over the 16777216 bytes the agent takes", len(lines) == 1 and
+                lines[0].startswith(f"gpunode: agent unreachable at {lab.sock}: the domain's admission request is ")
+                and lines[0].endswith("over the 16777216 bytes the agent takes"), lines)
 
         # -- the race: a start let through holds its unit against a create (up to 120 s) -------
         h.case("on-demand on free 24 (then a create on 24)", "race-24", *ask,
@@ -451,6 +469,9 @@ def body(c, agent):
         evs = refused_events(lab)[n0:]
         c.eq("audit: one workload.refused event with mode audit", [(x["data"].get("name"), x["data"].get("mode")) for x in evs],
              [("audit-rsv", "audit")])
+        _, lines = h.case("audit mode, 2 MiB of metadata: decided (would be refused), let start", "big-audit", *ask,
+                          padded(dom("big-audit", (OUTSIDER, "on-demand"), [U43])), 0)
+        c.check("... would be refused", len(lines) == 1 and "would be refused" in lines[0], lines)
         h.case("audit mode: spot on a released unit", "audit-ok", *ask, dom("audit-ok", (OUTSIDER, "spot"), [U23]), 0, [],
                asked_allowed=True)
         metrics = lab.call("GET", "/metrics", unix=True)
@@ -465,6 +486,7 @@ def body(c, agent):
         c.check("SIGHUP with enforcement.mode: off reloads", reload(lab, "off"), lab.tail(400))
         n0 = len(refused_events(lab))
         h.case("off mode: on-demand on a reserved unit", "off-rsv", *ask, dom("off-rsv", (OUTSIDER, "on-demand"), [U43]), 0, [])
+        h.case("off mode, 2 MiB of metadata: allowed", "big-off", *ask, padded(dom("big-off", (OUTSIDER, "on-demand"), [U43])), 0, [])
         h.case("off mode: a GPU of no unit", "off-nounit", *ask, dom("off-nounit", (OUTSIDER, "on-demand"), extra=[BMC_VGA]),
                0, [])
         c.eq("off: no workload.refused event", len(refused_events(lab)) - n0, 0)

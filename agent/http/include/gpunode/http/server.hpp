@@ -4,7 +4,8 @@
 //
 // What the layer does itself (CONTRACT §4, §7; STYLE "The server"):
 // - body > Limits::body       -> 413 problem `body-too-large`, then close (a Content-Length over
-//   the limit is refused before the body is read; a chunked body when it passes the limit)
+//   the limit is refused before the body is read; a chunked body when it passes the limit). On the
+//   admin socket, a POST to Limits::large_body_path may carry up to Limits::large_body.
 // - header > Limits::header   -> 431 problem `headers-too-large`, then close (request line and
 //   fields together)
 // - malformed request        -> 400 problem `invalid-request`, then close
@@ -117,6 +118,10 @@ std::string generate_request_id();
 
 struct Limits {
   std::size_t body = 64 * 1024;
+  // One path that takes larger bodies, on the admin socket only (CONTRACT §9: the hook's domain
+  // admission takes domain XML up to 16 MiB). Every other request keeps `body`.
+  std::string large_body_path;
+  std::size_t large_body = 16 * 1024 * 1024;
   std::size_t header = 8 * 1024;
   std::chrono::seconds read_timeout{30};
   std::chrono::seconds write_timeout{30};
