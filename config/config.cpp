@@ -342,8 +342,10 @@ void read_discovery(const Section& root, Config::Discovery& out, Files& files) {
 }
 
 void read_api(const Section& root, Purpose purpose, Config::Api& out, Files& files) {
-  const Section s = root.child("api", {"listen", "tls"});
+  const Section s = root.child("api", {"listen", "tls", "max_connections", "max_connections_per_client"});
   read_string(s, "listen", values::listen, out.listen);
+  read_value(s, "max_connections", "a number", values::connection_cap, out.max_connections);
+  read_value(s, "max_connections_per_client", "a number", values::connection_cap, out.max_connections_per_client);
   const Section tls = s.child("tls", {"cert", "key", "client_ca"});
   read_string(tls, "cert", values::text, out.tls.cert);
   read_string(tls, "key", values::text, out.tls.key);
@@ -368,7 +370,8 @@ void read_auth(const Section& root, Purpose purpose, Config::Auth& out, Files& f
 }
 
 void read_admin(const Section& root, Config::Admin& out) {
-  const Section s = root.child("admin", {"socket", "allowed_uids", "allowed_group"});
+  const Section s = root.child("admin", {"socket", "allowed_uids", "allowed_group", "max_connections"});
+  read_value(s, "max_connections", "a number", values::connection_cap, out.max_connections);
   read_string(s, "socket", values::socket_path, out.socket);
   read_list(s, "allowed_uids", values::uid, out.allowed_uids);
   read_string(s, "allowed_group", values::text, out.allowed_group);

@@ -350,6 +350,12 @@ Parsed<std::string> optional_listen(std::string_view s) {
   return listen(s);
 }
 
+Parsed<std::size_t> connection_cap(std::string_view s) {
+  const auto value = s.size() <= 7 ? decimal(s) : std::nullopt;
+  if (!value || *value < 1 || *value > 1000000) return unexpected(std::string("a connection cap is a whole number from 1 to 1000000"));
+  return static_cast<std::size_t>(*value);
+}
+
 Parsed<bool> boolean(std::string_view s) {
   if (s == "true") return true;
   if (s == "false") return false;

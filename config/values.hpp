@@ -36,6 +36,8 @@ Parsed<std::string> unit_ref(std::string_view s);
 Parsed<std::string> listen(std::string_view s);
 // Empty (not listening), or as listen().
 Parsed<std::string> optional_listen(std::string_view s);
+// A connection cap (CONTRACT §10): a whole number from 1 to 1000000.
+Parsed<std::size_t> connection_cap(std::string_view s);
 // true or false (YAML 1.2's core schema; not yes/no/on/off).
 Parsed<bool> boolean(std::string_view s);
 // Whether a valid HOST:PORT listens on loopback only: localhost, 127.0.0.0/8 or ::1.

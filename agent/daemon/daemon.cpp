@@ -1,7 +1,11 @@
 #include "gpunode/daemon/daemon.hpp"
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <filesystem>
@@ -77,6 +81,36 @@ std::expected<config::Config, std::vector<config::Problem>> load_checked(const s
   return std::move(loaded.config);
 }
 
+// Connections of metrics.listen (loopback: Prometheus, and an operator's curl).
+constexpr std::size_t kMetricsConnections = 64;
+// Descriptors the agent holds besides its connections: SQLite and its journal, libvirt's socket,
+// the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's.
+constexpr std::size_t kOwnFiles = 256;
+
+// CONTRACT §10: the open-file limit's soft value raised to its hard one, and the connection caps
+// checked to fit below it, so that no stranger's connections can use up the descriptors the agent
+// needs for its own files or its operators. Says what was chosen, or why it cannot start.
+std::expected<std::string, std::string> fit_open_files(const config::Config& c) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
+  const rlim_t before = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
+  }
+  const std::size_t need = c.api.max_connections + c.admin.max_connections + kMetricsConnections + kOwnFiles;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    return std::unexpected(fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
+                                       "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
+                                       "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
+                                       rl.rlim_cur, rl.rlim_max, need, c.api.max_connections, c.admin.max_connections,
+                                       kMetricsConnections, kOwnFiles));
+  }
+  return fmt::format("open files: limit {}{}; connections: HTTPS {} ({} per client address), admin socket {}, metrics.listen {}",
+                     rl.rlim_cur, rl.rlim_cur != before ? fmt::format(" (raised from {})", before) : std::string(), c.api.max_connections,
+                     c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
+}
+
 // 405 naming the one method a route of the daemon's own takes.
 http::Response method_not_allowed(const char* allow) {
   auto r = http::problem(405, "method-not-allowed", "Method not allowed", fmt::format("allowed: {}", allow));
@@ -148,7 +182,13 @@ struct Daemon::Parts {
   // (notify on core, set_tls_context on slow, status anywhere); stopped first in join_threads().
   std::unique_ptr<report::Reporter> reporter;
 
-  std::optional<http::Server> server;  // its member functions may be called from any thread
+  std::optional<http::Server> server;  // HTTPS and metrics.listen, on `net`; callable from any thread
+  // The admin socket, served apart (CONTRACT §10): its own io_context, thread and connection
+  // budget, so that no load on the HTTPS port delays the hook or an operator. Its requests meet the
+  // others only where they all go: the core thread.
+  asio::io_context admin_io;
+  std::optional<http::Server> admin_server;  // callable from any thread
+  std::thread admin_thread;
   // Net thread: once 250 ms pass without a request after a load, the heap's free pages go back to
   // the kernel (malloc_trim, on the slow pool), so a burst leaves no resident high-water mark.
   Debounce trim_after_load{net.get_executor(), std::chrono::milliseconds(250), Debounce::Mode::after_last,
@@ -157,6 +197,7 @@ struct Daemon::Parts {
   asio::steady_timer watchdog{net};
   std::thread core_thread;
   bool threads_done = false;
+  bool stopped_serving = false;  // run() saw the network loop end after stop(): the admin thread ends by itself
 
   void say(LogLevel level, const std::string& text) const { log.log(level, text); }
 
@@ -298,7 +339,11 @@ struct Daemon::Parts {
   // shared (service::SharedReads) is answered here; the rest goes to the core thread's Driver.
   void on_request(http::Request q, http::Reply reply) {
     const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
-    trim_after_load.poke();
+    if (q.peer.kind == http::Peer::Kind::unix_socket) {
+      asio::post(net, [this] { trim_after_load.poke(); });  // the admin thread's request: the timer is net's
+    } else {
+      trim_after_load.poke();
+    }
     if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket)) return serve_metrics(q, std::move(reply));
     if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket) return serve_reload(q, std::move(reply));
     if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "Not found", "no such resource"));
@@ -356,6 +401,7 @@ struct Daemon::Parts {
         net.stop();
       });
     });
+    asio::post(admin_io, [this] { admin_server->shutdown(std::chrono::seconds(10), [this] { admin_io.stop(); }); });
   }
 
   // Slow thread (one at a time: SIGHUP's and POST /v1/admin/reload's).
@@ -406,6 +452,10 @@ struct Daemon::Parts {
     if (threads_done) return;
     threads_done = true;
     stopping = true;
+    if (admin_thread.joinable()) {  // after a stop() its drain has ended it; else it ends now
+      if (!stopped_serving) admin_io.stop();
+      admin_thread.join();
+    }
     if (reporter) reporter->stop();  // prompt: no request to the central API is waited for
     terminations.join();  // terminations stop waiting at once (their domains are finished at the next start)
     lists.join();
@@ -429,6 +479,7 @@ Daemon::~Daemon() {
   if (!p_) return;
   p_->join_threads();
   p_->server.reset();
+  p_->admin_server.reset();
   p_->driver.reset();
   p_->node.reset();
 }
@@ -506,17 +557,27 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!gid && !cfg.admin.allowed_group.empty()) {
     p->say(LogLevel::info, fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only", cfg.admin.allowed_group));
   }
+  const auto fit = fit_open_files(cfg);
+  if (!fit) return std::unexpected(fit.error());
+  p->say(LogLevel::info, *fit);
+  const auto handle = [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); };
+  const auto log_line = [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); };
+  const auto observe = [raw](const http::Answered& a) { raw->http_metrics.record(a.method, a.path, a.status, a.took); };
   http::Limits limits;
-  limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
-  p->server.emplace(
-      p->net, limits, [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); },
-      [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); },
-      [raw](const http::Answered& a) { raw->http_metrics.record(a.method, a.path, a.status, a.took); });
+  limits.max_connections = cfg.api.max_connections;
+  limits.max_connections_per_client = cfg.api.max_connections_per_client;
+  limits.max_plain_connections = kMetricsConnections;
+  p->server.emplace(p->net, limits, handle, log_line, observe);
+  http::Limits admin_limits;
+  admin_limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
+  admin_limits.max_unix_connections = cfg.admin.max_connections;
+  p->admin_server.emplace(p->admin_io, admin_limits, handle, log_line, observe);
   const auto where = config::parse_listen(cfg.api.listen);  // checked when the config was loaded
   if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
   if (auto l = p->server->listen_tls(where->host, where->port, *tls); !l) return std::unexpected(l.error());
   auto peers = p->peers;
-  if (auto l = p->server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); }); !l) {
+  if (auto l = p->admin_server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); });
+      !l) {
     return std::unexpected(l.error());
   }
   if (!cfg.metrics.listen.empty()) {
@@ -556,6 +617,7 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
     raw->driver->refresh();  // finishes terminations an earlier run left pending
   });
   p->core_thread = std::thread([raw] { run_guarded(raw->core, raw->log, "core"); });
+  p->admin_thread = std::thread([raw] { run_guarded(raw->admin_io, raw->log, "admin socket"); });
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }
 
@@ -574,6 +636,7 @@ int Daemon::run(bool signals) {
     p.wait_signal();
   }
   run_guarded(p.net, p.log, "network");  // a stop() before run() has queued the drain that ends it
+  p.stopped_serving = true;                // the admin socket's drain, queued by stop() too, ends its thread
   p.join_threads();
   p.say(LogLevel::info, "stopped");
   return 0;

@@ -6,6 +6,7 @@
 // of the Session's code for the two, which is most of this file's compile time).
 #include "gpunode/http/server.hpp"
 
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,15 +15,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cerrno>
-#include <charconv>
-#include <cstring>
-#include <filesystem>
-#include <limits>
-#include <mutex>
-#include <type_traits>
-#include <unordered_map>
-
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -33,7 +25,14 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <fmt/format.h>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
 
 namespace gpunode::http {
 
@@ -81,6 +80,14 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   bool accepting = true;
   std::uint16_t port = 0;
   std::uint64_t next_id = 0;
+  // Open connections by budget (CONTRACT §10): TLS in total and by client address, plain TCP, the
+  // admin socket. Taken at accept (admit), given back when the session goes (release).
+  std::size_t open_tls = 0, open_plain = 0, open_unix = 0;
+  std::unordered_map<std::string, std::size_t> tls_by_address;
+  // Refusals since the last line about them; a line at most once a minute.
+  std::size_t refused = 0;
+  std::chrono::steady_clock::time_point refusals_logged{};
+  bool ever_refused = false;
   std::unordered_map<std::uint64_t, std::weak_ptr<SessionBase>> sessions;
   bool draining = false;
   std::vector<std::function<void()>> done;
@@ -148,6 +155,81 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
     }
   }
 
+  // Whether a new connection of `kind` from `address` fits the budgets; takes its place if it does.
+  // `address` is the client's IP for TLS (empty otherwise).
+  bool admit(Peer::Kind kind, const std::string& address) {
+    std::string line;
+    {
+      std::lock_guard lock(mu);
+      std::string why;
+      switch (kind) {
+        case Peer::Kind::tcp: {
+          auto& mine = tls_by_address[address];
+          if (limits.max_connections != 0 && open_tls >= limits.max_connections) {
+            why = fmt::format("the {} HTTPS connections of api.max_connections are open",
+                              limits.max_connections);
+          } else if (limits.max_connections_per_client != 0 && mine >= limits.max_connections_per_client) {
+            why = fmt::format("{} has the {} connections of api.max_connections_per_client open", address,
+                              limits.max_connections_per_client);
+          } else {
+            ++open_tls;
+            ++mine;
+            return true;
+          }
+          if (mine == 0) tls_by_address.erase(address);
+          break;
+        }
+        case Peer::Kind::plain_tcp:
+          if (limits.max_plain_connections == 0 || open_plain < limits.max_plain_connections) {
+            ++open_plain;
+            return true;
+          }
+          why = fmt::format("the {} connections of the metrics listener are open",
+                            limits.max_plain_connections);
+          break;
+        case Peer::Kind::unix_socket:
+          if (limits.max_unix_connections == 0 || open_unix < limits.max_unix_connections) {
+            ++open_unix;
+            return true;
+          }
+          why = fmt::format("the {} connections of admin.max_connections are open",
+                            limits.max_unix_connections);
+          break;
+      }
+      ++refused;
+      const auto now = std::chrono::steady_clock::now();
+      if (!ever_refused || now - refusals_logged >= std::chrono::minutes(1)) {
+        line = fmt::format(
+            "connections refused: {} since the last such line ({}); the next line comes a minute from now at "
+            "the soonest",
+            refused, why);
+        refused = 0;
+        refusals_logged = now;
+        ever_refused = true;
+      }
+    }
+    if (!line.empty()) log(line);
+    return false;
+  }
+
+  void release(Peer::Kind kind, const std::string& address) {
+    std::lock_guard lock(mu);
+    switch (kind) {
+      case Peer::Kind::tcp: {
+        --open_tls;
+        auto it = tls_by_address.find(address);
+        if (it != tls_by_address.end() && --it->second == 0) tls_by_address.erase(it);
+        break;
+      }
+      case Peer::Kind::plain_tcp:
+        --open_plain;
+        break;
+      case Peer::Kind::unix_socket:
+        --open_unix;
+        break;
+    }
+  }
+
   void retry_later(std::function<void()> f) {
     auto t = std::make_shared<net::steady_timer>(io, std::chrono::milliseconds(100));
     t->async_wait([t, f = std::move(f)](beast::error_code ec) {
@@ -168,7 +250,8 @@ namespace {
 using detail::ServerState;
 using detail::SessionBase;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-using PlainStream = beast::basic_stream<net::generic::stream_protocol, net::any_io_executor, beast::unlimited_rate_policy>;
+using PlainStream =
+    beast::basic_stream<net::generic::stream_protocol, net::any_io_executor, beast::unlimited_rate_policy>;
 
 constexpr std::size_t kReadChunk = 4096;
 constexpr std::size_t kMaxLingerBytes = 1024 * 1024;
@@ -200,7 +283,8 @@ std::string endpoint_text(const tcp::endpoint& ep) {
 bool quiet_error(const beast::error_code& ec) {
   return ec == ssl::error::stream_truncated || ec == net::error::operation_aborted || ec == net::error::eof ||
          ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message ||
-         ec == net::error::connection_reset || ec == net::error::broken_pipe || ec == net::error::bad_descriptor;
+         ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::error::bad_descriptor;
 }
 
 template <class Stream>
@@ -209,10 +293,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   enum class Phase { start, handshake, idle, reading, handling, writing, closing };
 
  public:
+  // Only for a connection ServerState::admit() took: the session gives the place back when it goes.
   template <class... Args>
-  Session(std::shared_ptr<ServerState> st, Peer peer, std::shared_ptr<ssl::context> ctx, Args&&... stream_args)
+  Session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
+          std::shared_ptr<ssl::context> ctx, Args&&... stream_args)
       : st_(std::move(st)),
         peer_(std::move(peer)),
+        budget_address_(std::move(budget_address)),
         ctx_(std::move(ctx)),
         stream_(std::forward<Args>(stream_args)...),
         ex_(stream_.get_executor()),
@@ -220,6 +307,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   ~Session() override {
     if (registered_) st_->remove(id_);
+    st_->release(peer_.kind, budget_address_);  // the place admit() gave it at accept
   }
 
   void start() {
@@ -265,14 +353,15 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void do_handshake() {
     phase_ = Phase::handshake;
-    lowest().expires_after(limits().read_timeout);
-    stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
-      if (ec) {
-        self->fail(ec, "TLS handshake");
-        return self->close_now();
-      }
-      self->wait_request();
-    });
+    lowest().expires_after(limits().handshake_timeout);
+    stream_.async_handshake(ssl::stream_base::server,
+                            [self = this->shared_from_this()](beast::error_code ec) {
+                              if (ec) {
+                                self->fail(ec, "TLS handshake");
+                                return self->close_now();
+                              }
+                              self->wait_request();
+                            });
   }
 
   // Between requests: wait (idle_timeout) for the first byte of the next one.
@@ -283,18 +372,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     buffer_.shrink_to_fit();  // an idle connection does not keep a large body's buffer
     phase_ = Phase::idle;
     lowest().expires_after(limits().idle_timeout);
-    stream_.async_read_some(buffer_.prepare(kReadChunk),
-                            [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
-                              if (ec) {
-                                if (ec == net::error::operation_aborted && self->draining_ && !self->closed_) {
-                                  return self->do_close();
-                                }
-                                self->fail(ec, "idle read");
-                                return self->close_now();
-                              }
-                              self->buffer_.commit(n);
-                              self->read_header();
-                            });
+    stream_.async_read_some(
+        buffer_.prepare(kReadChunk), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
+          if (ec) {
+            if (ec == net::error::operation_aborted && self->draining_ && !self->closed_) {
+              return self->do_close();
+            }
+            self->fail(ec, "idle read");
+            return self->close_now();
+          }
+          self->buffer_.commit(n);
+          self->read_header();
+        });
   }
 
   // One whole request within read_timeout.
@@ -307,7 +396,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     parser_->body_limit(admits_large_body() ? std::max(limits().body, limits().large_body) : limits().body);
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(limits().header, std::numeric_limits<std::uint32_t>::max())));
-    lowest().expires_after(limits().read_timeout);
+    lowest().expires_after(limits().header_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                                if (ec) return self->on_read_error(ec);
@@ -317,34 +406,40 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void on_header() {
     const auto& msg = parser_->get();
-    if (admits_large_body() && !is_large_body_request(msg.target()) && msg.payload_size() && *msg.payload_size() > limits().body) {
+    if (admits_large_body() && !is_large_body_request(msg.target()) && msg.payload_size() &&
+        *msg.payload_size() > limits().body) {
       return reject(too_large(), true);
     }
     if (!parser_->is_done() && beast::iequals(msg[bhttp::field::expect], "100-continue")) {
       continue_.emplace(bhttp::status::continue_, msg.version());
       lowest().expires_after(limits().write_timeout);
-      bhttp::async_write(stream_, *continue_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
-        self->continue_.reset();
-        if (ec) {
-          self->fail(ec, "write 100 Continue");
-          return self->close_now();
-        }
-        self->lowest().expires_after(self->limits().read_timeout);
-        self->read_body();
-      });
+      bhttp::async_write(stream_, *continue_,
+                         [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+                           self->continue_.reset();
+                           if (ec) {
+                             self->fail(ec, "write 100 Continue");
+                             return self->close_now();
+                           }
+                           self->lowest().expires_after(self->limits().read_timeout);
+                           self->read_body();
+                         });
       return;
     }
     read_body();
   }
 
   void read_body() {
-    bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
-      if (ec) return self->on_read_error(ec);
-      self->on_request();
-    });
+    lowest().expires_after(limits().read_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+                        if (ec) return self->on_read_error(ec);
+                        self->on_request();
+                      });
   }
 
-  bool admits_large_body() const { return peer_.kind == Peer::Kind::unix_socket && !limits().large_body_path.empty(); }
+  bool admits_large_body() const {
+    return peer_.kind == Peer::Kind::unix_socket && !limits().large_body_path.empty();
+  }
   bool is_large_body_request(std::string_view target) const {
     const auto path = target.substr(0, target.find('?'));
     return path == limits().large_body_path;
@@ -353,8 +448,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   Response too_large() {
     // The request line is parsed before any field, so its target is known here.
     const bool large = parser_ && admits_large_body() && is_large_body_request(parser_->get().target());
-    return problem(413, "body-too-large", "Request body too large",
-                   fmt::format("the request body exceeds {} bytes", large ? limits().large_body : limits().body));
+    return problem(
+        413, "body-too-large", "Request body too large",
+        fmt::format("the request body exceeds {} bytes", large ? limits().large_body : limits().body));
   }
 
   void on_read_error(const beast::error_code& ec) {
@@ -394,7 +490,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void on_request() {
-    if (admits_large_body() && !is_large_body_request(parser_->get().target()) && parser_->get().body().size() > limits().body) {
+    if (admits_large_body() && !is_large_body_request(parser_->get().target()) &&
+        parser_->get().body().size() > limits().body) {
       return reject(too_large(), true);  // a chunked body over `body` on another path
     }
     started_ = std::chrono::steady_clock::now();
@@ -533,15 +630,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void linger_read() {
-    stream_.async_read_some(net::buffer(scratch_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
-      self->lingered_ += n;
-      if (ec || self->closed_ || self->lingered_ > kMaxLingerBytes) return self->close_now();
-      self->linger_read();
-    });
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
+                              self->lingered_ += n;
+                              if (ec || self->closed_ || self->lingered_ > kMaxLingerBytes)
+                                return self->close_now();
+                              self->linger_read();
+                            });
   }
 
   std::shared_ptr<ServerState> st_;
   Peer peer_;
+  std::string budget_address_;  // the client IP its TLS budget place is counted under (empty otherwise)
   std::shared_ptr<ssl::context> ctx_;  // keeps the context this connection started with
   Stream stream_;
   const net::any_io_executor ex_;  // the connection's strand
@@ -569,7 +669,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
 // The endpoint to bind for `host` (empty or "*": every IPv4 address; an IPv4 or IPv6 address; or a
 // host name, resolved here, at start, never on a request's path).
-std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const std::string& host, std::uint16_t port) {
+std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const std::string& host,
+                                                      std::uint16_t port) {
   if (host.empty() || host == "*") return tcp::endpoint(net::ip::address_v4::any(), port);
   beast::error_code ec;
   auto addr = net::ip::make_address(host, ec);
@@ -577,7 +678,8 @@ std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const
   tcp::resolver resolver(io);
   auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return std::unexpected(fmt::format("cannot resolve {}: {}", host, ec ? ec.message() : std::string("no address")));
+    return std::unexpected(
+        fmt::format("cannot resolve {}: {}", host, ec ? ec.message() : std::string("no address")));
   }
   return results.begin()->endpoint();
 }
@@ -602,16 +704,16 @@ std::expected<void, std::string> make_socket_dir(const std::string& path, std::o
   if (dir.empty()) return {};
   if (::mkdir(dir.c_str(), 0700) != 0) {  // 0700 until it has its group, then 0750
     if (errno == EEXIST) return {};
-    return std::unexpected(fmt::format("admin socket {}: cannot create its directory {}: {}", path, dir.string(),
-                                       std::strerror(errno)));
+    return std::unexpected(fmt::format("admin socket {}: cannot create its directory {}: {}", path,
+                                       dir.string(), std::strerror(errno)));
   }
   if (group && ::chown(dir.c_str(), static_cast<uid_t>(-1), *group) != 0) {
     return std::unexpected(fmt::format("admin socket {}: cannot give its directory {} to group {}: {}", path,
                                        dir.string(), *group, std::strerror(errno)));
   }
   if (::chmod(dir.c_str(), 0750) != 0) {
-    return std::unexpected(fmt::format("admin socket {}: cannot chmod its directory {}: {}", path, dir.string(),
-                                       std::strerror(errno)));
+    return std::unexpected(fmt::format("admin socket {}: cannot chmod its directory {}: {}", path,
+                                       dir.string(), std::strerror(errno)));
   }
   return {};
 }
@@ -641,9 +743,10 @@ namespace detail {
 void ServerState::accept_tcp(tcp::acceptor* a, bool plain) {
   std::lock_guard lock(mu);
   if (!accepting) return;
-  a->async_accept(net::make_strand(io), [self = shared_from_this(), a, plain](beast::error_code ec, tcp::socket socket) {
-    self->on_tcp_accept(a, plain, ec, std::move(socket));
-  });
+  a->async_accept(net::make_strand(io),
+                  [self = shared_from_this(), a, plain](beast::error_code ec, tcp::socket socket) {
+                    self->on_tcp_accept(a, plain, ec, std::move(socket));
+                  });
 }
 
 void ServerState::on_tcp_accept(tcp::acceptor* a, bool plain, beast::error_code ec, tcp::socket socket) {
@@ -668,13 +771,18 @@ void ServerState::on_tcp_accept(tcp::acceptor* a, bool plain, beast::error_code 
   socket.set_option(tcp::no_delay(true), rec);  // responses are whole; never wait for Nagle
   auto remote = socket.remote_endpoint(rec);
   peer.address = rec ? std::string("?") : endpoint_text(remote);
-  if (plain) {
-    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr,
+  std::string client = plain || rec ? std::string() : remote.address().to_string();
+  if (!admit(peer.kind, client)) {
+    beast::error_code cec;
+    socket.close(cec);  // at once: not a byte read, no TLS
+  } else if (plain) {
+    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), std::move(client), nullptr,
                                            net::generic::stream_protocol::socket(std::move(socket)))
         ->start();
   } else {
     auto& context = *ctx;
-    std::make_shared<Session<TlsStream>>(shared_from_this(), std::move(peer), std::move(ctx), std::move(socket), context)
+    std::make_shared<Session<TlsStream>>(shared_from_this(), std::move(peer), std::move(client),
+                                         std::move(ctx), std::move(socket), context)
         ->start();
   }
   accept_tcp(a, plain);
@@ -713,8 +821,8 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
     if (auto groups = peer_groups(socket.native_handle())) {
       peer.groups = std::move(*groups);
     } else {
-      log(fmt::format("admin socket {}: cannot read the supplementary groups of peer uid={} pid={}: {}", l->path,
-                      cred.uid, cred.pid, groups.error()));
+      log(fmt::format("admin socket {}: cannot read the supplementary groups of peer uid={} pid={}: {}",
+                      l->path, cred.uid, cred.pid, groups.error()));
     }
     try {
       ok = !l->filter || l->filter(peer);
@@ -722,13 +830,15 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
       ok = false;
     }
     if (!ok) {
-      log(fmt::format("admin socket {}: refused peer uid={} gid={} pid={}", l->path, cred.uid, cred.gid, cred.pid));
+      log(fmt::format("admin socket {}: refused peer uid={} gid={} pid={}", l->path, cred.uid, cred.gid,
+                      cred.pid));
     }
   } else {
-    log(fmt::format("admin socket {}: refused a peer: cannot read SO_PEERCRED: {}", l->path, std::strerror(errno)));
+    log(fmt::format("admin socket {}: refused a peer: cannot read SO_PEERCRED: {}", l->path,
+                    std::strerror(errno)));
   }
-  if (ok) {
-    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), nullptr,
+  if (ok && admit(Peer::Kind::unix_socket, {})) {
+    std::make_shared<Session<PlainStream>>(shared_from_this(), std::move(peer), std::string(), nullptr,
                                            net::generic::stream_protocol::socket(std::move(socket)))
         ->start();
   } else {
@@ -740,8 +850,10 @@ void ServerState::on_unix_accept(UnixListener* l, beast::error_code ec, unix_pro
 
 }  // namespace detail
 
-Server::Server(net::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log, Observer observer)
-    : state_(std::make_shared<detail::ServerState>(io, limits, std::move(handler), std::move(log), std::move(observer))) {}
+Server::Server(net::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log,
+               Observer observer)
+    : state_(std::make_shared<detail::ServerState>(io, limits, std::move(handler), std::move(log),
+                                                   std::move(observer))) {}
 
 Server::~Server() {
   state_->stop_accepting();
@@ -752,8 +864,10 @@ Server::~Server() {
 namespace {
 
 // Binds and listens on host:port for listen_tls and listen_plain; errors name the address and the step.
-std::expected<std::unique_ptr<tcp::acceptor>, std::string> bind_tcp(net::io_context& io, const std::string& listen,
-                                                                    const std::string& host, std::uint16_t port) {
+std::expected<std::unique_ptr<tcp::acceptor>, std::string> bind_tcp(net::io_context& io,
+                                                                    const std::string& listen,
+                                                                    const std::string& host,
+                                                                    std::uint16_t port) {
   auto ep = endpoint_of(io, host, port);
   if (!ep) return std::unexpected(fmt::format("cannot listen on {}: {}", listen, ep.error()));
   auto a = std::make_unique<tcp::acceptor>(io);
@@ -769,12 +883,14 @@ std::expected<std::unique_ptr<tcp::acceptor>, std::string> bind_tcp(net::io_cont
 }
 
 std::string listen_text(const std::string& host, std::uint16_t port) {
-  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                             : fmt::format("{}:{}", host, port);
 }
 
 }  // namespace
 
-std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port, std::shared_ptr<ssl::context> tls) {
+std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port,
+                                                    std::shared_ptr<ssl::context> tls) {
   const std::string listen = listen_text(host, port);
   if (!tls) return std::unexpected(fmt::format("listen {}: no TLS context", listen));
   auto a = bind_tcp(state_->io, listen, host, port);
@@ -784,7 +900,8 @@ std::expected<void, std::string> Server::listen_tls(const std::string& host, std
   tcp::acceptor* raw = a->get();
   {
     std::lock_guard lock(state_->mu);
-    if (!state_->accepting) return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
+    if (!state_->accepting)
+      return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
     state_->tls = std::move(tls);
     if (state_->port == 0 && !ec) state_->port = bound.port();
     state_->tcp_acceptors.push_back(std::move(*a));
@@ -800,27 +917,30 @@ std::expected<void, std::string> Server::listen_plain(const std::string& host, s
   tcp::acceptor* raw = a->get();
   {
     std::lock_guard lock(state_->mu);
-    if (!state_->accepting) return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
+    if (!state_->accepting)
+      return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
     state_->tcp_acceptors.push_back(std::move(*a));
   }
   state_->accept_tcp(raw, true);
   return {};
 }
 
-std::expected<void, std::string> Server::listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
-                                                     PeerFilter filter) {
+std::expected<void, std::string> Server::listen_unix(const std::string& path, unsigned mode,
+                                                     std::optional<gid_t> group, PeerFilter filter) {
   if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return std::unexpected(fmt::format("admin socket {}: path empty or too long", path));
   }
   if (auto made = make_socket_dir(path, group); !made) return std::unexpected(made.error());
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) return std::unexpected(fmt::format("admin socket {}: exists and is not a socket", path));
+    if (!S_ISSOCK(st.st_mode))
+      return std::unexpected(fmt::format("admin socket {}: exists and is not a socket", path));
     if (unix_socket_alive(path)) {
       return std::unexpected(fmt::format("admin socket {}: another process is listening on it", path));
     }
     if (::unlink(path.c_str()) != 0) {
-      return std::unexpected(fmt::format("admin socket {}: cannot remove the stale socket: {}", path, std::strerror(errno)));
+      return std::unexpected(
+          fmt::format("admin socket {}: cannot remove the stale socket: {}", path, std::strerror(errno)));
     }
   } else if (errno != ENOENT) {
     return std::unexpected(fmt::format("admin socket {}: {}", path, std::strerror(errno)));
@@ -878,7 +998,9 @@ std::uint16_t Server::tls_port() const {
   return state_->port;
 }
 
-void Server::stop_accepting() { state_->stop_accepting(); }
+void Server::stop_accepting() {
+  state_->stop_accepting();
+}
 
 void Server::shutdown(std::chrono::milliseconds drain, std::function<void()> done) {
   state_->stop_accepting();
@@ -898,7 +1020,8 @@ void Server::shutdown(std::chrono::milliseconds drain, std::function<void()> don
       state_->drain_timer->async_wait([st = state_](beast::error_code ec) {
         if (ec) return;
         auto remaining = st->live();
-        if (!remaining.empty()) st->log(fmt::format("http: closing {} connection(s) still open after the drain", remaining.size()));
+        if (!remaining.empty())
+          st->log(fmt::format("http: closing {} connection(s) still open after the drain", remaining.size()));
         for (auto& s : remaining) s->force_close();
       });
     }

@@ -94,9 +94,16 @@ void set_timeouts(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-int connect_tcp(std::uint16_t port) {
+// To the server on 127.0.0.1, from `source` (another loopback address: another client) when given.
+int connect_tcp(std::uint16_t port, const char* source = nullptr) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
+  if (source != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
+    REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&from), sizeof from) == 0);
+  }
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
@@ -141,6 +148,7 @@ struct TlsOptions {
   std::string cert{};
   std::string key{};
   bool seclevel0 = false;
+  const char* source = nullptr;  // connect_tcp's
 };
 
 class Client {
@@ -182,7 +190,7 @@ class Client {
       REQUIRE(SSL_CTX_use_certificate_chain_file(c->ctx_, o.cert.c_str()) == 1);
       REQUIRE(SSL_CTX_use_PrivateKey_file(c->ctx_, o.key.c_str(), SSL_FILETYPE_PEM) == 1);
     }
-    c->fd_ = connect_tcp(port);
+    c->fd_ = connect_tcp(port, o.source);
     REQUIRE(c->fd_ >= 0);
     c->ssl_ = SSL_new(c->ctx_);
     SSL_set_fd(c->ssl_, c->fd_);
@@ -325,6 +333,8 @@ std::string request(std::string_view method, std::string_view target, std::strin
 
 Limits test_limits() {
   Limits l;
+  l.handshake_timeout = 5s;
+  l.header_timeout = 5s;
   l.read_timeout = 5s;
   l.write_timeout = 5s;
   l.idle_timeout = 10s;
@@ -712,6 +722,69 @@ TEST_CASE("limits: the admin socket's one large-body path takes up to large_body
   check_problem(*r, 413, "body-too-large");  // HTTPS never takes the large path
 }
 
+TEST_CASE("budgets: TLS connections per client address and in all, admin-socket connections; refusals logged once a minute") {
+  Limits limits = test_limits();
+  limits.max_connections = 5;
+  limits.max_connections_per_client = 3;
+  limits.max_unix_connections = 2;
+  Fixture f(limits);
+  auto port = f.listen();
+  const auto closed_at_once = [](int fd) {
+    timeval tv{2, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b = 0;
+    const auto t0 = Clock::now();
+    const auto n = ::recv(fd, &b, 1, 0);
+    return n <= 0 && Clock::now() - t0 < 1s && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  };
+  // Three idle TCP connections (no handshake) from 127.0.0.1 hold the address's budget.
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) held.push_back(connect_tcp(port));
+  CHECK(eventually([&] { return f.server->open_connections() == 3; }));
+  int fourth = connect_tcp(port);
+  CHECK(closed_at_once(fourth));
+  ::close(fourth);
+  // Another address (127.0.0.2) is served meanwhile, up to the total.
+  TlsOptions from2;
+  from2.source = "127.0.0.2";
+  auto other = Client::tls(port, from2);
+  REQUIRE_MESSAGE(other->ok, other->error);
+  auto r = other->roundtrip(request("GET", "/echo"));
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  auto other2 = Client::tls(port, from2);
+  REQUIRE(other2->ok);
+  CHECK(eventually([&] { return f.server->open_connections() == 5; }));
+  int sixth = connect_tcp(port, "127.0.0.3");
+  CHECK(closed_at_once(sixth));  // the total
+  ::close(sixth);
+  {
+    std::lock_guard lock(f.log_mu);
+    const auto lines = std::count_if(f.logs.begin(), f.logs.end(), [](const std::string& l) { return l.starts_with("connections refused: "); });
+    CHECK(lines == 1);  // the second refusal is counted, not logged
+    auto it = std::find_if(f.logs.begin(), f.logs.end(), [](const std::string& l) { return l.starts_with("connections refused: "); });
+    REQUIRE(it != f.logs.end());
+    CHECK(*it == "connections refused: 1 since the last such line (127.0.0.1 has the 3 connections of api.max_connections_per_client open); "
+                 "the next line comes a minute from now at the soonest");
+  }
+  // A held connection closed gives its place back.
+  ::close(held.back());
+  held.pop_back();
+  CHECK(eventually([&] { return f.server->open_connections() == 4; }));
+  auto again = Client::tls(port);
+  REQUIRE_MESSAGE(again->ok, again->error);
+  for (int fd : held) ::close(fd);
+
+  // The admin socket's own budget.
+  auto path = f.listen_unix();
+  auto u1 = Client::plain_unix(path);
+  auto u2 = Client::plain_unix(path);
+  REQUIRE(u1->roundtrip(request("GET", "/echo")));
+  REQUIRE(u2->roundtrip(request("GET", "/echo")));
+  auto u3 = Client::plain_unix(path);
+  CHECK(u3->closed_without_data());
+}
+
 TEST_CASE("limits: 9 KiB of headers is 431; a garbage request is 400; both then close") {
   Fixture f;
   auto port = f.listen();
@@ -761,9 +834,9 @@ TEST_CASE("Expect: 100-continue gets 100 Continue, then the body is read") {
   check_problem(*r, 413, "body-too-large");
 }
 
-TEST_CASE("a slow client is cut at read_timeout while others are served") {
+TEST_CASE("a slow client is cut at header_timeout while others are served") {
   Limits l = test_limits();
-  l.read_timeout = 1s;
+  l.header_timeout = 1s;
   Fixture f{l};
   auto port = f.listen();
   auto slow = Client::tls(port);
@@ -789,10 +862,10 @@ TEST_CASE("a slow client is cut at read_timeout while others are served") {
   CHECK(r->status == 200);
 }
 
-TEST_CASE("an idle keep-alive connection is closed at idle_timeout; a silent TLS client at read_timeout") {
+TEST_CASE("an idle keep-alive connection is closed at idle_timeout; a silent TLS client at handshake_timeout") {
   Limits l = test_limits();
   l.idle_timeout = 1s;
-  l.read_timeout = 1s;
+  l.handshake_timeout = 1s;
   Fixture f{l};
   auto port = f.listen();
   auto c = Client::tls(port);

@@ -485,13 +485,14 @@ def cmd_install(out, src):
         # The packaged hook, pointed at the packaged binary, asks the packaged agent (CONTRACT §9).
         hook_run = os.path.join(lab, "50-gpunode")
         with open(hook_file, encoding="utf-8") as f:
-            text = f.read().replace("/usr/bin/gpunode-agent", agent)
+            text = (f.read().replace("/usr/bin/gpunode-agent", agent)
+                    .replace(f"{agent} libvirt-hook --", f"{agent} libvirt-hook --socket {sock} --config {cfg_file} --"))
         with open(hook_run, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(hook_run, 0o755)
         xml = ("<domain type='kvm'><name>pkg-vm</name><devices><hostdev mode='subsystem' type='pci'><source>"
                "<address domain='0x0000' bus='0x62' slot='0x00' function='0x0'/></source></hostdev></devices></domain>")
-        p = run([hook_run, "pkg-vm", "prepare", "begin", "-", "--socket", sock, "--config", cfg_file], input=xml, timeout=30)
+        p = run([hook_run, "pkg-vm", "prepare", "begin", "-"], input=xml, timeout=30)
         c.check("the packaged hook asks the packaged agent: a GPU of no unit is refused (exit 1, unknown-unit)",
                 p.returncode == 1 and p.stderr.startswith("gpunode: domain pkg-vm refused: -: unknown-unit: "),
                 f"rc={p.returncode} {p.stderr}")

@@ -41,6 +41,8 @@ struct Config {
   struct Api {
     std::string listen = "0.0.0.0:8443";
     Tls tls;
+    std::size_t max_connections = 4096;            // open HTTPS connections in all (CONTRACT §10)
+    std::size_t max_connections_per_client = 256;  // ... from one IP address
   } api;
   struct Auth {
     std::string issuer;
@@ -51,6 +53,7 @@ struct Config {
     std::string socket = "/run/gpunode/admin.sock";
     std::vector<std::uint32_t> allowed_uids{0};
     std::string allowed_group = "gpunode-admin";
+    std::size_t max_connections = 256;  // open admin-socket connections (CONTRACT §10)
   } admin;
   struct Libvirt {
     std::string uri = "qemu:///system";

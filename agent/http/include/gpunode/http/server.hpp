@@ -23,10 +23,11 @@
 //   Connection or Content-Length or Transfer-Encoding header set by the handler is not copied.
 // - `Expect: 100-continue`: once the headers are read and within limits, the server answers
 //   `100 Continue` and reads the body (an oversized Content-Length gets 413 instead).
-// - timeouts: idle_timeout while waiting for the first byte of a request, read_timeout for
-//   reading one whole request (and for the TLS handshake), write_timeout for each write and for
-//   the TLS shutdown. A connection that runs past one is closed without an answer. These guard
-//   the socket only, never a handler.
+// - timeouts: handshake_timeout for the TLS handshake, idle_timeout while waiting for the first
+//   byte of a request, header_timeout for its request line and fields, read_timeout for its body,
+//   write_timeout for each write and for the TLS shutdown. A connection that runs past one is
+//   closed without an answer. These guard the socket only, never a handler.
+// - budgets: Limits' connection caps, checked at accept, before any byte is read.
 // - the admin socket (CONTRACT §7): created mode 0660 (whatever the umask), owned by the process
 //   and by the admin group when one is given; its directory created 0750 (and given to that group)
 //   if missing. SO_PEERCRED and SO_PEERGROUPS are read right after accept, so the PeerFilter
@@ -123,9 +124,19 @@ struct Limits {
   std::string large_body_path;
   std::size_t large_body = 16 * 1024 * 1024;
   std::size_t header = 8 * 1024;
-  std::chrono::seconds read_timeout{30};
+  std::chrono::seconds handshake_timeout{10};  // a TLS handshake (CONTRACT §10)
+  std::chrono::seconds header_timeout{10};     // a request's line and fields, from its first byte
+  std::chrono::seconds read_timeout{30};       // the rest of a request (its body)
   std::chrono::seconds write_timeout{30};
   std::chrono::seconds idle_timeout{60};
+  // Connection budgets (CONTRACT §10), 0 for none: a connection past one is closed at once, and
+  // the refusals are logged at most once a minute with a count. TLS connections in total and by
+  // the client's IP address (handshakes in progress count); plain-TCP (metrics.listen) and
+  // admin-socket connections each in total.
+  std::size_t max_connections = 0;
+  std::size_t max_connections_per_client = 0;
+  std::size_t max_plain_connections = 0;
+  std::size_t max_unix_connections = 0;
   // No handler timeout: each request's deadline is its handler's (see the top of this file).
 };
 
