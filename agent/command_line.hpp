@@ -7,7 +7,8 @@
 // executable itself links no library beyond the C++ runtime: it parses the command line, answers
 // `version`, and loads the one module the command needs (dlopen by full path: next to it in the
 // build tree, /usr/lib/gpunode-agent once installed; main.cpp's module_path):
-//   gpunode-agent-tools.so   discover, check-config, libvirt-hook, reload (libpci, yaml-cpp, Boost.JSON)
+//   gpunode-agent-tools.so   discover, check-config, reload (libpci, yaml-cpp, Boost.JSON)
+//   gpunode-agent-hook.so    libvirt-hook, on every domain start (yaml-cpp, Boost.JSON: no more)
 //   gpunode-agent-daemon.so  run, check-config --files (everything: OpenSSL, SQLite, libxml2,
 //                            Boost.Beast, ...: the files are checked by the agent's own loaders)
 // Each module defines kCommandEntry as a CommandEntry.

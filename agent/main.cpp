@@ -74,7 +74,7 @@ int libvirt_hook(int argc, char** argv) {
   agent::CommandLine line = line_of(agent::CommandLine::Command::libvirt_hook, parsed->config_file);
   line.hook_args = std::move(parsed->args);
   line.hook_socket = std::move(parsed->socket);
-  return run_in("gpunode-agent-tools.so", line);
+  return run_in("gpunode-agent-hook.so", line);
 }
 
 }  // namespace

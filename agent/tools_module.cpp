@@ -1,4 +1,4 @@
-// gpunode-agent-tools.so: `discover`, `check-config`, `libvirt-hook` and `reload` (see
+// gpunode-agent-tools.so: `discover`, `check-config` and `reload` (see
 // command_line.hpp for why they live in a module of their own: none of them maps OpenSSL, SQLite or
 // libxml2). `check-config --files` is the daemon module's: it opens the files with the agent's loaders.
 #include <unistd.h>
@@ -20,7 +20,6 @@
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
-#include "libvirt_hook.hpp"
 #include "reload_client.hpp"
 
 namespace {
@@ -87,16 +86,6 @@ int cmd_check_config(const std::string& config_file) {
   return kExitOk;
 }
 
-// libvirt runs hooks as HOOK NAME OPERATION SUB-OPERATION EXTRA, the domain XML on stdin (§9).
-int cmd_libvirt_hook(const agent::CommandLine& line) {
-  std::string xml;
-  char buf[65536];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, stdin)) > 0;) xml.append(buf, n);
-  const auto verdict = agent::run_libvirt_hook(line.hook_args, line.hook_socket, line.config_file, xml);
-  for (const auto& text : verdict.stderr_lines) fmt::print(stderr, "{}\n", text);
-  return verdict.exit_code;
-}
-
 int cmd_reload(const std::string& config_file) {
   const auto verdict = agent::run_reload(config_file);
   for (const auto& text : verdict.out) fmt::print("{}\n", text);
@@ -112,7 +101,7 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& li
     switch (line.command) {
       case agent::CommandLine::Command::discover: return cmd_discover(line.config_file, line.host_root, line.json);
       case agent::CommandLine::Command::check_config: return cmd_check_config(line.config_file);
-      case agent::CommandLine::Command::libvirt_hook: return cmd_libvirt_hook(line);
+      case agent::CommandLine::Command::libvirt_hook: break;  // gpunode-agent-hook.so's
       case agent::CommandLine::Command::reload: return cmd_reload(line.config_file);
       case agent::CommandLine::Command::run: break;  // gpunode-agent-daemon.so's (and check-config --files)
     }

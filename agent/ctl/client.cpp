@@ -1,45 +1,94 @@
-// HTTP/1.1 over the admin socket with Beast. Synchronous for the caller: the operations are
-// asynchronous on a private io_context run for at most the request's timeout, so every step
-// (connect, write, read) is bounded by one deadline and the socket is closed when it passes.
+// HTTP/1.1 over the admin socket. Blocking system calls under one deadline (poll with what is
+// left of the request's timeout before every read and write; the connect bounded by SO_SNDTIMEO),
+// and Beast's parser for the answer. No event loop: the libvirt hook runs this on every domain
+// start, and its whole run is measured against /bin/true (CONTRACT §9 "Speed").
 #include "gpunode/ctl/client.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/read.hpp>
+#include <boost/beast/core/buffers_prefix.hpp>
+#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
 #include <fmt/format.h>
 
 namespace gpunode::ctl {
-namespace asio = boost::asio;
 namespace http = boost::beast::http;
-using local = asio::local::stream_protocol;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
 // The largest answer read: an audit page of 500 records is about 400 KiB.
 constexpr std::uint64_t kBodyLimit = 64ULL * 1024 * 1024;
 
-TransportError::Kind connect_kind(const boost::system::error_code& ec) {
-  if (ec == asio::error::not_found || ec.value() == ENOENT || ec.value() == ENOTDIR) return TransportError::Kind::missing;
-  if (ec.value() == EACCES || ec.value() == EPERM) return TransportError::Kind::denied;
-  if (ec.value() == ECONNREFUSED) return TransportError::Kind::not_listening;
+TransportError::Kind connect_kind(int err) {
+  if (err == ENOENT || err == ENOTDIR) return TransportError::Kind::missing;
+  if (err == EACCES || err == EPERM) return TransportError::Kind::denied;
+  if (err == ECONNREFUSED) return TransportError::Kind::not_listening;
+  if (err == EAGAIN || err == EINPROGRESS || err == ETIMEDOUT) return TransportError::Kind::timeout;
   return TransportError::Kind::broken;
 }
 
 // Closed by the peer before any byte of an answer: how the agent refuses a peer (CONTRACT §4: it
 // closes at once, without an HTTP answer).
-bool closed_by_peer(const boost::system::error_code& ec) {
-  return ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
-         ec == asio::error::broken_pipe;
+bool closed_by_peer(int err) { return err == 0 || err == ECONNRESET || err == EPIPE; }
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  [[nodiscard]] int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Milliseconds left until `deadline` for poll(2), at least 0.
+int left_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Waits for `events` on fd until the deadline: 1 ready, 0 the deadline passed, -1 an error (errno).
+int wait_for(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, left_ms(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    return n;
+  }
+}
+
+// The request as bytes. A header that would split the request (CR, LF, NUL in it) is refused.
+std::optional<std::string> request_text(const Request& r, const std::string& user_agent) {
+  const auto clean = [](std::string_view v) { return v.find_first_of(std::string_view("\r\n\0", 3)) == std::string_view::npos; };
+  if (!clean(r.method) || !clean(r.target) || !clean(user_agent)) return std::nullopt;
+  std::string out = fmt::format("{} {} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: {}\r\nAccept: application/json, application/problem+json\r\n"
+                                "Connection: close\r\n",
+                                r.method, r.target, user_agent);
+  for (const auto& [k, v] : r.headers) {
+    if (!clean(k) || !clean(v) || k.find(':') != std::string::npos) return std::nullopt;
+    out += fmt::format("{}: {}\r\n", k, v);
+  }
+  if (!r.body.empty() || r.method == "POST" || r.method == "PATCH") {
+    out += fmt::format("Content-Type: {}\r\n", r.content_type.empty() ? "application/json" : r.content_type);
+  }
+  out += fmt::format("Content-Length: {}\r\n\r\n", r.body.size());
+  out += r.body;
+  return out;
 }
 
 }  // namespace
@@ -111,55 +160,77 @@ std::optional<std::string> vet_agent_socket(const std::string& path, int fd) {
 }
 
 std::expected<Response, TransportError> UnixClient::call(const Request& r) {
-  asio::io_context io;
-  local::socket sock(io);
-  boost::beast::flat_buffer buffer;
-  http::request<http::string_body> req{http::string_to_verb(r.method), r.target, 11};
-  req.set(http::field::host, "localhost");
-  req.set(http::field::user_agent, user_agent_);
-  req.set(http::field::accept, "application/json, application/problem+json");
-  req.set(http::field::connection, "close");
-  for (const auto& [k, v] : r.headers) req.set(k, v);
-  if (!r.body.empty() || r.method == "POST" || r.method == "PATCH") {
-    req.set(http::field::content_type, r.content_type.empty() ? "application/json" : r.content_type);
-    req.body() = r.body;
+  const auto deadline = Clock::now() + r.timeout;
+  const auto fail = [&](TransportError::Kind kind, std::string detail) { return std::unexpected(TransportError{kind, path_, std::move(detail)}); };
+  const auto timed_out = [&] { return fail(TransportError::Kind::timeout, fmt::format("{} s", r.timeout.count())); };
+  auto text = request_text(r, user_agent_);
+  if (!text) return fail(TransportError::Kind::broken, "a header of the request holds a line break");
+
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path_.empty() || path_.size() >= sizeof sa.sun_path) return fail(TransportError::Kind::broken, "the socket path is empty or too long");
+  std::memcpy(sa.sun_path, path_.c_str(), path_.size() + 1);
+  Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) return fail(TransportError::Kind::broken, std::strerror(errno));
+  // A connect to a listener whose queue is full waits: bounded by the deadline (SO_SNDTIMEO).
+  const auto wait = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+  timeval tv{static_cast<time_t>(wait.count() / 1000000), static_cast<suseconds_t>(wait.count() % 1000000)};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    return fail(connect_kind(err), std::strerror(err));
   }
-  req.prepare_payload();
+  if (vet_) {
+    if (auto why = vet_(sock.get())) return fail(TransportError::Kind::untrusted, std::move(*why));
+  }
+
+  // Write the whole request, then read until the answer is whole; each step waits at most until
+  // the deadline. MSG_NOSIGNAL: a peer that closed gives EPIPE, never SIGPIPE.
+  for (std::size_t sent = 0; sent < text->size();) {
+    const int ready = wait_for(sock.get(), POLLOUT, deadline);
+    if (ready == 0) return timed_out();
+    const auto n = ready < 0 ? -1 : ::send(sock.get(), text->data() + sent, text->size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      const int err = errno;
+      // A refused peer may be closed before the request is written: then the write fails.
+      return fail(closed_by_peer(err) ? TransportError::Kind::refused_peer : TransportError::Kind::broken, std::strerror(err));
+    }
+    sent += static_cast<std::size_t>(n);
+  }
   http::response_parser<http::string_body> parser;
   parser.body_limit(kBodyLimit);
-
-  std::optional<TransportError> failed;
-  bool done = false;
-  auto fail = [&](TransportError::Kind kind, const boost::system::error_code& ec) {
-    failed = TransportError{kind, path_, ec.message()};
-  };
-  sock.async_connect(local::endpoint(path_), [&](const boost::system::error_code& ec) {
-    if (ec) return fail(connect_kind(ec), ec);
-    if (vet_) {
-      if (auto why = vet_(sock.native_handle())) {
-        failed = TransportError{TransportError::Kind::untrusted, path_, std::move(*why)};
-        return;
+  parser.eager(true);
+  std::string pending;  // received bytes the parser has not taken yet
+  bool got_any = false;
+  std::array<char, 65536> buf{};
+  while (!parser.is_done()) {
+    const int ready = wait_for(sock.get(), POLLIN, deadline);
+    if (ready == 0) return timed_out();
+    const auto n = ready < 0 ? -1 : ::recv(sock.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      if (n == 0 && parser.is_header_done() && !parser.content_length() && !parser.chunked()) {
+        boost::system::error_code ec;
+        parser.put_eof(ec);  // an answer whose body ends with the connection
+        if (!ec) break;
       }
+      if (!got_any && closed_by_peer(err)) return fail(TransportError::Kind::refused_peer, n == 0 ? "end of stream" : std::strerror(err));
+      return fail(TransportError::Kind::broken, n == 0 ? "the connection closed before the answer was whole" : std::strerror(err));
     }
-    http::async_write(sock, req, [&](const boost::system::error_code& wec, std::size_t) {
-      // A refused peer may be closed before the request is written: then the write fails.
-      if (wec) return fail(closed_by_peer(wec) ? TransportError::Kind::refused_peer : TransportError::Kind::broken, wec);
-      http::async_read(sock, buffer, parser, [&](const boost::system::error_code& rec, std::size_t n) {
-        if (rec) {
-          const bool nothing = n == 0 && buffer.size() == 0 && !parser.got_some();
-          return fail(nothing && closed_by_peer(rec) ? TransportError::Kind::refused_peer : TransportError::Kind::broken, rec);
-        }
-        done = true;
-      });
-    });
-  });
-  io.run_for(r.timeout);
-  if (!done && !failed) {
-    boost::system::error_code ignored;
-    sock.close(ignored);
-    return std::unexpected(TransportError{TransportError::Kind::timeout, path_, fmt::format("{} s", r.timeout.count())});
+    got_any = true;
+    pending.append(buf.data(), static_cast<std::size_t>(n));
+    while (!pending.empty() && !parser.is_done()) {
+      boost::system::error_code ec;
+      const auto used = parser.put(boost::asio::buffer(pending), ec);
+      if (ec == http::error::need_more) break;
+      if (ec) return fail(TransportError::Kind::broken, ec.message());
+      pending.erase(0, used);
+      if (used == 0) break;
+    }
   }
-  if (failed) return std::unexpected(*failed);
   auto& res = parser.get();
   Response out;
   out.status = res.result_int();
