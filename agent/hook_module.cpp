@@ -2,11 +2,11 @@
 // modules). libvirtd runs the hook on every domain start and its whole run counts (CONTRACT §9
 // "Speed"), so this module maps only what the hook uses: the config reader (yaml-cpp), Boost.JSON
 // and the admin socket's client; not libpci, libudev or anything of discovery's.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
 #include <type_traits>
-
-#include <fmt/format.h>
 
 #include "command_line.hpp"
 #include "libvirt_hook.hpp"

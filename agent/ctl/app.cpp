@@ -73,7 +73,15 @@ class Session {
     auto a = call(state_request(*n));
     if (!a) return std::unexpected(a.error());
     state_raw_ = a->doc;
-    return decoded(decode_state(a->doc));
+    auto st = decoded(decode_state(a->doc));
+    // The domains on units they are not entitled to (CONTRACT §9), for the pictures; an agent
+    // without the route leaves them unknown.
+    if (st) {
+      if (auto u = call(unentitled_request()); u) {
+        if (auto m = decode_unentitled(u->doc)) st->unentitled = std::move(*m);
+      }
+    }
+    return st;
   }
 
   template <class T>

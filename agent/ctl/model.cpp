@@ -169,6 +169,23 @@ std::vector<T> read_list(Fields& f, std::string_view key, std::string& error, Re
 
 }  // namespace
 
+std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(const json::value& body) {
+  std::string error;
+  Fields f(body, "", error);
+  std::map<std::string, std::string> out;
+  f.each("workloads", [&](const json::value& x, const std::string& p) {
+    Fields w(x, p, error);
+    std::vector<std::string> why;
+    w.each("reasons", [&](const json::value& rv, const std::string& rp) {
+      Fields r(rv, rp, error);
+      why.push_back(fmt::format("{}: {}", r.opt_str("unitId").value_or("-"), r.str("code")));
+    });
+    out[w.str("domainUuid")] = fmt::format("{}", fmt::join(why, ", "));
+  });
+  if (!error.empty()) return std::unexpected(bad("unentitled workloads", error));
+  return out;
+}
+
 std::expected<NodeState, std::string> decode_state(const json::value& body) {
   std::string error;
   Fields f(body, "", error);

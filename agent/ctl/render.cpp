@@ -270,6 +270,21 @@ std::string render_status(const StatusView& v, const Style& style) {
   row("workloads", fmt::format("{} ({} running)", v.state.workloads.size(), running));
   row("outbox", v.outbox_depth ? fmt::format("{} undelivered events", *v.outbox_depth) : std::string("unknown (the agent serves no outbox metric)"));
   row("libvirt", style.paint(v.libvirt == "connected" ? "32" : "33", v.libvirt) + (v.libvirt_detail.empty() ? "" : ": " + v.libvirt_detail));
+  if (!v.state.unentitled) {
+    row("unentitled", "unknown (the agent does not say)");
+  } else if (v.state.unentitled->empty()) {
+    row("unentitled", "none");
+  } else {
+    // Which VMs run on units they are not entitled to (CONTRACT §9): the agent leaves them running.
+    std::vector<std::string> names;
+    for (const auto& w : v.state.workloads) {
+      if (auto it = v.state.unentitled->find(w.domain_uuid); it != v.state.unentitled->end()) names.push_back(fmt::format("{} ({})", w.name, it->second));
+    }
+    if (names.empty()) names.push_back(fmt::format("{} domains", v.state.unentitled->size()));
+    row("unentitled", style.paint("31", fmt::format("{} VM{} on units {} not entitled to: {}", v.state.unentitled->size(),
+                                                    v.state.unentitled->size() == 1 ? "" : "s", v.state.unentitled->size() == 1 ? "it is" : "they are",
+                                                    fmt::join(names, "; "))));
+  }
   return out;
 }
 
@@ -298,7 +313,8 @@ json::value status_json(const StatusView& v) {
                       {"reservations", std::move(by_state)},
                       {"workloads", json::object{{"total", v.state.workloads.size()}, {"running", running}}},
                       {"outboxDepth", std::move(outbox)},
-                      {"libvirt", v.libvirt}};
+                      {"libvirt", v.libvirt},
+                      {"unentitledWorkloads", v.state.unentitled ? json::value(static_cast<std::int64_t>(v.state.unentitled->size())) : json::value(nullptr)}};
 }
 
 }  // namespace gpunode::ctl

@@ -64,12 +64,17 @@ std::string reservation_text(const Reservation& r, const std::string& unit_id, c
   return out;
 }
 
-std::string vm_text(const Workload& w, const Style& style) {
+std::string vm_text(const Workload& w, const Style& style, const NodeState& s) {
   std::string who = w.tier ? fmt::format("{} of {}", *w.tier == "spot" ? style.paint("35", "spot") : *w.tier, w.org.value_or("?"))
                            : style.paint("33", "unlabelled");
   std::string out = fmt::format("VM {}{}  {}  {}", w.name, w.vm_id ? fmt::format(" ({})", *w.vm_id) : "", who,
                                 w.state == "running" ? style.paint("32", w.state) : w.state);
   if (w.termination_reason) out += fmt::format("  terminated: {}", *w.termination_reason);
+  if (s.unentitled) {
+    if (auto it = s.unentitled->find(w.domain_uuid); it != s.unentitled->end()) {
+      out += "  " + style.paint("31", fmt::format("NOT ENTITLED ({})", it->second));
+    }
+  }
   return out;
 }
 
@@ -96,7 +101,7 @@ std::string render_units_tree(const NodeState& s, const Style& style) {
       std::stable_sort(held.begin(), held.end(), [](const Reservation* a, const Reservation* b) { return a->starts_at < b->starts_at; });
       for (const auto* r : held) unit.children.push_back(Node{reservation_text(*r, u->id, style), {}});
       for (const auto& w : s.workloads) {
-        if (std::find(w.unit_ids.begin(), w.unit_ids.end(), u->id) != w.unit_ids.end()) unit.children.push_back(Node{vm_text(w, style), {}});
+        if (std::find(w.unit_ids.begin(), w.unit_ids.end(), u->id) != w.unit_ids.end()) unit.children.push_back(Node{vm_text(w, style, s), {}});
       }
       group.children.push_back(std::move(unit));
     }
@@ -104,7 +109,7 @@ std::string render_units_tree(const NodeState& s, const Style& style) {
   }
   Node loose{style.paint("1", "VMs on no unit"), {}};
   for (const auto& w : s.workloads) {
-    if (w.unit_ids.empty()) loose.children.push_back(Node{vm_text(w, style), {}});
+    if (w.unit_ids.empty()) loose.children.push_back(Node{vm_text(w, style, s), {}});
   }
   if (!loose.children.empty()) root.children.push_back(std::move(loose));
 

@@ -149,6 +149,7 @@ Request units_request(std::string_view node) { return get(node_path(node, "/unit
 Request state_request(std::string_view node) { return get(node_path(node, "/state")); }
 Request workloads_request(std::string_view node) { return get(node_path(node, "/workloads")); }
 Request metrics_request() { return get("/metrics"); }
+Request unentitled_request() { return get("/v1/admin/unentitled"); }
 
 Request rescan_request() {
   // A scan of a large host takes a while; it is the agent's, not a request's, cost.

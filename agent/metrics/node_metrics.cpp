@@ -39,6 +39,8 @@ std::string render(const Snapshot& s, const HttpMetrics& http) {
   w.sample("gpunode_libvirt_connected", {}, std::int64_t{s.libvirt_connected ? 1 : 0});
   w.family("gpunode_state_revision", "gauge", "The node's state revision (GET state's revision)");
   w.sample("gpunode_state_revision", {}, s.node.revision);
+  w.family("gpunode_unentitled_workloads", "gauge", "Active domains on units they are not entitled to, as the last listing found them");
+  w.sample("gpunode_unentitled_workloads", {}, s.node.unentitled_workloads);
   w.family("gpunode_discovery_duration_seconds", "gauge", "How long the last discovery scan took");
   w.sample("gpunode_discovery_duration_seconds", {}, s.node.discovery_seconds);
   w.family("gpunode_domain_admissions_total", "counter", "libvirt hook domain admissions decided since the agent started, by result");

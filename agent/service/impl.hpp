@@ -10,6 +10,7 @@
 //   spot_routes.cpp         the spot market: reclaim, terminate-spot and their termination batches
 #pragma once
 
+#include <map>
 #include <set>
 #include <string_view>
 
@@ -92,6 +93,16 @@ struct NodeService::Impl {
   // The workloads as last listed (GET .../state shows them; a change moves the revision).
   json::array observed_workloads;
   std::string observed_digest;
+  // CONTRACT §9 "What the hook cannot see": the active domains of the last listing that are on
+  // units they are not entitled to, by domain uuid, each as its workload.unentitled data; and the
+  // uuids whose event is stored (a domain gives one event while it stays unentitled; after a
+  // restart it is reported again). Core thread only, like the rest of Impl.
+  std::map<std::string, json::object> unentitled;
+  std::set<std::string> unentitled_reported;
+  // The last listing, judged again when a commit changes reservations (a term starts, one ends):
+  // entitlement moves with them, not only with the list.
+  std::vector<spot::Occupant> last_workloads;
+  bool judging = false;
   Authenticator authenticator{nullptr};
   // The counters of /metrics (terminations by result, domain admissions by result) since start;
   // gauges() adds the rest. The last scan's duration (read and rules), in seconds.
@@ -212,6 +223,8 @@ struct NodeService::Impl {
 
   // ---- spot_routes.cpp: the spot market, reclaim and terminate-spot (CONTRACT §4, §5, §7) ------
   void note_workloads(const std::vector<Workload>& ws);
+  void judge_workloads(const std::vector<Workload>& ws);
+  ApiResponse unentitled_route() const;
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);

@@ -72,6 +72,7 @@ std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Ch
     if (row.audit_index) stored.audit_seq = done->audit_seqs[*row.audit_index];
     terminations.follow(std::move(stored));
   }
+  if (!c.upserts.empty()) judge_workloads(last_workloads);  // entitlement moved with the reservations
   return done;
 }
 
@@ -154,6 +155,7 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
   }
   g.revision = store.revision();
   g.discovery_seconds = last_scan_seconds;
+  g.unentitled_workloads = static_cast<std::int64_t>(unentitled.size());
   return g;
 }
 

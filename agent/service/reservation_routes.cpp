@@ -48,6 +48,10 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     scan(false);
     return json_response(json::object{{"revision", store.revision()}});
   }
+  if (q.path == "/v1/admin/unentitled" && q.via == ApiRequest::Via::admin_socket) {
+    if (q.method != "GET") return method_not_allowed("GET");
+    return unentitled_route();
+  }
   if (q.path == "/v1/admin/domain-admission" && q.via == ApiRequest::Via::admin_socket) {
     if (q.method != "POST") return method_not_allowed("POST");
     return domain_admission(q);

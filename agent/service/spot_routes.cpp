@@ -13,6 +13,7 @@ using namespace detail;
 // ---- the spot market: reclaim and terminate-spot (CONTRACT §4, §5, §7) --------------------------
 // A list that differs from the last one moves the revision (stored, so it never goes back).
 void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
+  judge_workloads(ws);  // at every listing: a reservation may have started under an unchanged list
   json::array a;
   for (const auto& w : ws) a.emplace_back(workload_json(w));
   std::string digest = json::serialize(a);

@@ -101,6 +101,76 @@ std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& 
 }
 
 // ---- entitlement (CONTRACT §4 capacity and admission): the rule is reservations::entitled ----
+// CONTRACT §9 "What the hook cannot see": every active domain of a listing judged by the
+// entitlement table, as the hook's admission judges a start. A domain on a unit it is not entitled
+// to (a hostdev hot-plugged, a reservation started under it, a start while mode was audit or off or
+// the agent down) gives one workload.unentitled event and a warning line when first found, and
+// counts in gpunode_unentitled_workloads while it stays. The agent never stops it. A spot domain on
+// a unit its reservation is reclaiming is not counted: it is there on the reclaim's own terms,
+// within its managers' reach until it goes.
+void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
+  if (judging) return;  // its own commit (events only) calls back through commit()
+  judging = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{judging};
+  if (&ws != &last_workloads) last_workloads = ws;
+  std::map<std::string, json::object> found;
+  Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  std::vector<std::string> fresh;
+  for (const auto& w : ws) {
+    const auto& d = w.domain;
+    if (!d.active() || w.unit_ids.empty() || d.uuid.empty()) continue;
+    const std::string org = d.label ? d.label->org : std::string();
+    const auto tier = d.label ? d.label->tier : vmctl::Tier::on_demand;
+    json::array reasons;
+    for (const auto& u : w.unit_ids) {
+      const auto e = entitled(org, tier, u);
+      if (e.allowed()) continue;
+      if (tier == vmctl::Tier::spot) {
+        const auto* holder = r::active_holder(all_reservations(), u);
+        if (holder != nullptr && std::find(holder->reclaiming_unit_ids.begin(), holder->reclaiming_unit_ids.end(), u) != holder->reclaiming_unit_ids.end()) {
+          continue;
+        }
+      }
+      reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", u}});
+    }
+    if (reasons.empty()) continue;
+    json::object data{{"name", d.name},
+                      {"domainUuid", d.uuid},
+                      {"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+                      {"org", org.empty() ? json::value(nullptr) : json::value(org)},
+                      {"tier", vmctl::to_string(tier)},
+                      {"unitIds", strings_json(w.unit_ids)},
+                      {"reasons", reasons}};
+    if (!unentitled_reported.contains(d.uuid)) {
+      std::vector<std::string> why;
+      for (const auto& rv : reasons) {
+        const auto& o = rv.get_object();
+        why.push_back(fmt::format("{}: {}", std::string(o.at("unitId").get_string()), std::string(o.at("code").get_string())));
+      }
+      say(LogLevel::warning, fmt::format("DOMAIN={} {} ({} {}) runs on units it is not entitled to, which the hook never saw it start on; "
+                                         "the agent leaves it running: {}",
+                                         d.name, d.uuid, vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
+      ch.events.push_back(EventDraft{"workload.unentitled", data});
+      fresh.push_back(d.uuid);
+    }
+    found.emplace(d.uuid, std::move(data));
+  }
+  unentitled = std::move(found);
+  std::erase_if(unentitled_reported, [&](const std::string& uuid) { return !unentitled.contains(uuid); });
+  // Reported once stored; an event that could not be stored is tried again at the next listing.
+  if (!ch.events.empty() && commit(ch)) unentitled_reported.insert(fresh.begin(), fresh.end());
+}
+
+// GET /v1/admin/unentitled (admin socket): the last listing's unentitled domains, for gpunodectl.
+ApiResponse NodeService::Impl::unentitled_route() const {
+  json::array out;
+  for (const auto& [uuid, data] : unentitled) out.emplace_back(data);
+  return json_response(json::object{{"workloads", std::move(out)}});
+}
+
 r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
   return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
 }

@@ -291,10 +291,24 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
         "reservations: 1 active, 1 ended\n"
         "workloads:    2 (1 running)\n"
         "outbox:       unknown (the agent serves no outbox metric)\n"
-        "libvirt:      disconnected: the hypervisor cannot be reached: down\n");
+        "libvirt:      disconnected: the hypervisor cannot be reached: down\n"
+        "unentitled:   unknown (the agent does not say)\n");
   f.agent.answers["GET /metrics"] = Response{200, {}, "# TYPE gpunode_outbox_events gauge\ngpunode_outbox_events 4\ngpunode_libvirt_connected 1\n"};
   auto j = f.run({"--json", "status"});
   CHECK(json::parse(j.out) == json::parse(R"({"nodeId":"node-1","version":"0.1.0","revision":9,
       "units":{"total":2,"gpus":3,"reservable":1,"byClass":{"vfio-group":1,"none":1}},
-      "reservations":{"scheduled":0,"active":1,"ended":1},"workloads":{"total":2,"running":1},"outboxDepth":4,"libvirt":"connected"})"));
+      "reservations":{"scheduled":0,"active":1,"ended":1},"workloads":{"total":2,"running":1},"outboxDepth":4,"libvirt":"connected",
+      "unentitledWorkloads":null})"));
+  // An agent that judges its domains (CONTRACT §9): the VMs on units they are not entitled to, named.
+  f.agent.answers["GET /v1/nodes/node-1/state"] = ok(
+      R"({"nodeId":"node-1","revision":9,"units":[],"reservations":[],"workloads":[{"name":"a","domainUuid":"da","state":"running"},)"
+      R"({"name":"b\u001b[2J","domainUuid":"db","state":"running"}]})");
+  f.agent.answers["GET /v1/admin/unentitled"] = ok(R"({"workloads":[{"name":"b","domainUuid":"db","vmId":null,"org":null,"tier":"on-demand",)"
+                                                   R"("unitIds":["u-1"],"reasons":[{"code":"unit-reserved","message":"m","unitId":"u-1"}]}]})");
+  r = f.run({"status"});
+  CHECK(r.out.ends_with("unentitled:   1 VM on units it is not entitled to: b\\x1b[2J (u-1: unit-reserved)\n"));
+  j = f.run({"--json", "status"});
+  CHECK(json::parse(j.out).at("unentitledWorkloads") == 1);
+  f.agent.answers["GET /v1/admin/unentitled"] = ok(R"({"workloads":[]})");
+  CHECK(f.run({"status"}).out.ends_with("unentitled:   none\n"));
 }

@@ -294,12 +294,56 @@ def hostile_text(c, agent):
                 RAW_CONTROL.search(log) and log[max(0, RAW_CONTROL.search(log).start() - 100):][:200])
 
 
+def unentitled(c, agent):
+    """CONTRACT §9 "What the hook cannot see": a reservation that starts under a running domain of an
+    outsider (the demo's unlabelled legacy-vm on 24): the agent finds it when the term starts, reports
+    it once (workload.unentitled, checked against the API document), counts it in the gauge, shows
+    it in `status` and `units`, and leaves it running. The demo's spot VM train-spot-7 runs on 23,
+    which no reservation releases: unentitled from the first listing."""
+    import sqlite3
+    with L.Lab(agent) as lab:
+        lab.write_config(lab.config_text().replace("uri: test:///default", f"uri: test://{XML}"))
+        lab.start()
+        starts = time.time() + 2
+        r = ctl(lab, "--json", "reserve", "--units", U24, "--audience", "org-acme", "--starts",
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(starts + 1)), "--ends", "+1d")
+        c.check("a reservation of 24 that starts in 3 s (legacy-vm runs there: allowed while scheduled)", r.rc == 0, r)
+        time.sleep(max(0.0, starts + 2.5 - time.time()))
+        r = ctl(lab, "status")
+        line = next((l for l in r.out.splitlines() if l.startswith("unentitled:")), "")
+        c.check(f"status names both: {line!r}", "2 VMs on units they are not entitled to: legacy-vm (u-0000-24-00-0: unit-reserved); "
+                "train-spot-7 (u-0000-23-00-0: not-released)" in line, r)
+        r = ctl(lab, "units")
+        c.check("units marks it", "VM legacy-vm  unlabelled  running  NOT ENTITLED (u-0000-24-00-0: unit-reserved)" in r.out, r)
+        m = lab.call("GET", "/metrics", unix=True).body.decode()
+        c.check("gpunode_unentitled_workloads 2", "\ngpunode_unentitled_workloads 2\n" in m, [l for l in m.splitlines() if "unentitled" in l])
+        ctl(lab, "workloads")
+        ctl(lab, "status")
+        db = sqlite3.connect(f"file:{os.path.join(lab.state, 'state.db')}?mode=ro", uri=True)
+        try:
+            evs = [json.loads(e) for (e,) in db.execute("SELECT event FROM outbox ORDER BY seq")]
+        finally:
+            db.close()
+        mine = [e for e in evs if e.get("type") == "workload.unentitled" and e["data"].get("name") == "legacy-vm"]
+        c.eq("one workload.unentitled event for legacy-vm, however often it is listed", len(mine), 1)
+        if mine:
+            c.eq("... its data", {k: mine[0]["data"].get(k) for k in ("name", "org", "tier", "unitIds")},
+                 {"name": "legacy-vm", "org": None, "tier": "on-demand", "unitIds": [U24]})
+            c.eq("... as the API document's Event says", L.api_document().component_errors("Event", mine[0]), [])
+        r = ctl(lab, "--json", "workloads")
+        state = next((w.get("state") for w in (r.json() or {}).get("workloads", []) if w.get("name") == "legacy-vm"), None)
+        c.eq("the agent leaves it running", state, "running")
+        c.check("the agent's log has one warning about it",
+                sum("DOMAIN=legacy-vm" in l and "not entitled" in l for l in lab.log().splitlines()) == 1, lab.tail(600))
+
+
 def main(c, agent):
     if not CTL or not os.access(CTL, os.X_OK):
         raise RuntimeError(f"gpunodectl not found: {CTL!r}")
     with L.Lab(agent) as lab:
         body(c, lab)
     hostile_text(c, agent)
+    unentitled(c, agent)
 
 
 if __name__ == "__main__":

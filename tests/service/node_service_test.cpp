@@ -1594,3 +1594,77 @@ TEST_CASE("domain admission and create race: a domain let through and still star
   CHECK(admit(lab, domain_xml("late", "d-3", {"0000:42:00.0"}, label_xml("vm-3", "org-x", "on-demand"))).codes ==
         std::vector<std::string>{"u-0000-42-00-0:unit-reserved"});
 }
+
+TEST_CASE("unentitled workloads (CONTRACT §9): a reservation starting under a running domain; one event while it stays; gauge and route") {
+  Lab lab;
+  using gpunode::vmctl::Tier;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto t0 = lab.now_;
+  lab.hypervisor_->domains = {
+      vm("od-1", "uuid-od-1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-od-1", "org-x", Tier::on_demand}),
+      vm("od-off", "uuid-od-off", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-off", "org-x", Tier::on_demand}, "shutoff"),
+      vm("aud", "uuid-aud", {"0000:42:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-aud", "org-a", Tier::reserved}),
+  };
+  // A scheduled reservation of 41 (created while od-1 runs: the term has not started) and one of 42 for org-a.
+  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)), iso(t0 + std::chrono::hours(2)));
+  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)), iso(t0 + std::chrono::hours(2)));
+  auto listed = [&] { return lab.call("GET", Lab::path("/workloads"), admin); };
+  REQUIRE(listed().status == 200);
+  // Before the terms: od-1 is entitled (no active reservation); aud is a reserved workload without its reservation.
+  auto route = Lab::body(lab.call("GET", "/v1/admin/unentitled", "admin-socket")).at("workloads").as_array();
+  REQUIRE(route.size() == 1);
+  CHECK(route[0].at("name") == "aud");
+  CHECK(route[0].at("reasons").as_array().at(0).at("code") == "not-reserved");
+  CHECK(lab.events("workload.unentitled").size() == 1);
+
+  lab.now_ = t0 + std::chrono::minutes(11);
+  lab.service_->tick();  // both terms start
+  REQUIRE(listed().status == 200);
+  route = Lab::body(lab.call("GET", "/v1/admin/unentitled", "admin-socket")).at("workloads").as_array();
+  REQUIRE(route.size() == 1);  // aud is entitled now; od-1 runs on a reserved unit; od-off is not active
+  CHECK(route[0].at("name") == "od-1");
+  CHECK(route[0].at("domainUuid") == "uuid-od-1");
+  CHECK(route[0].at("vmId") == "vm-od-1");
+  CHECK(route[0].at("org") == "org-x");
+  CHECK(route[0].at("tier") == "on-demand");
+  CHECK(route[0].at("unitIds") == json::array{"u-0000-41-00-0"});
+  CHECK(route[0].at("reasons").as_array().at(0).at("code") == "unit-reserved");
+  CHECK(lab.service_->gauges().unentitled_workloads == 1);
+  auto events = lab.events("workload.unentitled");
+  REQUIRE(events.size() == 2);
+  CHECK(events[1].at("data").at("name") == "od-1");
+  CHECK(events[1].at("data").at("reasons").as_array().at(0).at("unitId") == "u-0000-41-00-0");
+
+  // Listed again and again: no second event while it stays unentitled; the agent never stops it.
+  REQUIRE(listed().status == 200);
+  REQUIRE(listed().status == 200);
+  CHECK(lab.events("workload.unentitled").size() == 2);
+  CHECK(lab.hypervisor_->domains.at(0).state == "running");
+
+  // Gone (shut off): it leaves the count; started again, it is reported again.
+  lab.hypervisor_->domains.at(0).state = "shutoff";
+  REQUIRE(listed().status == 200);
+  CHECK(lab.service_->gauges().unentitled_workloads == 0);
+  lab.hypervisor_->domains.at(0).state = "running";
+  REQUIRE(listed().status == 200);
+  CHECK(lab.events("workload.unentitled").size() == 3);
+  CHECK(lab.call("GET", "/v1/admin/unentitled", admin).status == 404);  // the admin socket's route only
+}
+
+TEST_CASE("unentitled workloads: a spot domain on a unit its reservation is reclaiming is not counted") {
+  Lab lab;
+  using gpunode::vmctl::Tier;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  lab.hypervisor_->domains = {vm("spot-1", "uuid-spot-1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-s", "org-x", Tier::spot})};
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {"org-m"});
+  const std::string rid(r.at("id").as_string());
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
+  CHECK(lab.service_->gauges().unentitled_workloads == 0);  // spot on a released unit
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/reclaim"), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
+  CHECK(lab.service_->gauges().unentitled_workloads == 0);  // reclaiming: within its managers' reach until it goes
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/end"), admin).status == 200);
+  REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
+  CHECK(lab.service_->gauges().unentitled_workloads == 1);  // its reservation ended: a spot VM on a unit off the market
+}

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <expected>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -67,9 +68,14 @@ struct NodeState {
   std::vector<Unit> units;
   std::vector<Reservation> reservations;
   std::vector<Workload> workloads;
+  // GET /v1/admin/unentitled (CONTRACT §9): domain uuid -> why it is not entitled to its units
+  // ("UNIT: CODE, ..."); nullopt when the agent does not say (an agent without the route).
+  std::optional<std::map<std::string, std::string>> unentitled;
 };
 
 std::expected<NodeState, std::string> decode_state(const boost::json::value& body);
+// GET /v1/admin/unentitled: domain uuid -> "UNIT: CODE, ..." (escaped for people).
+std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(const boost::json::value& body);
 std::expected<std::vector<Unit>, std::string> decode_units(const boost::json::value& body);  // GET units
 std::expected<std::vector<Reservation>, std::string> decode_reservations(const boost::json::value& body, std::string_view key = "reservations");
 std::expected<Reservation, std::string> decode_reservation(const boost::json::value& body);

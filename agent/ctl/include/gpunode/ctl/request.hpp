@@ -46,6 +46,7 @@ Request units_request(std::string_view node);
 Request state_request(std::string_view node);
 Request workloads_request(std::string_view node);
 Request metrics_request();
+Request unentitled_request();  // GET /v1/admin/unentitled (CONTRACT §9)
 Request rescan_request();
 Request capacity_request(std::string_view node, std::string_view org);
 Request reservation_request(std::string_view node, std::string_view id);

@@ -42,6 +42,7 @@ struct NodeGauges {
   std::array<std::int64_t, kReservationStates.size()> reservations{};
   std::int64_t revision = 0;
   double discovery_seconds = 0;  // the last scan (read and rules)
+  std::int64_t unentitled_workloads = 0;  // active domains on units they are not entitled to (CONTRACT §9)
   // Counters since the agent started.
   std::uint64_t terminations_ok = 0;
   std::uint64_t terminations_failed = 0;
