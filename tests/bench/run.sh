@@ -31,6 +31,11 @@ echo
 # beside a domain without hostdevs, RUNS (default 200) each, against the agent on the demo host.
 echo
 python3 "$top/tests/bench/hook_bench.py" "$build"
+# The flood at full size (tests/integration/flood_test.py, CONTRACT §10): 10,000 idle connections
+# and 1,000 stalled TLS handshakes from one address while the hook (beside /bin/true), gpunodectl
+# status and a scheduler on another address are timed.
+echo
+FLOOD_IDLE=10000 FLOOD_HANDSHAKES=1000 FLOOD_HOOK_RUNS=200 python3 "$top/tests/integration/flood_test.py" "$build/gpunode-agent" "$build/gpunodectl"
 # The reporting and polling bench (tests/bench/metrics_bench.py): a 10,000-event backlog drained to
 # the fake central API (events/s, RSS while draining vs idle), and a 304 state poll beside a full one.
 echo
