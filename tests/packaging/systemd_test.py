@@ -48,9 +48,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 sys.dont_write_bytecode = True
 import lab as L  # noqa: E402
+sys.path.insert(0, HERE)
+from package_test import HOOK, MAX_EXPOSURE, UNIT, run  # noqa: E402
 
-UNIT = "gpunode-agent.service"
-HOOK = "/etc/libvirt/hooks/qemu.d/50-gpunode"
 SUITE = "bookworm"
 # What a stock libvirt host has, beyond the package's own Depends (added from the .deb): Debian's
 # libvirtd with its QEMU driver and polkit, systemd as PID 1 with a system bus, and curl for the
@@ -59,14 +59,6 @@ SUITE = "bookworm"
 BASE_PACKAGES = ["systemd", "systemd-sysv", "dbus", "polkitd", "libvirt-daemon-system", "libvirt-daemon-driver-qemu",
                  "libvirt-clients", "curl"]
 ROOT_FORMAT = "1"  # bump when the way the root is built changes
-MAX_EXPOSURE = 2.0
-
-
-def run(cmd, **kw):
-    kw.setdefault("capture_output", True)
-    kw.setdefault("text", True)
-    kw.setdefault("timeout", 300)
-    return subprocess.run(cmd, **kw)
 
 
 def short(text, n=300):
@@ -167,21 +159,35 @@ class Container:
     def boot(self, timeout=120):
         """Waits for the container's systemd to finish starting up; returns what it says."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.leader is None:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}: {self.console_tail()}")
-            kids = run(["pgrep", "-P", str(self.proc.pid)]).stdout.split()
-            if kids:
-                self.leader = int(kids[0])
-            else:
-                time.sleep(0.1)
         state = ""
         while time.monotonic() < deadline:
-            state = self.sh("systemctl is-system-running").stdout.strip()
-            if state in ("running", "degraded"):
-                return state
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}: {self.console_tail()}")
+            # The container's PID 1 is the systemd among nspawn's descendants (nspawn forks a
+            # short-lived child of its own first: a pid taken too early is gone a moment later).
+            self.leader = self.container_init()
+            if self.leader is not None:
+                state = self.sh("systemctl is-system-running").stdout.strip()
+                if state in ("running", "degraded"):
+                    return state
             time.sleep(0.25)
         raise RuntimeError(f"the container did not finish booting ({state!r}): {self.console_tail()}")
+
+    def container_init(self):
+        todo, seen = [self.proc.pid], set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if pid != self.proc.pid and f.read().strip() == "systemd":
+                        return pid
+            except OSError:
+                continue
+            todo += [int(k) for k in run(["pgrep", "-P", str(pid)]).stdout.split()]
+        return None
 
     def sh(self, script, timeout=300, user=None):
         """`sh -c script` inside, as root (or as `user` with runuser), with a clean environment."""
