@@ -30,6 +30,13 @@ import hook_test as H  # noqa: E402
 IDLE = int(os.environ.get("FLOOD_IDLE", "1500"))
 HANDSHAKES = int(os.environ.get("FLOOD_HANDSHAKES", "300"))
 RUNS = int(os.environ.get("FLOOD_HOOK_RUNS", "60"))
+# Sanitizer builds (tests/integration/CMakeLists.txt) run several tests at a time at a fraction of
+# the speed: there the timings are printed, not held to their bounds (release builds hold them).
+STRICT_TIMING = os.environ.get("GPUNODE_FLOOD_TIMING") != "report"
+
+
+def timely(cond):
+    return cond or not STRICT_TIMING
 # A TLS record header announcing a ClientHello that never comes: the server waits in its handshake.
 STALLED_HELLO = bytes([0x16, 0x03, 0x01, 0x02, 0x00])
 
@@ -136,7 +143,7 @@ def body(c, agent):
         ms, p = timed([ctl, "--socket", lab.sock, "status"])
         c.check(f"flooded: gpunodectl status answers ({ms:.0f} ms)", p.returncode == 0 and L.NODE in p.stdout, p.stderr)
         status, ms = scheduler_get(lab, lab.npath("/units"), admin)
-        c.check(f"flooded: a scheduler from 127.0.0.2 gets GET units within 1 s ({ms:.0f} ms)", status == 200 and ms < 1000, status)
+        c.check(f"flooded: a scheduler from 127.0.0.2 gets GET units within 1 s ({ms:.0f} ms)", status == 200 and timely(ms < 1000), status)
 
         for label, t, h in (("quiet", quiet_true, quiet_hook), ("flooded", flood_true, flood_hook)):
             med = statistics.median(h) - statistics.median(t)
@@ -146,9 +153,9 @@ def body(c, agent):
             # The bound of §9 is checked by `make bench` (tests/bench/hook_bench.py) on a quiet machine; here, where
             # the other tests run alongside, only that the flood adds nothing near the hook's own cost.
             c.check(f"{label}: the hook asks and answers (median over /bin/true {med:.1f} ms, p99 {p99:.1f} ms)",
-                    statistics.median(h) < 1000, h[:5])
+                    timely(statistics.median(h) < 1000), h[:5])
         c.check("flooding does not slow the hook by more than 20 ms at the median",
-                statistics.median(flood_hook) - statistics.median(quiet_hook) < 20, (quiet_hook[:5], flood_hook[:5]))
+                timely(statistics.median(flood_hook) - statistics.median(quiet_hook) < 20), (quiet_hook[:5], flood_hook[:5]))
 
         lines = [l for l in lab.log().splitlines() if "connections refused:" in l]
         c.check(f"the refusals are logged once (a minute's window), with a count: {lines[:1]}",
