@@ -131,8 +131,14 @@ def body(c, agent):
         t0 = time.monotonic()
         held, refused_connects = flood(lab.port)
         took = time.monotonic() - t0
-        time.sleep(0.5)
-        closed = closed_by_agent(held)
+        # The agent accepts the kernel's queue at its own pace and closes what is past the cap at
+        # once: wait (up to 20 s, for a loaded machine) until no more than the cap stays open.
+        closed, deadline = 0, time.monotonic() + 20
+        while time.monotonic() < deadline:
+            closed = closed_by_agent(held)
+            if len(held) - closed <= 256:
+                break
+            time.sleep(0.2)
         print(f"# flood: {len(held)} connections made from 127.0.0.1 in {took:.1f} s ({IDLE} idle, {HANDSHAKES} stalled "
               f"handshakes; {refused_connects} connects failed); {closed} closed at once by the agent", flush=True)
         c.check(f"the per-client cap holds: at most 256 of the flood's connections stay open ({len(held) - closed} do)",
