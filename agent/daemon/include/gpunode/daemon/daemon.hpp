@@ -1,16 +1,21 @@
 // gpunode/daemon/daemon.hpp: `gpunode-agent run` as an object (CONTRACT §1, §2, §4, §7).
 //
 // Threads, and what each owns:
-// - net (the thread that calls run()): the HTTPS listener, the admin socket and metrics.listen
-//   (Beast), the signals, the watchdog. It never blocks: no fsync, no libvirt, no NSS, no file
-//   reads. It records each answer in the HTTP metrics (metrics::HttpMetrics, its own mutex).
+// - net (the thread that calls run()): the HTTPS listener and metrics.listen (Beast), the signals,
+//   the watchdog. It never blocks: no fsync, no libvirt, no NSS, no file reads. It records each
+//   answer in the HTTP metrics (metrics::HttpMetrics, its own mutex).
+// - admin (one thread of its own): the admin socket, with its own io_context and connection budget
+//   (CONTRACT §10: no HTTPS load delays the hook or an operator). Never blocks either; what it
+//   shares with net is only what both hand to core, the HTTP metrics, the shared reads (their own
+//   mutex) and the admin peers (AdminPeers, its mutex). POST /v1/admin/reload goes to slow.
 // - core (one thread of its own): the NodeService (SQLite, discovery, the clock's terms), the
 //   Driver (requests, parked long polls) and GET /metrics (the service's numbers, the outbox table
-//   on a connection of its own). A request is parsed on net, handled on core, answered
-//   back on net.
+//   on a connection of its own). A request is parsed on net (or admin), handled on core, answered
+//   back on the thread of its connection.
 // - lists (one thread): Hypervisor::list(), for requests and refreshes.
 // - terminations (four threads): batches of spot terminations, which wait out grace periods.
-// - slow (one thread): SIGHUP reloads (file reads) and the admin group's NSS lookups.
+// - slow (one thread): reloads (SIGHUP's and POST /v1/admin/reload's: file reads) and the admin
+//   group's NSS lookups.
 // - reporter (one thread, when central.url is set): report::Reporter, with its own io_context and
 //   its own SQLite connection; the core thread only publishes the revision (an atomic) and wakes
 //   it (notify) after each change.
