@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 sys.dont_write_bytecode = True
 import lab as L  # noqa: E402
 sys.path.insert(0, HERE)
-from package_test import HOOK, MAX_EXPOSURE, UNIT, run  # noqa: E402
+from package_test import HOOK, MAX_EXPOSURE, UNIT, run, wait_for  # noqa: E402
 
 SUITE = "bookworm"
 # What a stock libvirt host has, beyond the package's own Depends (added from the .deb): Debian's
@@ -447,15 +447,6 @@ def check_remove(c, ct, rid):
             and not os.path.exists(ct.path(HOOK)), os.listdir(ct.path("/etc/gpunode")) if os.path.isdir(ct.path("/etc/gpunode")) else "")
     c.check("... the operator's TLS files stay", os.path.exists(ct.path("/etc/gpunode/tls/agent.key")), "")
     c.eq("... libvirtd still runs", ct.sh("systemctl is-active libvirtd").stdout.strip(), "active")
-
-
-def wait_for(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return pred()
 
 
 def main():
