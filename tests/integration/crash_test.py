@@ -108,7 +108,10 @@ class Stream:
                     self.acked += 1
             except (OSError, http.client.HTTPException, ssl.SSLError):
                 self.conn_errors += 1
-                time.sleep(0.02)  # the agent is down: keep trying new operations
+                # The agent is down: keep trying new operations, but not faster than a restart takes,
+                # so that a slow restart (a sanitizer build's is about 1 s) costs a few operations, not
+                # half the stream (a refused connect returns at once).
+                time.sleep(0.1)
             self.done = i
 
 
