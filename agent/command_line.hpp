@@ -1,17 +1,21 @@
-// gpunode-agent's parsed command line, as main.cpp hands it to the module that runs the command.
+// gpunode-agent's parsed command line, as the module that parses it hands it to the module that
+// runs the command.
 //
 // Why modules: a process maps every library its executable needs before main() runs, and with
 // BIND_NOW (the agent's and Debian's libraries') resolves all their symbols too. OpenSSL, SQLite
 // and libxml2 alone cost several milliseconds a start, which `version`, `discover`,
 // `check-config` and `libvirt-hook` (run by libvirtd on every domain start) never use. So the
-// executable itself links no library beyond the C++ runtime: it parses the command line, answers
-// `version`, and loads the one module the command needs (dlopen by full path: next to it in the
-// build tree, /usr/lib/gpunode-agent once installed; main.cpp's module_path):
-//   gpunode-agent-tools.so   discover, check-config, reload (libpci, yaml-cpp, Boost.JSON)
-//   gpunode-agent-hook.so    libvirt-hook, on every domain start (yaml-cpp, Boost.JSON: no more)
+// executable itself links no library beyond the C++ runtime: it answers `libvirt-hook` by position
+// and hands every other command line to the tools module; each command runs in the one module
+// whose libraries it needs (loaded by full path, modules.hpp):
+//   gpunode-agent-tools.so   the command line (CLI11), version, discover, check-config, reload
+//                            (libpci, yaml-cpp, Boost.JSON); and the config reader the hook's
+//                            module loads on a cache miss (hook_settings.hpp)
+//   gpunode-agent-hook.so    libvirt-hook, for the calls that ask (fmt, Boost.JSON: no YAML)
 //   gpunode-agent-daemon.so  run, check-config --files (everything: OpenSSL, SQLite, libxml2,
 //                            Boost.Beast, ...: the files are checked by the agent's own loaders)
-// Each module defines kCommandEntry as a CommandEntry.
+// The modules export their entries alone (modules.map): kMainEntry and kHookSettingsEntry (tools),
+// kCommandEntry (hook, daemon).
 #pragma once
 
 #include <cstdio>
@@ -34,13 +38,17 @@ struct CommandLine {
   // libvirt-hook: NAME OPERATION SUB-OPERATION [EXTRA], as libvirt passes them
   std::vector<std::string> hook_args;
   std::optional<std::string> hook_socket;
+  std::string hook_domain_xml;  // stdin, read by main.cpp (which answers the calls that never ask)
 };
 
 // Runs the command; returns the process's exit code. Never throws.
 using CommandEntry = int(const CommandLine&);
+// Parses argv (all but `libvirt-hook`) and runs the command; returns the exit code. Never throws.
+using MainEntry = int(int argc, char** argv);
 // A module's entry is its one exported symbol (the project builds with hidden visibility).
 #define GPUNODE_EXPORT __attribute__((visibility("default")))
 inline constexpr const char* kCommandEntry = "gpunode_agent_command";
+inline constexpr const char* kMainEntry = "gpunode_agent_main";
 
 // What a module's entry runs its command through: an exception is a bug, never bad input, so it
 // is reported as one (exit 70) instead of escaping into main() or dying silently.

@@ -7,6 +7,8 @@ namespace {
 // keeps a name that looks like `--` from shifting the others into its place.
 constexpr std::size_t kLibvirtArgs = 4;
 
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 std::expected<HookCommand, std::string> with_args(HookCommand cmd, std::span<const std::string_view> rest) {
   if (rest.size() != kLibvirtArgs) {
     return std::unexpected("expected libvirt's NAME OPERATION SUB-OPERATION EXTRA, got " +
@@ -64,6 +66,43 @@ std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::
     }
   }
   return with_args(std::move(cmd), rest);
+}
+
+
+bool hook_asks(std::string_view operation, std::string_view sub_operation) {
+  return sub_operation == "begin" && (operation == "prepare" || operation == "migrate" || operation == "restore");
+}
+
+bool may_have_pci_hostdev(std::string_view xml) {
+  constexpr std::string_view kTag = "<hostdev";
+  for (std::size_t at = xml.find(kTag); at != std::string_view::npos; at = xml.find(kTag, at + 1)) {
+    std::size_t i = at + kTag.size();
+    if (i >= xml.size()) return true;  // cut short: let the agent judge
+    if (!blank(xml[i]) && xml[i] != '>' && xml[i] != '/') continue;  // <hostdevfoo: another element
+    // Attributes up to the tag's end: NAME = 'VALUE' | "VALUE".
+    while (i < xml.size() && xml[i] != '>') {
+      while (i < xml.size() && (blank(xml[i]) || xml[i] == '/')) ++i;
+      const std::size_t name_at = i;
+      while (i < xml.size() && !blank(xml[i]) && xml[i] != '=' && xml[i] != '>' && xml[i] != '/') ++i;
+      const std::string_view name = xml.substr(name_at, i - name_at);
+      if (name.find_first_of("'\"<") != std::string_view::npos) return true;  // not a tag we can read: ask
+      while (i < xml.size() && blank(xml[i])) ++i;
+      if (i >= xml.size()) return true;
+      if (xml[i] != '=') {
+        if (name.empty() && xml[i] != '>') return true;  // not a tag we can read: ask
+        continue;
+      }
+      ++i;
+      while (i < xml.size() && blank(xml[i])) ++i;
+      if (i >= xml.size() || (xml[i] != '\'' && xml[i] != '"')) return true;
+      const char quote = xml[i++];
+      const std::size_t end = xml.find(quote, i);
+      if (end == std::string_view::npos) return true;
+      if (name == "type" && xml.substr(i, end - i) == "pci") return true;
+      i = end + 1;
+    }
+  }
+  return false;
 }
 
 }  // namespace gpunode::agent

@@ -1,5 +1,9 @@
-// The libvirt hook's command line (CONTRACT §9 "Arguments"): `gpunode-agent libvirt-hook
-// [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]`.
+// What the libvirt hook decides before it loads anything (CONTRACT §9): its command line,
+// `gpunode-agent libvirt-hook [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]`,
+// and whether this call asks the agent at all. libvirtd runs the hook on every event of every
+// domain (start, started, stopped, release, reconnect, ...); only a start, migration or restore of
+// a domain with a PCI hostdev asks. gpunode-agent answers every other call itself, before it maps
+// the hook's module (main.cpp), so those cost no more than the executable's own start.
 //
 // libvirt's four arguments are data, read by position: a domain's name is chosen by whoever defines
 // the domain, and a domain named `--help` or `--socket=x` must be asked about like any other. So the
@@ -28,6 +32,13 @@ struct HookCommand {
 // begins with '-': else they cannot be told from options, and that is an error. The error (a help
 // request included) says why; the hook then refuses (fails closed).
 std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::string_view> argv);
+
+// Only these ask: `prepare begin`, `migrate begin`, `restore begin`. Every other call exits 0 at once.
+bool hook_asks(std::string_view operation, std::string_view sub_operation);
+
+// Whether the domain XML may hold a `<hostdev ... type='pci'>`: a scan of the start tags, no XML
+// parse (the agent parses). When in doubt it says yes (the agent is asked and decides).
+bool may_have_pci_hostdev(std::string_view domain_xml);
 
 inline constexpr std::string_view kHookUsage =
     "usage: gpunode-agent libvirt-hook [--socket PATH] [--config FILE] -- NAME OPERATION SUB-OPERATION EXTRA";

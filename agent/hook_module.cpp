@@ -1,7 +1,9 @@
-// gpunode-agent-hook.so: `libvirt-hook` alone (see command_line.hpp for why commands live in
-// modules). libvirtd runs the hook on every domain start and its whole run counts (CONTRACT §9
-// "Speed"), so this module maps only what the hook uses: the config reader (yaml-cpp), Boost.JSON
-// and the admin socket's client; not libpci, libudev or anything of discovery's.
+// gpunode-agent-hook.so: `libvirt-hook` for the calls that ask the agent (see command_line.hpp for
+// why commands live in modules; main.cpp answers every other call before loading this one).
+// libvirtd runs it on every GPU domain start and its whole run counts (CONTRACT §9 "Speed"), so it
+// maps only what asking takes: fmt, Boost.JSON and the admin socket's client. Not yaml-cpp: the
+// settings come from the hook's cache, and on a miss from the agent's config reader in
+// gpunode-agent-tools.so, loaded then (hook_settings.hpp).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -9,18 +11,37 @@
 #include <type_traits>
 
 #include "command_line.hpp"
+#include "hook_settings.hpp"
 #include "libvirt_hook.hpp"
+#include "modules.hpp"
+
+extern "C" GPUNODE_EXPORT int gpunode_agent_command(const gpunode::agent::CommandLine& line);
+
+namespace {
+
+namespace agent = gpunode::agent;
+
+// agent.yaml read by the agent's own reader, in gpunode-agent-tools.so beside this module.
+std::expected<agent::HookSettings, std::string> read_with_agents_reader(const std::string& config_file) {
+  auto path =
+      agent::module_beside(reinterpret_cast<const void*>(&gpunode_agent_command), "gpunode-agent-tools.so");
+  auto entry = path ? agent::load_entry(*path, agent::kHookSettingsEntry) : std::unexpected(path.error());
+  if (!entry) return std::unexpected(fmt::format("cannot read {}: {}", config_file, entry.error()));
+  return reinterpret_cast<agent::HookSettingsEntry*>(*entry)(config_file);
+}
+
+}  // namespace
 
 extern "C" GPUNODE_EXPORT int gpunode_agent_command(const gpunode::agent::CommandLine& line) {
-  namespace agent = gpunode::agent;
   static_assert(std::is_same_v<decltype(gpunode_agent_command), agent::CommandEntry>);
   if (line.command != agent::CommandLine::Command::libvirt_hook) return 2;
   return agent::report_internal_errors([&] {
-    // libvirt runs hooks as HOOK NAME OPERATION SUB-OPERATION EXTRA, the domain XML on stdin (§9).
-    std::string xml;
-    char buf[65536];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, stdin)) > 0;) xml.append(buf, n);
-    const auto verdict = agent::run_libvirt_hook(line.hook_args, line.hook_socket, line.config_file, xml);
+    const agent::HookSettingsCache cache;
+    const auto settings = [&] {
+      return agent::hook_settings(line.config_file, cache, read_with_agents_reader);
+    };
+    const auto verdict =
+        agent::run_libvirt_hook(line.hook_args, line.hook_socket, settings, line.hook_domain_xml);
     for (const auto& text : verdict.stderr_lines) fmt::print(stderr, "{}\n", text);
     return verdict.exit_code;
   });

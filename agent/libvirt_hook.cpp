@@ -1,12 +1,11 @@
 // gpunode-agent libvirt-hook (see libvirt_hook.hpp).
 #include "libvirt_hook.hpp"
 
-#include <sys/stat.h>
-
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
 #include "gpunode/text/printable.hpp"
+#include "hook_args.hpp"
 
 namespace gpunode::agent {
 namespace {
@@ -15,9 +14,6 @@ namespace json = boost::json;
 
 constexpr std::chrono::seconds kAskBound{5};  // CONTRACT §9: the agent answers within 5 s or is down
 constexpr std::size_t kAdmissionBody = 16 * 1024 * 1024;  // CONTRACT §9: what the admission route takes
-constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
-
-bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // The verdict when the agent cannot be asked.
 HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
@@ -34,42 +30,6 @@ std::string str(const json::object& o, std::string_view key, std::string_view ot
 }
 
 }  // namespace
-
-bool hook_asks(std::string_view operation, std::string_view sub_operation) {
-  return sub_operation == "begin" && (operation == "prepare" || operation == "migrate" || operation == "restore");
-}
-
-bool may_have_pci_hostdev(std::string_view xml) {
-  constexpr std::string_view kTag = "<hostdev";
-  for (std::size_t at = xml.find(kTag); at != std::string_view::npos; at = xml.find(kTag, at + 1)) {
-    std::size_t i = at + kTag.size();
-    if (i >= xml.size()) return true;  // cut short: let the agent judge
-    if (!blank(xml[i]) && xml[i] != '>' && xml[i] != '/') continue;  // <hostdevfoo: another element
-    // Attributes up to the tag's end: NAME = 'VALUE' | "VALUE".
-    while (i < xml.size() && xml[i] != '>') {
-      while (i < xml.size() && (blank(xml[i]) || xml[i] == '/')) ++i;
-      const std::size_t name_at = i;
-      while (i < xml.size() && !blank(xml[i]) && xml[i] != '=' && xml[i] != '>' && xml[i] != '/') ++i;
-      const std::string_view name = xml.substr(name_at, i - name_at);
-      if (name.find_first_of("'\"<") != std::string_view::npos) return true;  // not a tag we can read: ask
-      while (i < xml.size() && blank(xml[i])) ++i;
-      if (i >= xml.size()) return true;
-      if (xml[i] != '=') {
-        if (name.empty() && xml[i] != '>') return true;  // not a tag we can read: ask
-        continue;
-      }
-      ++i;
-      while (i < xml.size() && blank(xml[i])) ++i;
-      if (i >= xml.size() || (xml[i] != '\'' && xml[i] != '"')) return true;
-      const char quote = xml[i++];
-      const std::size_t end = xml.find(quote, i);
-      if (end == std::string_view::npos) return true;
-      if (name == "type" && xml.substr(i, end - i) == "pci") return true;
-      i = end + 1;
-    }
-  }
-  return false;
-}
 
 HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer, const std::string& socket,
                          const std::string& name, config::WhenAgentDown when_down) {
@@ -123,25 +83,17 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
 }
 
 HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
-                             const std::string& config_file, std::string_view domain_xml) {
+                             const HookSettingsSource& settings_source, std::string_view domain_xml) {
   if (args.size() != 4) return {1, {"gpunode: libvirt-hook refuses: expected libvirt's NAME OPERATION SUB-OPERATION EXTRA"}};
   const std::string& name = args[0];
   if (!hook_asks(args[1], args[2]) || !may_have_pci_hostdev(domain_xml)) return {};
 
-  // admin.socket and enforcement.when_agent_down from agent.yaml; a missing file means the defaults.
-  config::Config cfg;
-  struct stat st {};
-  if (::stat(config_file.c_str(), &st) == 0) {
-    auto loaded = config::load_file(config_file, config::Purpose::discover);
-    if (!loaded.ok()) {
-      // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
-      return {1, {text::printable(fmt::format("gpunode: domain {} refused: {} is invalid: {}", name, config_file, loaded.problems.front().to_string()))}};
-    }
-    cfg = std::move(loaded.config);
-  } else {
-    cfg.admin.socket = std::string(kDefaultSocket);
+  const auto settings = settings_source();
+  if (!settings) {
+    // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
+    return {1, {text::printable(fmt::format("gpunode: domain {} refused: {}", name, settings.error()))}};
   }
-  const std::string socket = socket_flag.value_or(cfg.admin.socket);
+  const std::string socket = socket_flag.value_or(settings->socket);
 
   ctl::Request q;
   q.method = "POST";
@@ -151,10 +103,10 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
   q.timeout = kAskBound;
   if (q.body.size() > kAdmissionBody) {  // the agent would answer 413 while this is still writing it
     return agent_down(socket, fmt::format("the domain's admission request is {} bytes, over the {} bytes the agent takes", q.body.size(), kAdmissionBody),
-                      cfg.enforcement.when_agent_down);
+                      settings->when_agent_down);
   }
   ctl::UnixClient client(socket, "gpunode-libvirt-hook", [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });
-  return hook_verdict(client.call(q), socket, name, cfg.enforcement.when_agent_down);
+  return hook_verdict(client.call(q), socket, name, settings->when_agent_down);
 }
 
 }  // namespace gpunode::agent

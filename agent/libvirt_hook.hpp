@@ -4,10 +4,12 @@
 // the start and libvirt shows the hook's stderr in its error.
 //
 // What it decides is split from how it talks: the rules below are pure (tested without a socket);
-// run_libvirt_hook() does the I/O (stdin, agent.yaml, the admin socket, bounded by 5 s).
+// run_libvirt_hook() does the I/O (the admin socket, bounded by 5 s; agent.yaml through
+// hook_settings.hpp). Which calls ask at all is decided before this module loads (hook_args.hpp).
 #pragma once
 
 #include <expected>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,15 +17,9 @@
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/ctl/client.hpp"
+#include "hook_settings.hpp"
 
 namespace gpunode::agent {
-
-// Only these ask: `prepare begin`, `migrate begin`, `restore begin`. Every other call exits 0 at once.
-bool hook_asks(std::string_view operation, std::string_view sub_operation);
-
-// Whether the domain XML may hold a `<hostdev ... type='pci'>`: a scan of the start tags, no XML
-// parse (the agent parses). When in doubt it says yes (the agent is asked and decides).
-bool may_have_pci_hostdev(std::string_view domain_xml);
 
 // What the hook prints on stderr and exits with.
 struct HookVerdict {
@@ -36,10 +32,13 @@ struct HookVerdict {
 HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer, const std::string& socket,
                          const std::string& name, config::WhenAgentDown when_down);
 
+// Where run_libvirt_hook takes admin.socket and enforcement.when_agent_down from when it asks
+// (hook_settings(): the cache, else agent.yaml); an error refuses the start.
+using HookSettingsSource = std::function<std::expected<HookSettings, std::string>()>;
+
 // The whole hook. `args`: NAME OPERATION SUB-OPERATION [EXTRA]. `socket_flag`: --socket.
-// `config_file`: agent.yaml for admin.socket and enforcement.when_agent_down (a missing file means
-// the defaults). `domain_xml` is stdin's text.
+// `domain_xml` is stdin's text. Settings are taken only when the call asks the agent.
 HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
-                             const std::string& config_file, std::string_view domain_xml);
+                             const HookSettingsSource& settings, std::string_view domain_xml);
 
 }  // namespace gpunode::agent

@@ -1,18 +1,24 @@
-// gpunode-agent-tools.so: `discover`, `check-config` and `reload` (see
-// command_line.hpp for why they live in a module of their own: none of them maps OpenSSL, SQLite or
-// libxml2). `check-config --files` is the daemon module's: it opens the files with the agent's loaders.
+// gpunode-agent-tools.so: gpunode-agent's command line (all of it but `libvirt-hook`, which
+// main.cpp reads by position) and the commands that map neither OpenSSL, SQLite nor libxml2:
+// `version`, `discover`, `check-config` and `reload` (command_line.hpp says why commands live in
+// modules). `run` and `check-config --files` are the daemon module's, loaded from here: the files
+// are opened with the agent's own loaders.
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <boost/json/serialize.hpp>
 #include <fmt/format.h>
 
 #include "command_line.hpp"
 #include "discover_table.hpp"
+#include "hook_settings.hpp"
+#include "modules.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/policy.hpp"
 #include "gpunode/discovery/host_root.hpp"
@@ -31,6 +37,7 @@ namespace disc = gpunode::discovery;
 constexpr int kExitOk = 0;
 constexpr int kExitInvalid = 1;  // invalid config or input
 constexpr int kExitUsage = 2;
+constexpr int kExitBroken = 70;  // an installation without its modules: not the caller's fault
 
 void print_problems(const std::vector<cfg::Problem>& problems) {
   for (const auto& p : problems) fmt::print(stderr, "{}\n", p.to_string());
@@ -93,18 +100,92 @@ int cmd_reload(const std::string& config_file) {
   return verdict.exit_code;
 }
 
+// The daemon module's command (run, check-config --files), loaded beside this module.
+int run_in_daemon(const agent::CommandLine& line) {
+  auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), "gpunode-agent-daemon.so");
+  auto entry = path ? agent::load_entry(*path, agent::kCommandEntry) : std::unexpected(path.error());
+  if (!entry) {
+    fmt::print(stderr, "gpunode-agent: {}\n", entry.error());
+    return kExitBroken;
+  }
+  return reinterpret_cast<agent::CommandEntry*>(*entry)(line);
+}
+
+agent::CommandLine line_of(agent::CommandLine::Command command, std::string config_file = {}) {
+  agent::CommandLine line;
+  line.command = command;
+  line.config_file = std::move(config_file);
+  return line;
+}
+
+int run_command_line(int argc, char** argv) {
+  using Command = agent::CommandLine::Command;
+  CLI::App app{"gpunode-agent: the GPU node agent (discovery, reservations, spot control)", "gpunode-agent"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every command");
+
+  agent::CommandLine discover_line = line_of(Command::discover);
+  auto* discover = app.add_subcommand("discover", "Scan this host once and print its GPU units");
+  discover->add_option("--config", discover_line.config_file, "agent.yaml to take discovery and node settings from");
+  discover->add_option("--host-root", discover_line.host_root, "Read <DIR>/sys and <DIR>/proc instead of the host's");
+  discover->add_flag("--json", discover_line.json, "Print exactly the body of GET /v1/nodes/{nodeId}/units");
+
+  agent::CommandLine check_line = line_of(Command::check_config);
+  auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
+  check->add_option("--config", check_line.config_file, "The file to check")->required();
+  check->add_flag("--files", check_line.files, "Also open every file it names as this user would (run it as the service's user)");
+
+  agent::CommandLine reload_line = line_of(Command::reload, "/etc/gpunode/agent.yaml");
+  auto* reload = app.add_subcommand("reload", "Ask the running agent to reload its configuration; exit 1 if it refused, 3 if unreachable");
+  reload->add_option("--config", reload_line.config_file, "agent.yaml whose admin.socket the agent listens on (default /etc/gpunode/agent.yaml)");
+
+  agent::CommandLine run_line = line_of(Command::run, "/etc/gpunode/agent.yaml");
+  auto* run = app.add_subcommand("run", "Run the agent daemon (HTTPS API, admin socket, discovery, terms)");
+  run->add_option("--config", run_line.config_file, "agent.yaml (default /etc/gpunode/agent.yaml)");
+
+  auto* version = app.add_subcommand("version", "Print the agent's version");
+
+  // Listed for --help only: main.cpp reads `libvirt-hook` by position before this parser runs.
+  app.add_subcommand("libvirt-hook", "libvirt's qemu hook: [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+
+  if (discover->parsed()) return cmd_discover(discover_line.config_file, discover_line.host_root, discover_line.json);
+  if (check->parsed()) return check_line.files ? run_in_daemon(check_line) : cmd_check_config(check_line.config_file);
+  if (reload->parsed()) return cmd_reload(reload_line.config_file);
+  if (run->parsed()) return run_in_daemon(run_line);
+  if (version->parsed()) {
+    fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
+    return kExitOk;
+  }
+  return kExitUsage;
+}
+
 }  // namespace
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& line) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_command), agent::CommandEntry>);
-  return agent::report_internal_errors([&] {
-    switch (line.command) {
-      case agent::CommandLine::Command::discover: return cmd_discover(line.config_file, line.host_root, line.json);
-      case agent::CommandLine::Command::check_config: return cmd_check_config(line.config_file);
-      case agent::CommandLine::Command::libvirt_hook: break;  // gpunode-agent-hook.so's
-      case agent::CommandLine::Command::reload: return cmd_reload(line.config_file);
-      case agent::CommandLine::Command::run: break;  // gpunode-agent-daemon.so's (and check-config --files)
-    }
-    return kExitUsage;
-  });
+// The hook's settings read by the agent's reader, for gpunode-agent-hook.so's cache misses
+// (hook_settings.hpp). Read as `discover` reads: the file's syntax and values, not its files.
+extern "C" GPUNODE_EXPORT std::expected<agent::HookSettings, std::string> gpunode_agent_hook_settings(const std::string& config_file) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings), agent::HookSettingsEntry>);
+  try {
+    auto loaded = cfg::load_file(config_file, cfg::Purpose::discover);
+    if (!loaded.ok()) return std::unexpected(fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
+    return agent::hook_settings_of(loaded.config);
+  } catch (const std::exception& e) {
+    return std::unexpected(fmt::format("cannot read {}: {}", config_file, e.what()));
+  }
+}
+
+extern "C" GPUNODE_EXPORT int gpunode_agent_main(int argc, char** argv) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_main), agent::MainEntry>);
+  return agent::report_internal_errors([&] { return run_command_line(argc, argv); });
 }

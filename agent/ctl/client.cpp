@@ -3,6 +3,7 @@
 // and Beast's parser for the answer. No event loop: the libvirt hook runs this on every domain
 // start, and its whole run is measured against /bin/true (CONTRACT §9 "Speed").
 #include "gpunode/ctl/client.hpp"
+#include "gpunode/ctl/fd.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -41,20 +42,6 @@ TransportError::Kind connect_kind(int err) {
 // Closed by the peer before any byte of an answer: how the agent refuses a peer (CONTRACT §4: it
 // closes at once, without an HTTP answer).
 bool closed_by_peer(int err) { return err == 0 || err == ECONNRESET || err == EPIPE; }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  [[nodiscard]] int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // Milliseconds left until `deadline` for poll(2), at least 0.
 int left_ms(Clock::time_point deadline) {
@@ -204,7 +191,7 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   parser.eager(true);
   std::string pending;  // received bytes the parser has not taken yet
   bool got_any = false;
-  std::array<char, 65536> buf{};
+  std::array<char, 65536> buf;  // not zeroed: recv() fills what is used (zeroing 64 KiB costs the hook 16 page faults)
   while (!parser.is_done()) {
     const int ready = wait_for(sock.get(), POLLIN, deadline);
     if (ready == 0) return timed_out();

@@ -1,5 +1,6 @@
-// The hook's command line (CONTRACT §9 "Arguments"): libvirt's arguments by position after `--`,
-// whatever they look like; options before it; anything else fails closed.
+// What the hook decides before it loads anything (CONTRACT §9): its command line (libvirt's
+// arguments by position after `--`, whatever they look like; options before it; anything else fails
+// closed), which calls ask, and the tag scan.
 #include "hook_args.hpp"
 
 #include <doctest/doctest.h>
@@ -8,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+using gpunode::agent::hook_asks;
+using gpunode::agent::may_have_pci_hostdev;
 using gpunode::agent::parse_hook_command;
 
 namespace {
@@ -71,4 +74,32 @@ TEST_CASE("hook arguments: what cannot be read refuses, saying why") {
   refused({"--socket"}, "--socket needs a value");
   refused({"--config=", "--", "vm", "prepare", "begin", "-"}, "--config needs a value");
   refused({"--verbose", "--", "vm", "prepare", "begin", "-"}, "unknown option '--verbose'");
+}
+
+TEST_CASE("only prepare, migrate and restore begin ask") {
+  CHECK(hook_asks("prepare", "begin"));
+  CHECK(hook_asks("migrate", "begin"));
+  CHECK(hook_asks("restore", "begin"));
+  for (const char* op : {"start", "started", "stopped", "release", "reconnect", "attach"}) CHECK_FALSE(hook_asks(op, "begin"));
+  CHECK_FALSE(hook_asks("prepare", "end"));
+  CHECK_FALSE(hook_asks("prepare", "-"));
+  CHECK_FALSE(hook_asks("", ""));
+}
+
+TEST_CASE("the tag scan finds every spelling of a PCI hostdev, and never misses one") {
+  CHECK(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'/></devices></domain>"));
+  CHECK(may_have_pci_hostdev(R"(<domain><devices><hostdev mode="subsystem" type="pci"></hostdev></devices></domain>)"));
+  CHECK(may_have_pci_hostdev("<hostdev\n    type = 'pci'\n    mode='subsystem'>"));
+  CHECK(may_have_pci_hostdev("<hostdev type='pci'/>"));
+  // Other hostdevs and elements whose name starts alike are not PCI hostdevs.
+  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='usb'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdevice type='pci'/><interface type='hostdev'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev("<domain><name>vm</name><devices><disk type='file'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev(""));
+  CHECK_FALSE(may_have_pci_hostdev("<hostdev mode='subsystem' type='pcie'/>"));
+  // What it cannot read, it hands to the agent.
+  CHECK(may_have_pci_hostdev("<hostdev"));
+  CHECK(may_have_pci_hostdev("<hostdev type='pci"));
+  CHECK(may_have_pci_hostdev("<hostdev type=pci>"));
+  CHECK(may_have_pci_hostdev("<hostdev \"x\">"));
 }

@@ -1,47 +1,17 @@
-// The libvirt hook's rules (CONTRACT §9): which calls ask, the tag scan, and the verdict on each
-// answer the agent can give (or not give).
+// The libvirt hook's rules (CONTRACT §9): the verdict on each answer the agent can give (or not
+// give), and the whole hook with its settings.
 #include <doctest/doctest.h>
 
 #include "answers.hpp"
 #include "libvirt_hook.hpp"
 
-using gpunode::agent::hook_asks;
 using gpunode::agent::hook_verdict;
-using gpunode::agent::may_have_pci_hostdev;
 using gpunode::config::WhenAgentDown;
 using gpunode::ctl::Response;
 using gpunode::ctl::TransportError;
 
 using gpunode::test::answer;
 using gpunode::test::failure;
-
-TEST_CASE("only prepare, migrate and restore begin ask") {
-  CHECK(hook_asks("prepare", "begin"));
-  CHECK(hook_asks("migrate", "begin"));
-  CHECK(hook_asks("restore", "begin"));
-  for (const char* op : {"start", "started", "stopped", "release", "reconnect", "attach"}) CHECK_FALSE(hook_asks(op, "begin"));
-  CHECK_FALSE(hook_asks("prepare", "end"));
-  CHECK_FALSE(hook_asks("prepare", "-"));
-  CHECK_FALSE(hook_asks("", ""));
-}
-
-TEST_CASE("the tag scan finds every spelling of a PCI hostdev, and never misses one") {
-  CHECK(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'/></devices></domain>"));
-  CHECK(may_have_pci_hostdev(R"(<domain><devices><hostdev mode="subsystem" type="pci"></hostdev></devices></domain>)"));
-  CHECK(may_have_pci_hostdev("<hostdev\n    type = 'pci'\n    mode='subsystem'>"));
-  CHECK(may_have_pci_hostdev("<hostdev type='pci'/>"));
-  // Other hostdevs and elements whose name starts alike are not PCI hostdevs.
-  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='usb'/></devices></domain>"));
-  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdevice type='pci'/><interface type='hostdev'/></devices></domain>"));
-  CHECK_FALSE(may_have_pci_hostdev("<domain><name>vm</name><devices><disk type='file'/></devices></domain>"));
-  CHECK_FALSE(may_have_pci_hostdev(""));
-  CHECK_FALSE(may_have_pci_hostdev("<hostdev mode='subsystem' type='pcie'/>"));
-  // What it cannot read, it hands to the agent.
-  CHECK(may_have_pci_hostdev("<hostdev"));
-  CHECK(may_have_pci_hostdev("<hostdev type='pci"));
-  CHECK(may_have_pci_hostdev("<hostdev type=pci>"));
-  CHECK(may_have_pci_hostdev("<hostdev \"x\">"));
-}
 
 TEST_CASE("allowed: exit 0, nothing said") {
   auto v = hook_verdict(answer(200, R"({"allowed":true,"mode":"enforce","unitIds":["u-1"],"reasons":[]})"), "/s", "vm1", WhenAgentDown::deny);
@@ -118,16 +88,37 @@ TEST_CASE("what reaches libvirt's error is escaped: a domain's name, the agent's
   CHECK(v.stderr_lines[0] == "gpunode: domain vm\\x0a\\x1b[31mforged refused: u-1: unit-reserved: held\\x1b[2J");
 }
 
-TEST_CASE("the whole hook: other operations and domains without PCI hostdevs never ask; bad arguments refuse") {
+TEST_CASE("the whole hook: other operations and domains without PCI hostdevs never ask, nor read settings; bad arguments and settings refuse") {
+  using gpunode::agent::HookSettings;
   using gpunode::agent::run_libvirt_hook;
   const std::string gpu = "<domain><name>vm</name><devices><hostdev mode='subsystem' type='pci'/></devices></domain>";
+  int reads = 0;
+  const auto defaults = [&]() -> std::expected<HookSettings, std::string> {
+    ++reads;
+    return HookSettings{};
+  };
   // No agent anywhere: had it asked, deny would refuse.
   const std::optional<std::string> nowhere = "/nonexistent/gpunode/admin.sock";
-  CHECK(run_libvirt_hook({"vm", "started", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 0);
-  CHECK(run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", "<domain><devices/></domain>").exit_code == 0);
-  auto asked = run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, "/nonexistent/agent.yaml", gpu);
+  CHECK(run_libvirt_hook({"vm", "started", "begin", "-"}, nowhere, defaults, gpu).exit_code == 0);
+  CHECK(run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, defaults, "<domain><devices/></domain>").exit_code == 0);
+  CHECK(reads == 0);
+  auto asked = run_libvirt_hook({"vm", "prepare", "begin", "-"}, nowhere, defaults, gpu);
+  CHECK(reads == 1);
   CHECK(asked.exit_code == 1);
   REQUIRE(asked.stderr_lines.size() == 1);
   CHECK(asked.stderr_lines[0].starts_with("gpunode: agent unreachable at /nonexistent/gpunode/admin.sock: no socket"));
-  CHECK(run_libvirt_hook({"vm"}, nowhere, "/nonexistent/agent.yaml", gpu).exit_code == 1);  // fails closed
+  // Without --socket, admin.socket of the settings; with allow, the start goes ahead.
+  const auto allow = [&]() -> std::expected<HookSettings, std::string> {
+    return HookSettings{"/nonexistent/other/admin.sock", gpunode::config::WhenAgentDown::allow};
+  };
+  auto allowed = run_libvirt_hook({"vm", "prepare", "begin", "-"}, std::nullopt, allow, gpu);
+  CHECK(allowed.exit_code == 0);
+  REQUIRE(allowed.stderr_lines.size() == 1);
+  CHECK(allowed.stderr_lines[0].starts_with("gpunode: agent unreachable at /nonexistent/other/admin.sock: no socket"));
+  // Settings that cannot be read: refused, whatever when_agent_down would have said.
+  const auto invalid = []() -> std::expected<HookSettings, std::string> { return std::unexpected("/etc/gpunode/agent.yaml is invalid: x\x1b"); };
+  auto refused = run_libvirt_hook({"vm\n", "prepare", "begin", "-"}, std::nullopt, invalid, gpu);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.stderr_lines == std::vector<std::string>{"gpunode: domain vm\\x0a refused: /etc/gpunode/agent.yaml is invalid: x\\x1b"});
+  CHECK(run_libvirt_hook({"vm"}, nowhere, defaults, gpu).exit_code == 1);  // fails closed
 }

@@ -23,8 +23,10 @@ Prints one line per check, then the table of cases with their outcomes and the h
 
     hook_test.py PATH/TO/gpunode-agent
 """
+import glob
 import json
 import os
+import re
 import signal
 import sqlite3
 import statistics
@@ -182,12 +184,12 @@ class Hook:
         self.rows = []          # (case, call, expected, outcome, ok)
         self.allowed_ms = []    # wall time of asked-and-allowed runs
 
-    def run(self, name, op, sub, xml, socket=None, config=None, extra="-"):
+    def run(self, name, op, sub, xml, socket=None, config=None, extra="-", env=None):
         args = [self.agent, "libvirt-hook", "--config", config or self.lab.cfg, *(["--socket", socket] if socket else []),
                 "--", name, op, sub, extra]
         t0 = time.perf_counter()
         p = subprocess.run(args, input=xml, capture_output=True, text=True, timeout=30,
-                           env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
+                           env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **(env or {})})
         ms = (time.perf_counter() - t0) * 1000
         return p.returncode, [l for l in p.stderr.splitlines() if l], ms
 
@@ -288,6 +290,71 @@ def shipped_hook(lab, agent):
         f.write(text)
     os.chmod(path, 0o755)
     return path
+
+
+def loaded_objects(h, name, xml, config):
+    """Runs the hook once with ld.so's LD_DEBUG=files: its exit and the shared objects it loaded."""
+    out = os.path.join(h.lab.dir, f"ld-debug-{name}")
+    rc, _, _ = h.run(name, "prepare", "begin", xml, config=config, env={"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": out})
+    names = set()
+    for path in glob.glob(out + ".*"):
+        with open(path, errors="replace") as f:
+            names |= {os.path.basename(m) for m in re.findall(r"file=(\S+)", f.read())}
+        os.unlink(path)
+    return rc, names
+
+
+def settings_cache(c, h, lab, dom):
+    """hook_settings.hpp: the hook takes admin.socket and when_agent_down from a cache of agent.yaml
+    keyed by the file's identity; each version of the file is obeyed at once, and a hit maps neither
+    the agent's config reader (gpunode-agent-tools.so) nor yaml-cpp. Run with the agent down, so
+    when_agent_down is the answer."""
+    flip = os.path.join(lab.dir, "hook-flip.yaml")
+    xml = dom("flip", (OUTSIDER, "on-demand"), [U24])
+
+    def write_in_place(when):
+        with open(flip, "w") as f:
+            f.write(config_text(lab, when_down=when))
+
+    def write_by_rename(when):
+        with open(flip + ".new", "w") as f:
+            f.write(config_text(lab, when_down=when))
+        os.replace(flip + ".new", flip)
+
+    settle = 2.2  # HookSettingsCache::kSettled (2 s) and a margin: a file younger than that is never cached
+    cached = os.geteuid() == 0  # /run/gpunode-hook is made by root (the hook runs as root under libvirtd)
+    write_in_place("deny")
+    time.sleep(settle)
+    rc, objs = loaded_objects(h, "flip", xml, flip)
+    c.check("settings cache: deny, first read (a miss) loads the agent's config reader",
+            rc == 1 and "gpunode-agent-tools.so" in objs, (rc, sorted(objs)))
+    rc, objs = loaded_objects(h, "flip", xml, flip)
+    if cached:
+        c.check("settings cache: deny again, from the cache: neither the config reader nor yaml-cpp is mapped",
+                rc == 1 and "gpunode-agent-tools.so" not in objs and not any("yaml" in o for o in objs), (rc, sorted(objs)))
+    else:
+        print("# not root: /run/gpunode-hook cannot be made, every call reads agent.yaml", flush=True)
+    write_in_place("allow")  # the same file, rewritten within the clock's last seconds
+    rc, _ = loaded_objects(h, "flip", xml, flip)
+    c.check("settings cache: the file rewritten in place to allow: obeyed at once", rc == 0, rc)
+    time.sleep(settle)
+    rc, _ = loaded_objects(h, "flip", xml, flip)
+    rc2, objs = loaded_objects(h, "flip", xml, flip)
+    c.check("settings cache: allow, settled and cached: still allow", rc == 0 and rc2 == 0 and
+            (not cached or "gpunode-agent-tools.so" not in objs), (rc, rc2, sorted(objs)))
+    write_by_rename("deny")  # a new file put in its place, as configuration tools write
+    rc, _ = loaded_objects(h, "flip", xml, flip)
+    c.check("settings cache: a new file renamed into place saying deny: obeyed at once", rc == 1, rc)
+    with open(flip, "a") as f:
+        f.write("enforcement: [\n")  # now invalid YAML
+    rc, lines, _ = h.run("flip", "prepare", "begin", xml, config=flip)
+    c.check("settings cache: the file made invalid: refused, naming it", rc == 1 and len(lines) == 1 and
+            lines[0].startswith(f"gpunode: domain flip refused: {flip} is invalid: "), (rc, lines))
+    if cached:
+        entries = os.listdir("/run/gpunode-hook")
+        mode = os.stat("/run/gpunode-hook").st_mode & 0o777
+        c.check(f"settings cache: /run/gpunode-hook is 0700 and holds at most 16 entries ({len(entries)})",
+                mode == 0o700 and 0 < len(entries) <= 16 and all(e.startswith("settings-") for e in entries), (oct(mode), entries))
 
 
 def attacks(c, h, lab, agent, dom):
@@ -517,6 +584,7 @@ def body(c, agent):
                           dom("down-allow", (OUTSIDER, "on-demand"), [U43]), 0,
                           startswith=f"gpunode: agent unreachable at {lab.sock}: ", config=allow_cfg)
         c.check("allow: the line says it was allowed", bool(lines) and "allow" in lines[0], lines)
+        settings_cache(c, h, lab, dom)
 
         h.table()
 

@@ -516,11 +516,16 @@ def cmd_install(out, src):
         script("postrm", "remove")
         c.check("postrm remove: the state is kept", os.path.exists(os.path.join(state, "state.db")), os.listdir(root))
         os.remove(calls)
+        hook_cache = os.path.join(root, "run", "gpunode-hook")
+        os.makedirs(hook_cache, mode=0o700, exist_ok=True)
+        with open(os.path.join(hook_cache, "settings-3.json"), "w") as f:
+            f.write("{}")
         script("postrm", "purge")
         c.eq("postrm purge, libvirtd running: reloaded (forgets the hook dpkg deleted)", actions(),
              ["deb-systemd-invoke reload libvirtd.service"])
         c.check("postrm purge: the state is gone", not os.path.exists(state), state)
         c.check("postrm purge: the enablement is gone", not os.path.lexists(link), link)
+        c.check("postrm purge: the hook's settings cache is gone", not os.path.exists(hook_cache), hook_cache)
     finally:
         if agent_proc is not None and agent_proc.poll() is None:
             agent_proc.kill()

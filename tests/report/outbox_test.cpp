@@ -13,7 +13,7 @@ namespace {
 
 namespace report = gpunode::report;
 using gpunode::store::Database;
-using gpunode::store::test::TempDir;
+using gpunode::test::TempDir;
 
 // The NodeService's tables as far as the reporter reads them (agent/service/node_state.cpp).
 void make_state(const std::filesystem::path& file, std::int64_t events, std::int64_t event_seq) {

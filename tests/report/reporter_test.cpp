@@ -123,7 +123,7 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 20s) {
 }  // namespace
 
 TEST_CASE("the reporter delivers the outbox once, in order, through a 503 and a partial ack; heartbeats carry the published revision") {
-  gpunode::store::test::TempDir dir;
+  gpunode::test::TempDir dir;
   make_outbox(dir / "state.db", 1200);
   Central central;
   const auto port = central.start();

@@ -28,7 +28,7 @@
 
 namespace fs = std::filesystem;
 using namespace gpunode::store;
-using gpunode::store::test::TempDir;
+using gpunode::test::TempDir;
 
 namespace {
 

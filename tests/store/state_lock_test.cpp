@@ -19,7 +19,7 @@
 
 namespace fs = std::filesystem;
 using gpunode::store::StateLock;
-using gpunode::store::test::TempDir;
+using gpunode::test::TempDir;
 
 namespace {
 

@@ -1,5 +1,5 @@
-// tests/store/temp_dir.hpp: a scratch directory for the store's tests, removed with everything
-// in it (directories a test made unreadable included).
+// A scratch directory for a test, removed with everything in it (directories a test made
+// unreadable included).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,12 +9,12 @@
 #include <string>
 #include <system_error>
 
-namespace gpunode::store::test {
+namespace gpunode::test {
 
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpunode-store-XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gpunode-test-XXXXXX").string();
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     path_ = tmpl;
   }
@@ -36,4 +36,4 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-}  // namespace gpunode::store::test
+}  // namespace gpunode::test

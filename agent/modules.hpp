@@ -1,0 +1,24 @@
+// Loading gpunode-agent's modules (command_line.hpp says why the commands live in modules).
+//
+// Always by full path, never by a bare name left to dlopen's search: that search reads the
+// RUNPATH of dlopen's caller, which under the sanitizers is their interceptor, not the agent. The
+// first module is found beside the executable (the build tree) or in the package's private
+// directory (/usr/bin/../lib/gpunode-agent); a module that loads another finds it beside itself.
+#pragma once
+
+#include <expected>
+#include <string>
+
+namespace gpunode::agent {
+
+// Where `module` is for the executable: beside /proc/self/exe, else ../lib/gpunode-agent/ from it.
+std::string module_beside_executable(const char* module);
+
+// Where `module` is for the module that holds `symbol` (one of its own functions): beside it.
+std::expected<std::string, std::string> module_beside(const void* symbol, const char* module);
+
+// Loads the module at `path` (RTLD_NOW, RTLD_LOCAL; never closed: the process ends with its
+// command) and finds `entry` in it. The error names both and says why.
+std::expected<void*, std::string> load_entry(const std::string& path, const char* entry);
+
+}  // namespace gpunode::agent
