@@ -27,7 +27,10 @@ std::expected<agent::HookSettings, std::string> read_with_agents_reader(const st
       agent::module_beside(reinterpret_cast<const void*>(&gpunode_agent_command), "gpunode-agent-tools.so");
   auto entry = path ? agent::load_entry(*path, agent::kHookSettingsEntry) : std::unexpected(path.error());
   if (!entry) return std::unexpected(fmt::format("cannot read {}: {}", config_file, entry.error()));
-  return reinterpret_cast<agent::HookSettingsEntry*>(*entry)(config_file);
+  std::expected<agent::HookSettings, std::string> settings =
+      std::unexpected("cannot read " + config_file + ": its reader said nothing");
+  reinterpret_cast<agent::HookSettingsEntry*> (*entry)(config_file, &settings);
+  return settings;
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ std::expected<HookSettings, std::string> hook_settings(
     std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
 // gpunode-agent-tools.so exports the agent's reader under this name (the hook's module, which does
-// not map yaml-cpp, loads it on a miss).
-using HookSettingsEntry = std::expected<HookSettings, std::string>(const std::string& config_file);
+// not map yaml-cpp, loads it on a miss). An out-parameter: a C-linkage function returns no C++ type.
+using HookSettingsEntry = void(const std::string& config_file, std::expected<HookSettings, std::string>* out);
 inline constexpr const char* kHookSettingsEntry = "gpunode_agent_hook_settings";
 
 }  // namespace gpunode::agent

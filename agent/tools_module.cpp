@@ -3,22 +3,19 @@
 // `version`, `discover`, `check-config` and `reload` (command_line.hpp says why commands live in
 // modules). `run` and `check-config --files` are the daemon module's, loaded from here: the files
 // are opened with the agent's own loaders.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <boost/json/serialize.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <boost/json/serialize.hpp>
-#include <fmt/format.h>
-
 #include "command_line.hpp"
 #include "discover_table.hpp"
-#include "hook_settings.hpp"
-#include "modules.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/policy.hpp"
 #include "gpunode/discovery/host_root.hpp"
@@ -26,6 +23,8 @@
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
+#include "hook_settings.hpp"
+#include "modules.hpp"
 #include "reload_client.hpp"
 
 namespace {
@@ -126,18 +125,23 @@ int run_command_line(int argc, char** argv) {
 
   agent::CommandLine discover_line = line_of(Command::discover);
   auto* discover = app.add_subcommand("discover", "Scan this host once and print its GPU units");
-  discover->add_option("--config", discover_line.config_file, "agent.yaml to take discovery and node settings from");
-  discover->add_option("--host-root", discover_line.host_root, "Read <DIR>/sys and <DIR>/proc instead of the host's");
+  discover->add_option("--config", discover_line.config_file,
+                       "agent.yaml to take discovery and node settings from");
+  discover->add_option("--host-root", discover_line.host_root,
+                       "Read <DIR>/sys and <DIR>/proc instead of the host's");
   discover->add_flag("--json", discover_line.json, "Print exactly the body of GET /v1/nodes/{nodeId}/units");
 
   agent::CommandLine check_line = line_of(Command::check_config);
   auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
   check->add_option("--config", check_line.config_file, "The file to check")->required();
-  check->add_flag("--files", check_line.files, "Also open every file it names as this user would (run it as the service's user)");
+  check->add_flag("--files", check_line.files,
+                  "Also open every file it names as this user would (run it as the service's user)");
 
   agent::CommandLine reload_line = line_of(Command::reload, "/etc/gpunode/agent.yaml");
-  auto* reload = app.add_subcommand("reload", "Ask the running agent to reload its configuration; exit 1 if it refused, 3 if unreachable");
-  reload->add_option("--config", reload_line.config_file, "agent.yaml whose admin.socket the agent listens on (default /etc/gpunode/agent.yaml)");
+  auto* reload = app.add_subcommand(
+      "reload", "Ask the running agent to reload its configuration; exit 1 if it refused, 3 if unreachable");
+  reload->add_option("--config", reload_line.config_file,
+                     "agent.yaml whose admin.socket the agent listens on (default /etc/gpunode/agent.yaml)");
 
   agent::CommandLine run_line = line_of(Command::run, "/etc/gpunode/agent.yaml");
   auto* run = app.add_subcommand("run", "Run the agent daemon (HTTPS API, admin socket, discovery, terms)");
@@ -146,7 +150,9 @@ int run_command_line(int argc, char** argv) {
   auto* version = app.add_subcommand("version", "Print the agent's version");
 
   // Listed for --help only: main.cpp reads `libvirt-hook` by position before this parser runs.
-  app.add_subcommand("libvirt-hook", "libvirt's qemu hook: [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]");
+  app.add_subcommand(
+      "libvirt-hook",
+      "libvirt's qemu hook: [--socket S] [--config F] -- NAME OPERATION SUB-OPERATION [EXTRA]");
 
   try {
     app.parse(argc, argv);
@@ -159,8 +165,10 @@ int run_command_line(int argc, char** argv) {
     return kExitUsage;
   }
 
-  if (discover->parsed()) return cmd_discover(discover_line.config_file, discover_line.host_root, discover_line.json);
-  if (check->parsed()) return check_line.files ? run_in_daemon(check_line) : cmd_check_config(check_line.config_file);
+  if (discover->parsed())
+    return cmd_discover(discover_line.config_file, discover_line.host_root, discover_line.json);
+  if (check->parsed())
+    return check_line.files ? run_in_daemon(check_line) : cmd_check_config(check_line.config_file);
   if (reload->parsed()) return cmd_reload(reload_line.config_file);
   if (run->parsed()) return run_in_daemon(run_line);
   if (version->parsed()) {
@@ -174,14 +182,19 @@ int run_command_line(int argc, char** argv) {
 
 // The hook's settings read by the agent's reader, for gpunode-agent-hook.so's cache misses
 // (hook_settings.hpp). Read as `discover` reads: the file's syntax and values, not its files.
-extern "C" GPUNODE_EXPORT std::expected<agent::HookSettings, std::string> gpunode_agent_hook_settings(const std::string& config_file) {
+extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings(
+    const std::string& config_file, std::expected<agent::HookSettings, std::string>* out) {
   static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings), agent::HookSettingsEntry>);
   try {
     auto loaded = cfg::load_file(config_file, cfg::Purpose::discover);
-    if (!loaded.ok()) return std::unexpected(fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
-    return agent::hook_settings_of(loaded.config);
+    if (!loaded.ok()) {
+      *out =
+          std::unexpected(fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
+    } else {
+      *out = agent::hook_settings_of(loaded.config);
+    }
   } catch (const std::exception& e) {
-    return std::unexpected(fmt::format("cannot read {}: {}", config_file, e.what()));
+    *out = std::unexpected(fmt::format("cannot read {}: {}", config_file, e.what()));
   }
 }
 
