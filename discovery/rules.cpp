@@ -79,7 +79,10 @@ UnitClass decide_class(const std::vector<UnitDevice>& members, Reasons& reasons)
   auto kind_is = [](const DeviceRecord* d, std::initializer_list<DriverKind> kinds) {
     return std::find(kinds.begin(), kinds.end(), driver_kind(*d)) != kinds.end();
   };
-  const bool any_gpu_vfio = std::any_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::vfio}); });
+  // A gpu parked on pci-stub is passed through as it is: libvirt's managed hostdevs rebind it to
+  // vfio-pci when the VM starts (CONTRACT §3). So it counts toward vfio-group as vfio-pci does.
+  const bool any_gpu_vfio =
+      std::any_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::vfio, DriverKind::stub}); });
   const bool vfio_members_ok =
       std::all_of(gpus.begin(), gpus.end(),
                   [&](auto* d) { return kind_is(d, {DriverKind::vfio, DriverKind::stub, DriverKind::unbound}); }) &&
@@ -90,12 +93,7 @@ UnitClass decide_class(const std::vector<UnitDevice>& members, Reasons& reasons)
     return UnitClass::device_request;
   }
 
-  // `none`: say why (an unbound gpu is named in every class, see make_unit).
-  if (std::all_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::stub}); })) {
-    for (const auto* g : gpus) {
-      reasons.add("driver-unbound", fmt::format("gpu {} is held by pci-stub, with no usable driver", g->address.to_string()));
-    }
-  }
+  // `none`: say why (an unbound gpu is named in every class, see make_unit; pci-stub is a driver).
   for (const auto* g : gpus) {
     if (kind_is(g, {DriverKind::other, DriverKind::unknown})) {
       reasons.add("mixed-drivers", fmt::format("gpu {} is on {}, neither a VFIO driver nor a host GPU driver (nvidia, amdgpu)",
@@ -114,7 +112,7 @@ UnitClass decide_class(const std::vector<UnitDevice>& members, Reasons& reasons)
   if (any_gpu_vfio) {
     for (const auto* c : companions) {
       if (kind_is(c, {DriverKind::host_gpu, DriverKind::other, DriverKind::unknown})) {
-        reasons.add("mixed-drivers", fmt::format("gpu is on a VFIO driver but its companion {} is on {}",
+        reasons.add("mixed-drivers", fmt::format("gpu is on a VFIO driver or pci-stub but its companion {} is on {}",
                                                  c->address.to_string(), driver_text(*c)));
       }
     }
@@ -246,7 +244,9 @@ Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>&
   if (!device.vendor_id || !device.class_code) return Role::foreign;  // cannot be identified
   const auto c = class16(*device.class_code);
   if (*device.vendor_id == 0x10de && c == 0x0680) return Role::nvswitch;
-  if (c == 0x0604) return Role::bridge;
+  // Every bridge class (0x06xx: host, ISA, PCI-to-PCI, other): AMD platforms put a driverless
+  // "PCIe Dummy Host Bridge" (class 0x0600, e.g. 1022:1482) in the group of a GPU's root port.
+  if ((c >> 8) == 0x06) return Role::bridge;
   for (const auto* m : members) {
     if (m == &device || !is_gpu(*m, policy)) continue;
     if (m->address.same_slot(device.address) && is_companion_class(*device.class_code)) return Role::companion;
@@ -284,6 +284,8 @@ std::vector<Unit> build_units(const HostSnapshot& host, const Policy& policy) {
   for (const auto& [slot, members] : slots) {
     if (has_gpu(members)) units.push_back(make_unit(members, std::nullopt, host, policy));
   }
+  // By id: its text orders as the address it names, domain first (PciAddress takes four hex
+  // digits of domain, so every id has the same width up to the bus).
   std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.id < b.id; });
   return units;
 }

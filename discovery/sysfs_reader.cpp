@@ -426,7 +426,7 @@ struct SysfsReader::Impl {
   void read_header_type(DeviceRecord& d, pci_dev* pd, HostSnapshot& snap) const {
     if (!d.class_code) return;
     const auto c = *d.class_code >> 8;
-    if (c == 0x0604 || c == 0x0403 || c == 0x0c03 || c == 0x0c80 || c == 0x0680) return;
+    if ((c >> 8) == 0x06 || c == 0x0403 || c == 0x0c03 || c == 0x0c80) return;  // bridges by class, companions
     u8 value = 0xff;
     if (auto err = pci_guard([&] { value = pci_read_byte(pd, PCI_HEADER_TYPE); })) {
       add_fault(d, "config", *err, snap);

@@ -130,6 +130,38 @@ TEST_CASE("a same-slot function of another class is foreign; a type-1 header mak
   CHECK(role_in(u, "0000:40:00.0") == Role::bridge);
 }
 
+TEST_CASE("every bridge class is a bridge: AMD's dummy host bridge in a GPU's group is not foreign") {
+  // CONTRACT §3: class 0x06xx other than an NVSwitch, or a header type other than 0. A Milan or
+  // Genoa host puts a driverless "PCIe Dummy Host Bridge" (1022:1482, class 0x0600, header type 0)
+  // in the IOMMU group of the root port a GPU hangs off (kata-containers issue 6663).
+  struct Case {
+    const char* name;
+    std::uint16_t vendor;
+    std::uint32_t cls;
+    std::string driver;
+    Role role;
+  } cases[] = {
+      {"AMD dummy host bridge 0x0600, no driver", 0x1022, 0x060000, "", Role::bridge},
+      {"AMD root port 0x0604 on pcieport", 0x1022, 0x060400, "pcieport", Role::bridge},
+      {"ISA bridge 0x0601", 0x8086, 0x060100, "", Role::bridge},
+      {"other bridge 0x0680 of another vendor", 0x1022, 0x068000, "", Role::bridge},
+      {"PCI-to-PCI subtractive 0x0604 01", 0x8086, 0x060401, "", Role::bridge},
+      {"NVSwitch 10de 0x0680", 0x10de, 0x068000, "", Role::nvswitch},
+      {"a NIC 0x0200", 0x15b3, 0x020000, "mlx5_core", Role::foreign},
+      {"an NVMe drive 0x0108", 0x144d, 0x010802, "nvme", Role::foreign},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    auto other = dev("0000:40:00.3", c.vendor, c.cls, c.driver, 4);
+    other.header_type = 0;
+    const Unit u = only(build_units(host({gpu("0000:41:00.0", "vfio-pci", 4), other}), {}));
+    CHECK(role_in(u, "0000:40:00.3") == c.role);
+    CHECK(u.cls == UnitClass::vfio_group);
+    CHECK(u.reservable == (c.role != Role::foreign));
+    CHECK(codes(u) == (c.role == Role::foreign ? std::set<std::string>{"foreign-device"} : std::set<std::string>{}));
+  }
+}
+
 TEST_CASE("a virtual function is never a gpu of its own") {
   auto vf = gpu("0000:41:00.4", "vfio-pci", 7);
   vf.is_virtual_function = true;
@@ -154,7 +186,16 @@ TEST_CASE("class and reasons from drivers") {
        {"mixed-drivers", "class-not-reservable"}},
       {"gpus disagree", {"vfio-pci", "nvidia"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
       {"unbound gpu", {""}, {}, UnitClass::none, {"driver-unbound", "class-not-reservable"}},
-      {"pci-stub gpu", {"pci-stub"}, {}, UnitClass::none, {"driver-unbound", "class-not-reservable"}},
+      // pci-stub is a driver, and a gpu parked on it is passed through as it is (libvirt's managed
+      // hostdevs rebind it to vfio-pci at start): vfio-group, as vfio-pci would be.
+      {"pci-stub gpu", {"pci-stub"}, {}, UnitClass::vfio_group, {}},
+      {"pci-stub pair", {"pci-stub", "pci-stub"}, {}, UnitClass::vfio_group, {}},
+      {"pci-stub gpu, stub and unbound companions", {"pci-stub"}, {"pci-stub", ""}, UnitClass::vfio_group, {}},
+      {"vfio and pci-stub gpus", {"vfio-pci", "pci-stub"}, {}, UnitClass::vfio_group, {}},
+      {"pci-stub pair with one unbound gpu", {"pci-stub", ""}, {}, UnitClass::vfio_group, {"driver-unbound"}},
+      {"pci-stub gpu, audio on host driver", {"pci-stub"}, {"snd_hda_intel"}, UnitClass::none,
+       {"mixed-drivers", "class-not-reservable"}},
+      {"pci-stub and nvidia gpus", {"pci-stub", "nvidia"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
       {"nouveau", {"nouveau"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
       {"nvidia and unbound", {"nvidia", ""}, {}, UnitClass::none, {"driver-unbound", "class-not-reservable"}},
   };
@@ -271,6 +312,21 @@ TEST_CASE("numa nodes are the gpus', sorted and unique; unknown is left out") {
   const Unit& u = only(build_units(h, {}));
   CHECK(u.numa_nodes == std::vector<int>{0, 1});
   CHECK(u.gpu_count() == 4);
+}
+
+TEST_CASE("units in several PCI domains: ids and order compare the domain first") {
+  // A GB200 tray: four GPUs, one per PCI domain, the lowest bus number in the highest domain.
+  auto units = build_units(host({gpu("0018:01:00.0", "vfio-pci", 40), gpu("0008:01:00.0", "vfio-pci", 10),
+                                 gpu("0009:01:00.0", "vfio-pci", 20), gpu("0019:01:00.0", "vfio-pci", 50),
+                                 gpu("0000:f1:00.0", "vfio-pci", 1)}),
+                           {});
+  REQUIRE(units.size() == 5);
+  CHECK(units[0].id == "u-0000-f1-00-0");
+  CHECK(units[1].id == "u-0008-01-00-0");
+  CHECK(units[2].id == "u-0009-01-00-0");
+  CHECK(units[3].id == "u-0018-01-00-0");
+  CHECK(units[4].id == "u-0019-01-00-0");
+  CHECK(units[2].iommu_group == 20);
 }
 
 TEST_CASE("units are sorted by id, not by group") {
