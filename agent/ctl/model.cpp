@@ -199,14 +199,6 @@ std::expected<NodeState, std::string> decode_state(const json::value& body) {
   return s;
 }
 
-std::expected<std::vector<Unit>, std::string> decode_units(const json::value& body) {
-  std::string error;
-  Fields f(body, "", error);
-  auto units = read_list<Unit>(f, "units", error, read_unit);
-  if (!error.empty()) return std::unexpected(bad("unit list", error));
-  return units;
-}
-
 std::expected<std::vector<Reservation>, std::string> decode_reservations(const json::value& body, std::string_view key) {
   std::string error;
   Fields f(body, "", error);

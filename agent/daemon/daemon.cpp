@@ -52,6 +52,12 @@ std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_veri
   return std::make_shared<const auth::TokenVerifier>(std::move(*v));
 }
 
+// The log line naming the token keys loaded: during a key rollover, which `kid`s this node takes.
+std::string token_keys_line(const auth::TokenVerifier& v) {
+  const auto ids = v.key_ids();
+  return fmt::format("token keys: {} loaded (kid {})", ids.size(), fmt::join(ids, ", "));
+}
+
 http::TlsFiles tls_files(const config::Config& c) { return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca}; }
 
 // The central API's client context, when reporting is on (central.url set); else null.
@@ -435,6 +441,7 @@ struct Daemon::Parts {
     log.configure(fresh_config.log.level, fresh_config.log.format);
     peers->configure(fresh_config.admin);
     peers->resolve();
+    say(LogLevel::info, token_keys_line(**v));
     asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units, mode = fresh_config.enforcement.mode]() mutable {
       node->set_verifier(std::move(v));
       node->set_unsellable(std::move(u));
@@ -500,6 +507,7 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
 
   auto verifier = load_verifier(cfg);
   if (!verifier) return std::unexpected(verifier.error());
+  p->say(LogLevel::info, token_keys_line(**verifier));
   auto tls = http::make_tls_context(tls_files(cfg));
   if (!tls) return std::unexpected(tls.error());
   auto central = central_tls(cfg);
@@ -663,10 +671,5 @@ void Daemon::submit(service::ApiRequest request, Respond respond) {
 }
 
 std::uint16_t Daemon::tls_port() const { return p_->server->tls_port(); }
-
-std::optional<report::Status> Daemon::report_status() const {
-  if (!p_->reporter) return std::nullopt;
-  return p_->reporter->status();
-}
 
 }  // namespace gpunode::daemon

@@ -132,12 +132,10 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
 }
 
 void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
-  ++outstanding_;
   asio::post(opt_.lists, [this, request = std::move(request), answer = std::move(answer)]() mutable {
     const auto started = std::chrono::steady_clock::now();
     auto listing = std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
     asio::post(core_, [this, request = std::move(request), answer = std::move(answer), listing = std::move(listing), started]() mutable {
-      --outstanding_;
       keep_view(listing, started);
       request.workloads = std::move(listing);
       dispatch(std::move(request), std::move(answer));
@@ -147,7 +145,6 @@ void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answ
 }
 
 void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
-  ++outstanding_;
   asio::post(opt_.terminations, [this, work = std::move(work), answer = std::move(answer)]() mutable {
     std::vector<vmctl::TerminationOutcome> outcomes;
     std::expected<std::vector<vmctl::Domain>, vmctl::VmError> after = std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
@@ -163,7 +160,6 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
       after = list_safely(*hypervisor_);
     }
     asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after), answer = std::move(answer)]() mutable {
-      --outstanding_;
       view_.reset();  // domains were stopped: the next request that needs them lists them
       ApiResponse r;
       try {

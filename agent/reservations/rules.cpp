@@ -66,18 +66,6 @@ void apply(Reservation& r, const Transition& t) {
   r.reclaiming_unit_ids.clear();
 }
 
-std::optional<Time> next_transition_at(const std::vector<Reservation>& reservations, Time now) {
-  std::optional<Time> next;
-  auto consider = [&](Time t) {
-    if (t > now && (!next || t < *next)) next = t;
-  };
-  for (const auto& r : reservations) {
-    if (r.state == State::scheduled) consider(r.starts_at);
-    if (r.state != State::ended) consider(r.ends_at);
-  }
-  return next;
-}
-
 std::vector<FieldError> validate_create(const CreateRequest& q, Time now) {
   std::vector<FieldError> errors;
   if (q.unit_ids.empty()) errors.push_back({"unitIds", "must name at least one unit"});

@@ -12,6 +12,7 @@
 Usage: reload_test.py PATH/TO/gpunode-agent
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,12 @@ def reload_command(c, lab):
     c.check("reload: says reloaded on stdout, nothing on stderr", "reloaded" in p.stdout and not p.stderr, p.stdout + p.stderr)
     listed = {u["id"]: u for u in lab.get(units, admin).json["units"]}
     c.check(f"reload took: {unit} is no longer reservable", listed[unit]["reservable"] is False, listed[unit])
+    # The token keys, at the start and at each reload: their count and their kids (RFC 7638
+    # thumbprints, 43 base64url characters), so that a rollover can be followed in the log.
+    keys = [line for line in lab.log().splitlines() if "token keys: " in line]
+    kid = re.compile(r"token keys: 1 loaded \(kid [A-Za-z0-9_-]{43}\)")
+    c.check("the log names the token keys at the start and at the reload (1 key, its kid)",
+            len(keys) == 2 and all(kid.search(line) for line in keys), keys)
 
     # Took, with a key that needs a restart: named, exit 0; the answer lists it.
     moved = good.replace(f'listen: "127.0.0.1:{lab.port}"', f'listen: "127.0.0.1:{L.free_port()}"')

@@ -121,11 +121,6 @@ TEST_CASE("terms activate and expire by the clock, in time order") {
     CHECK(due.back().reservation_id == "rsv_late");
     CHECK(due.back().kind == Transition::Kind::activate);
   }
-  SUBCASE("the next instant to wake up for") {
-    CHECK(next_transition_at(rs, at("2026-12-01T00:00:00Z")) == at("2027-01-01T00:00:00Z"));
-    CHECK(next_transition_at(rs, at("2027-03-15T00:00:00Z")) == at("2027-04-01T00:00:00Z"));
-    CHECK_FALSE(next_transition_at(rs, at("2028-01-01T00:00:00Z")).has_value());
-  }
 }
 
 TEST_CASE("create bodies: every invalid field is named") {

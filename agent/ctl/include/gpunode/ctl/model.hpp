@@ -76,7 +76,6 @@ struct NodeState {
 std::expected<NodeState, std::string> decode_state(const boost::json::value& body);
 // GET /v1/admin/unentitled: domain uuid -> "UNIT: CODE, ..." (escaped for people).
 std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(const boost::json::value& body);
-std::expected<std::vector<Unit>, std::string> decode_units(const boost::json::value& body);  // GET units
 std::expected<std::vector<Reservation>, std::string> decode_reservations(const boost::json::value& body, std::string_view key = "reservations");
 std::expected<Reservation, std::string> decode_reservation(const boost::json::value& body);
 std::expected<std::vector<Workload>, std::string> decode_workloads(const boost::json::value& body);

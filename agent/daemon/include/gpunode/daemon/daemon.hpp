@@ -82,8 +82,6 @@ class Daemon {
   // agent cannot use (check_named_files), keeps the running config. Logged either way.
   ReloadOutcome reload_now();
 
-  // Any thread: where reporting to the central API stands (nullopt: central.url is empty).
-  [[nodiscard]] std::optional<report::Status> report_status() const;
 
   // Any thread: one request as if it came from the network (tests).
   void submit(service::ApiRequest request, Respond respond);

@@ -75,8 +75,6 @@ class Driver {
   void stop();
 
   [[nodiscard]] std::size_t parked() const { return parked_.size(); }
-  // Requests handed to an executor (a list or a batch) and not answered yet.
-  [[nodiscard]] std::size_t outstanding() const { return outstanding_; }
 
  private:
   struct Answer;
@@ -99,7 +97,6 @@ class Driver {
   std::map<std::uint64_t, std::unique_ptr<Parked>> parked_;
   std::uint64_t next_parked_ = 1;
   std::int64_t announced_ = 0;
-  std::size_t outstanding_ = 0;
   bool stopping_ = false;
   boost::asio::steady_timer retry_timer_;
   std::chrono::milliseconds retry_delay_{1000};

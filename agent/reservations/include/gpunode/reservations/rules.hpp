@@ -35,8 +35,6 @@ std::vector<Transition> due_transitions(const std::vector<Reservation>& reservat
 // released and reclaiming units leave the spot market when the term ends.
 void apply(Reservation& r, const Transition& t);
 
-// The earliest future instant at which due_transitions would return something, if any.
-std::optional<Time> next_transition_at(const std::vector<Reservation>& reservations, Time now);
 
 // ---- requests --------------------------------------------------------------------------------
 struct FieldError {
