@@ -56,6 +56,8 @@ std::string_view route_template(std::string_view path) {
   if (path == "/metrics") return "/metrics";
   if (path == "/v1/admin/rescan") return "/v1/admin/rescan";
   if (path == "/v1/admin/domain-admission") return "/v1/admin/domain-admission";
+  if (path == "/v1/admin/reload") return "/v1/admin/reload";
+  if (path == "/v1/admin/unentitled") return "/v1/admin/unentitled";
   const auto s = split(path);
   if (s.size() < 4 || s[0] != "v1" || s[2].empty()) return kOther;
   if (s[1] == "orgs") return s.size() == 4 && s[3] == "reserved-capacity" ? "/v1/orgs/{orgId}/reserved-capacity" : kOther;
