@@ -10,15 +10,15 @@ std::expected<Outbox, std::string> Outbox::open(const std::filesystem::path& sta
   std::error_code ec;
   if (!std::filesystem::exists(state_db, ec)) return std::unexpected(state_db.string() + ": no such file");
   auto db = store::Database::open(state_db);
-  if (!db) return std::unexpected(db.error().message);
+  if (!db) return std::unexpected(db.error().to_string());
   return Outbox(std::move(*db));
 }
 
 std::expected<std::optional<std::int64_t>, std::string> Outbox::single(std::string_view sql) {
   auto st = db_.prepare(sql);
-  if (!st) return std::unexpected(st.error().message);
+  if (!st) return std::unexpected(st.error().to_string());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().message);
+  if (!step) return std::unexpected(step.error().to_string());
   if (*step == store::Statement::Step::done) return std::optional<std::int64_t>{};
   return st->column_optional_int64(0);
 }
@@ -29,9 +29,9 @@ std::expected<std::int64_t, std::string> Outbox::acknowledged() {
   if (*first) return **first - 1;
   // The service's counter of events written; the outbox being empty, each was acknowledged.
   auto st = db_.prepare("SELECT value FROM meta WHERE key = 'event_seq'");
-  if (!st) return std::unexpected(st.error().message);
+  if (!st) return std::unexpected(st.error().to_string());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().message);
+  if (!step) return std::unexpected(step.error().to_string());
   if (*step == store::Statement::Step::done) return 0;
   const std::string text = st->column_text(0);
   std::int64_t n = 0;
@@ -43,11 +43,11 @@ std::expected<std::int64_t, std::string> Outbox::acknowledged() {
 std::expected<Outbox::Read, std::string> Outbox::read_batch(std::int64_t after, BatchBuilder& batch) {
   // LIMIT bounds what SQLite hands over; the builder stops earlier on bytes.
   auto st = db_.prepare("SELECT seq, event FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2");
-  if (!st) return std::unexpected(st.error().message);
-  if (auto b = st->bind_all(after, static_cast<std::int64_t>(Limits::kBatchEvents)); !b) return std::unexpected(b.error().message);
+  if (!st) return std::unexpected(st.error().to_string());
+  if (auto b = st->bind_all(after, static_cast<std::int64_t>(Limits::kBatchEvents)); !b) return std::unexpected(b.error().to_string());
   for (;;) {
     auto step = st->step();
-    if (!step) return std::unexpected(step.error().message);
+    if (!step) return std::unexpected(step.error().to_string());
     if (*step == store::Statement::Step::done) return Read{};
     switch (batch.add(st->column_int64(0), st->column_text(1))) {
       case BatchBuilder::Add::taken: continue;
@@ -65,7 +65,7 @@ std::expected<std::int64_t, std::string> Outbox::delete_through(std::int64_t seq
     if (auto r = st->run(); !r) return std::unexpected(r.error());
     return tx.database().changes();
   });
-  if (!done) return std::unexpected(done.error().message);
+  if (!done) return std::unexpected(done.error().to_string());
   return *done;
 }
 
@@ -82,10 +82,10 @@ std::expected<OutboxStats, std::string> Outbox::stats() {
   s.last_seq = **last;
   s.depth = s.last_seq - s.first_seq + 1;
   auto st = db_.prepare("SELECT event FROM outbox WHERE seq = ?1");
-  if (!st) return std::unexpected(st.error().message);
-  if (auto b = st->bind(1, s.first_seq); !b) return std::unexpected(b.error().message);
+  if (!st) return std::unexpected(st.error().to_string());
+  if (auto b = st->bind(1, s.first_seq); !b) return std::unexpected(b.error().to_string());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().message);
+  if (!step) return std::unexpected(step.error().to_string());
   if (*step == store::Statement::Step::row) s.oldest_at = event_at(st->column_text(0));
   return s;
 }

@@ -44,6 +44,13 @@ inline Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nul
 
 inline ApiResponse forbidden(std::string_view detail) { return problem(403, "forbidden", detail); }
 
+// 503 storage-unavailable for a store error: `what` failed because of its kind ("disk full",
+// "busy", "corrupt", ...: store::DbError::kind, which names no file or statement), then `after`.
+// The log line, written where it failed, carries the whole error.
+inline ApiResponse storage_problem(const store::DbError& e, std::string_view what, std::string_view after) {
+  return problem(503, "storage-unavailable", fmt::format("{} ({}); {}", what, e.kind(), after));
+}
+
 // 422 unknown-unit naming each of `ids` that `current` does not hold (release, reclaim).
 inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current, const std::vector<std::string>& ids) {
   std::vector<FieldProblem> unknown;
@@ -133,7 +140,7 @@ struct NodeService::Impl {
   void load();
 
   // the one way state changes: the store writes `c`, then memory follows
-  std::expected<detail::Committed, std::string> commit(const Change& c);
+  std::expected<detail::Committed, store::DbError> commit(const Change& c);
 
   // units
   json::object unit_view(const discovery::Unit& u, const Caller& caller) const;

@@ -44,10 +44,10 @@ void NodeService::Impl::load() {
 }
 
 // ---- the one way state changes ----------------------------------------------------------------
-std::expected<detail::Committed, std::string> NodeService::Impl::commit(const Change& c) {
+std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const Change& c) {
   auto done = store.commit(c, clock());
   if (!done) {
-    say(LogLevel::error, fmt::format("state commit failed: {}", done.error()));
+    say(LogLevel::error, fmt::format("state commit failed: {}", done.error().to_string()));
     return done;
   }
   // Committed: now memory follows.
@@ -250,12 +250,12 @@ void NodeService::Impl::purge_idempotency() {
   if (t - last_purge < std::chrono::minutes(1)) return;
   last_purge = t;
   const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindowSeconds;
-  if (auto purged = store.purge_idempotency(cutoff); !purged) say(LogLevel::warning, "idempotency retention: " + purged.error());
+  if (auto purged = store.purge_idempotency(cutoff); !purged) say(LogLevel::warning, "idempotency retention: " + purged.error().to_string());
 }
 
 ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
   if (c.idempotency) c.idempotency->response = resp;
-  if (auto ok = commit(c); !ok) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed");
+  if (auto ok = commit(c); !ok) return storage_problem(ok.error(), "the change could not be stored", "nothing was changed");
   return resp;
 }
 
@@ -268,14 +268,14 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
                                                                            const discovery::PciIds* names, Clock clock,
                                                                            LogSink log) {
   auto stored = detail::StateStore::open(options.state_dir / "state.db", options.node_id);
-  if (!stored) return std::unexpected(stored.error());
+  if (!stored) return std::unexpected(stored.error().to_string());
   auto impl = std::make_unique<Impl>(std::move(options), std::move(*stored));
   impl->authenticator.set_verifier(std::move(verifier));
   impl->names = names;
   impl->clock = std::move(clock);
   impl->log = std::move(log);
   if (auto z = impl->store.preallocate_wal(); !z) {
-    impl->say(LogLevel::warning, fmt::format("the WAL is not preallocated ({}): commits extend it as they go", z.error()));
+    impl->say(LogLevel::warning, fmt::format("the WAL is not preallocated ({}): commits extend it as they go", z.error().to_string()));
   }
   impl->load();
   impl->apply_terms();  // terms that came while the agent was down, in time order, before serving

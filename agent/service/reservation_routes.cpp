@@ -398,8 +398,8 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
   }
   auto rows = store.audit_after(after, limit + 1);
   if (!rows) {
-    say(LogLevel::error, "audit log read: " + rows.error());
-    return problem(503, "storage-unavailable", "the audit log cannot be read");
+    say(LogLevel::error, "audit log read: " + rows.error().to_string());
+    return storage_problem(rows.error(), "the audit log cannot be read", "try again once the agent's log says it can");
   }
   const bool more = rows->size() > limit;
   if (more) rows->resize(limit);

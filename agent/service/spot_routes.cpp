@@ -19,7 +19,7 @@ void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
   std::string digest = json::serialize(a);
   if (digest == observed_digest) return;
   if (auto bumped = store.bump_revision(); !bumped) {
-    say(LogLevel::warning, "workloads changed but the revision could not be stored (tried again with the next list): " + bumped.error());
+    say(LogLevel::warning, "workloads changed but the revision could not be stored (tried again with the next list): " + bumped.error().to_string());
     return;
   }
   observed_workloads = std::move(a);
@@ -94,7 +94,7 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
     base.terminations.push_back(TerminationRow{0, d.uuid, json::serialize(doc), "pending", audit_of.back()});
   }
   auto committed = commit(base);
-  if (!committed) return problem(503, "storage-unavailable", "the change could not be stored; nothing was changed or stopped");
+  if (!committed) return storage_problem(committed.error(), "the change could not be stored", "nothing was changed or stopped");
   // The audit ids the store assigned go into each domain's termination record.
   for (std::size_t i = 0; i < plan.terminate.size(); ++i) {
     const auto* vm = plan.terminate[i];
@@ -180,7 +180,11 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
     counted.terminations_failed += failed;
   };
   if (unavailable) {  // not a final answer: not kept for Idempotency-Key replays
-    if (changes && !commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
+    if (changes) {
+      if (auto stored = commit(ch); !stored) {
+        return storage_problem(stored.error(), "the outcome could not be stored", "the agent records it once it can");
+      }
+    }
     counted_outcomes();
     json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
     return problem(503, "hypervisor-unavailable",
@@ -191,7 +195,7 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
   ch.idempotency = std::move(b.idempotency);
   if (!changes && !ch.idempotency) return out;
   if (ch.idempotency) ch.idempotency->response = out;  // the outcome and its idempotent answer: one commit
-  if (!commit(ch)) return problem(503, "storage-unavailable", "the outcome could not be stored; the agent records it once it can");
+  if (auto stored = commit(ch); !stored) return storage_problem(stored.error(), "the outcome could not be stored", "the agent records it once it can");
   counted_outcomes();
   return out;
 }

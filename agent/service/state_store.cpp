@@ -45,10 +45,10 @@ json::value opt_json(const std::optional<std::string>& s) { return s ? json::val
 
 // Steps `st` to the end, calling `row` on each; the first error stops it.
 template <class Row>
-std::expected<void, std::string> each_row(store::Statement& st, Row row) {
+std::expected<void, DbError> each_row(store::Statement& st, Row row) {
   while (true) {
     auto step = st.step();
-    if (!step) return std::unexpected(step.error().message);
+    if (!step) return std::unexpected(step.error());
     if (*step == store::Statement::Step::done) return {};
     if (auto ok = row(st); !ok) return ok;
   }
@@ -67,25 +67,25 @@ std::string new_id(std::string_view prefix, std::chrono::system_clock::time_poin
   return out;
 }
 
-std::expected<StateStore, std::string> StateStore::open(const std::filesystem::path& file, std::string node_id) {
+std::expected<StateStore, DbError> StateStore::open(const std::filesystem::path& file, std::string node_id) {
   auto db = store::Database::open(file);
-  if (!db) return std::unexpected(db.error().message);
-  if (auto m = db->migrate(migrations()); !m) return std::unexpected(m.error().message);
+  if (!db) return std::unexpected(db.error());
+  if (auto m = db->migrate(migrations()); !m) return std::unexpected(m.error());
   StateStore s(std::move(*db), std::move(node_id));
   if (auto loaded = s.load(); !loaded) return std::unexpected(loaded.error());
   return s;
 }
 
-std::expected<void, std::string> StateStore::load() {
+std::expected<void, DbError> StateStore::load() {
   const std::string file = db_.path().string();
   auto meta = db_.prepare("SELECT key, value FROM meta");
-  if (!meta) return std::unexpected(meta.error().message);
-  auto counters = each_row(*meta, [&](store::Statement& st) -> std::expected<void, std::string> {
+  if (!meta) return std::unexpected(meta.error());
+  auto counters = each_row(*meta, [&](store::Statement& st) -> std::expected<void, DbError> {
     const std::string key = st.column_text(0), value = st.column_text(1);
-    auto number = [&](std::int64_t& out) -> std::expected<void, std::string> {
+    auto number = [&](std::int64_t& out) -> std::expected<void, DbError> {
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
       if (ec != std::errc{} || p != value.data() + value.size() || out < 0) {
-        return std::unexpected(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value));
+        return std::unexpected(DbError::corrupt(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value)));
       }
       return {};
     };
@@ -100,15 +100,15 @@ std::expected<void, std::string> StateStore::load() {
   // The chain's head is its last record: a commit does not write it into meta as well (one write
   // less per record). meta's audit_seq and audit_last_hash are what an older agent left there.
   auto last = db_.prepare("SELECT seq, record FROM audit ORDER BY seq DESC LIMIT 1");
-  if (!last) return std::unexpected(last.error().message);
-  auto head = each_row(*last, [&](store::Statement& st) -> std::expected<void, std::string> {
+  if (!last) return std::unexpected(last.error());
+  auto head = each_row(*last, [&](store::Statement& st) -> std::expected<void, DbError> {
     const std::int64_t seq = st.column_int64(0);
-    if (seq < audit_seq_) return std::unexpected(fmt::format("{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_));
+    if (seq < audit_seq_) return std::unexpected(DbError::corrupt(fmt::format("{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_)));
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     const auto* o = ec ? nullptr : v.if_object();
     const auto* h = o ? o->if_contains("hash") : nullptr;
-    if (h == nullptr || !h->is_string()) return std::unexpected(fmt::format("{}: audit record aud_{} has no hash", file, seq));
+    if (h == nullptr || !h->is_string()) return std::unexpected(DbError::corrupt(fmt::format("{}: audit record aud_{} has no hash", file, seq)));
     audit_seq_ = seq;
     audit_last_hash_ = std::string(h->get_string());
     return {};
@@ -116,20 +116,20 @@ std::expected<void, std::string> StateStore::load() {
   if (!head) return head;
 
   auto rows = db_.prepare("SELECT id, doc FROM reservations");
-  if (!rows) return std::unexpected(rows.error().message);
-  auto reservations = each_row(*rows, [&](store::Statement& st) -> std::expected<void, std::string> {
+  if (!rows) return std::unexpected(rows.error());
+  auto reservations = each_row(*rows, [&](store::Statement& st) -> std::expected<void, DbError> {
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
-    if (!x) return std::unexpected(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error()));
+    if (!x) return std::unexpected(DbError::corrupt(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error())));
     loaded_.reservations.emplace(x->id, std::move(*x));
     return {};
   });
   if (!reservations) return reservations;
 
   auto ts = db_.prepare("SELECT audit_seq, domain_uuid, doc FROM terminations WHERE state = 'pending'");
-  if (!ts) return std::unexpected(ts.error().message);
-  auto pending = each_row(*ts, [&](store::Statement& st) -> std::expected<void, std::string> {
+  if (!ts) return std::unexpected(ts.error());
+  auto pending = each_row(*ts, [&](store::Statement& st) -> std::expected<void, DbError> {
     TerminationRow row{st.column_int64(0), st.column_text(1), st.column_text(2), "pending", std::nullopt};
     loaded_.pending.emplace(row.audit_seq, std::move(row));
     return {};
@@ -137,8 +137,8 @@ std::expected<void, std::string> StateStore::load() {
   if (!pending) return pending;
 
   auto us = db_.prepare("SELECT id, doc FROM units WHERE absent = 1");
-  if (!us) return std::unexpected(us.error().message);
-  return each_row(*us, [&](store::Statement& st) -> std::expected<void, std::string> {
+  if (!us) return std::unexpected(us.error());
+  return each_row(*us, [&](store::Statement& st) -> std::expected<void, DbError> {
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     if (!ec && v.is_object()) loaded_.absent_units.emplace(st.column_text(0), std::move(v.get_object()));
@@ -158,7 +158,7 @@ std::expected<store::Statement*, DbError> StateStore::cached(std::string_view sq
   return &it->second;
 }
 
-std::expected<Committed, std::string> StateStore::commit(const Change& c, std::chrono::system_clock::time_point wall) {
+std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chrono::system_clock::time_point wall) {
   const bool moves = c.moves_state();
   std::int64_t seq = audit_seq_, ev = event_seq_;
   std::string last_hash = audit_last_hash_;
@@ -258,7 +258,7 @@ std::expected<Committed, std::string> StateStore::commit(const Change& c, std::c
     }
     return {};
   });
-  if (!result) return std::unexpected(result.error().message);
+  if (!result) return std::unexpected(result.error());
   // Committed: the counters follow.
   audit_seq_ = seq;
   event_seq_ = ev;
@@ -272,14 +272,14 @@ std::expected<Committed, std::string> StateStore::commit(const Change& c, std::c
   return out;
 }
 
-std::expected<void, std::string> StateStore::bump_revision() {
+std::expected<void, DbError> StateStore::bump_revision() {
   auto bumped = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
     auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
     if (!meta) return std::unexpected(meta.error());
     if (auto b = (*meta)->bind_all("revision", std::to_string(revision_ + 1)); !b) return std::unexpected(b.error());
     return (*meta)->run();
   });
-  if (!bumped) return std::unexpected(bumped.error().message);
+  if (!bumped) return std::unexpected(bumped.error());
   revision_ += 1;
   if (on_moved_) on_moved_();
   return {};
@@ -289,7 +289,7 @@ std::vector<std::string> StateStore::present_unit_ids() {
   std::vector<std::string> out;
   auto st = db_.prepare("SELECT id FROM units WHERE absent = 0");
   if (!st) return out;
-  (void)each_row(*st, [&](store::Statement& s) -> std::expected<void, std::string> {
+  (void)each_row(*st, [&](store::Statement& s) -> std::expected<void, DbError> {
     out.push_back(s.column_text(0));
     return {};
   });
@@ -330,21 +330,21 @@ std::optional<StoredAnswer> StateStore::idempotent_answer(const std::string& cal
   return out;
 }
 
-std::expected<void, std::string> StateStore::purge_idempotency(std::int64_t cutoff) {
+std::expected<void, DbError> StateStore::purge_idempotency(std::int64_t cutoff) {
   auto st = cached("DELETE FROM idempotency WHERE created_at < ?1");
-  if (!st) return std::unexpected(st.error().message);
-  if (auto b = (*st)->bind_all(cutoff); !b) return std::unexpected(b.error().message);
-  if (auto run = (*st)->run(); !run) return std::unexpected(run.error().message);
+  if (!st) return std::unexpected(st.error());
+  if (auto b = (*st)->bind_all(cutoff); !b) return std::unexpected(b.error());
+  if (auto run = (*st)->run(); !run) return std::unexpected(run.error());
   return {};
 }
 
-std::expected<std::vector<std::pair<std::int64_t, std::string>>, std::string> StateStore::audit_after(std::int64_t after_seq,
+std::expected<std::vector<std::pair<std::int64_t, std::string>>, DbError> StateStore::audit_after(std::int64_t after_seq,
                                                                                                           std::size_t limit) {
   std::vector<std::pair<std::int64_t, std::string>> out;
   auto st = db_.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
-  if (!st) return std::unexpected(st.error().message);
-  if (auto b = st->bind_all(after_seq, static_cast<std::int64_t>(limit)); !b) return std::unexpected(b.error().message);
-  auto read = each_row(*st, [&](store::Statement& s) -> std::expected<void, std::string> {
+  if (!st) return std::unexpected(st.error());
+  if (auto b = st->bind_all(after_seq, static_cast<std::int64_t>(limit)); !b) return std::unexpected(b.error());
+  auto read = each_row(*st, [&](store::Statement& s) -> std::expected<void, DbError> {
     out.emplace_back(s.column_int64(0), s.column_text(1));
     return {};
   });

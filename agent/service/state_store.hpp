@@ -120,7 +120,7 @@ class StateStore {
  public:
   // Opens (creating) `file`, runs the migrations, reads the counters and what `loaded()` returns.
   // `node_id` goes into every audit record.
-  static std::expected<StateStore, std::string> open(const std::filesystem::path& file, std::string node_id);
+  static std::expected<StateStore, store::DbError> open(const std::filesystem::path& file, std::string node_id);
 
   StateStore(StateStore&&) noexcept = default;
   StateStore& operator=(StateStore&&) noexcept = default;
@@ -130,16 +130,13 @@ class StateStore {
 
   // Zero-fills the WAL ahead of the commits (store::Database::preallocate_wal): an error is worth a
   // warning only, the commits grow the WAL as they would have.
-  std::expected<void, std::string> preallocate_wal() {
-    auto done = db_.preallocate_wal();
-    if (!done) return std::unexpected(done.error().message);
-    return {};
-  }
+  std::expected<void, store::DbError> preallocate_wal() { return db_.preallocate_wal(); }
 
-  // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed.
-  std::expected<Committed, std::string> commit(const Change& c, std::chrono::system_clock::time_point wall);
+  // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed,
+  // SQLite's code kept (a full disk, a busy or a corrupt database are told apart).
+  std::expected<Committed, store::DbError> commit(const Change& c, std::chrono::system_clock::time_point wall);
   // Moves the revision alone (the workloads' list changed: not a stored change of its own).
-  std::expected<void, std::string> bump_revision();
+  std::expected<void, store::DbError> bump_revision();
 
   std::int64_t revision() const { return revision_; }
   // Called each time the revision moves, after the transaction committed and before commit()
@@ -155,14 +152,14 @@ class StateStore {
   // The answer kept for (caller, key), expired or not; nothing when none (or unreadable).
   std::optional<StoredAnswer> idempotent_answer(const std::string& caller, const std::string& key);
   // Deletes the answers created before `cutoff` (seconds since the epoch).
-  std::expected<void, std::string> purge_idempotency(std::int64_t cutoff);
+  std::expected<void, store::DbError> purge_idempotency(std::int64_t cutoff);
 
   // Up to `limit` audit records after `after_seq`, as (seq, stored JSON text).
-  std::expected<std::vector<std::pair<std::int64_t, std::string>>, std::string> audit_after(std::int64_t after_seq, std::size_t limit);
+  std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> audit_after(std::int64_t after_seq, std::size_t limit);
 
  private:
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
-  std::expected<void, std::string> load();
+  std::expected<void, store::DbError> load();
   // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
   std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
 

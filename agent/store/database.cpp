@@ -18,6 +18,104 @@
 #include <vector>
 
 namespace gpunode::store {
+
+std::string_view DbError::kind() const {
+  if (sqlite_code == 0) return "internal";
+  switch (primary_code()) {
+    case SQLITE_FULL:
+      return "disk full";
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return "busy";
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return "corrupt";
+    case SQLITE_READONLY:
+      return "read-only";
+    case SQLITE_IOERR:
+      return "I/O error";
+    case SQLITE_CANTOPEN:
+      return "cannot open";
+    case SQLITE_PERM:
+    case SQLITE_AUTH:
+      return "permission denied";
+    case SQLITE_NOMEM:
+      return "out of memory";
+    case SQLITE_CONSTRAINT:
+      return "constraint";
+    case SQLITE_SCHEMA:
+      return "schema";
+    default:
+      return "error";
+  }
+}
+
+std::string_view DbError::code_name() const {
+  switch (primary_code()) {
+    case 0:
+      return "";
+    case SQLITE_ERROR:
+      return "SQLITE_ERROR";
+    case SQLITE_INTERNAL:
+      return "SQLITE_INTERNAL";
+    case SQLITE_PERM:
+      return "SQLITE_PERM";
+    case SQLITE_ABORT:
+      return "SQLITE_ABORT";
+    case SQLITE_BUSY:
+      return "SQLITE_BUSY";
+    case SQLITE_LOCKED:
+      return "SQLITE_LOCKED";
+    case SQLITE_NOMEM:
+      return "SQLITE_NOMEM";
+    case SQLITE_READONLY:
+      return "SQLITE_READONLY";
+    case SQLITE_INTERRUPT:
+      return "SQLITE_INTERRUPT";
+    case SQLITE_IOERR:
+      return "SQLITE_IOERR";
+    case SQLITE_CORRUPT:
+      return "SQLITE_CORRUPT";
+    case SQLITE_NOTFOUND:
+      return "SQLITE_NOTFOUND";
+    case SQLITE_FULL:
+      return "SQLITE_FULL";
+    case SQLITE_CANTOPEN:
+      return "SQLITE_CANTOPEN";
+    case SQLITE_PROTOCOL:
+      return "SQLITE_PROTOCOL";
+    case SQLITE_SCHEMA:
+      return "SQLITE_SCHEMA";
+    case SQLITE_TOOBIG:
+      return "SQLITE_TOOBIG";
+    case SQLITE_CONSTRAINT:
+      return "SQLITE_CONSTRAINT";
+    case SQLITE_MISMATCH:
+      return "SQLITE_MISMATCH";
+    case SQLITE_MISUSE:
+      return "SQLITE_MISUSE";
+    case SQLITE_AUTH:
+      return "SQLITE_AUTH";
+    case SQLITE_RANGE:
+      return "SQLITE_RANGE";
+    case SQLITE_NOTADB:
+      return "SQLITE_NOTADB";
+    default:
+      return "SQLITE_UNKNOWN";
+  }
+}
+
+DbError DbError::corrupt(std::string message) {
+  return DbError{SQLITE_CORRUPT, std::move(message)};
+}
+
+std::string DbError::to_string() const {
+  if (sqlite_code == 0) return fmt::format("internal: {}", message);
+  if (sqlite_code != primary_code())
+    return fmt::format("{} ({}, extended code {}): {}", kind(), code_name(), sqlite_code, message);
+  return fmt::format("{} ({}): {}", kind(), code_name(), message);
+}
+
 namespace {
 
 constexpr int kBusyTimeoutMs = 5000;

@@ -197,8 +197,11 @@ def disk_body(c, lab, fc):
     on_full, r = acked.create_until_refused(2000)
     c.check(f"disk full: {on_full} creates acknowledged in the WAL's preallocated pages", on_full > 10, on_full)
     c.problem("disk full: once the WAL must grow, a create is 503 storage-unavailable", r, 503, "storage-unavailable")
-    c.check("log: " + "state commit failed: ... database or disk is full",
-            "database or disk is full" in lab.log_line("state commit failed"),
+    c.check("disk full: the answer says so (SQLite's code survives to it), naming no file",
+            "(disk full)" in r.json.get("detail", "") and "state.db" not in r.json.get("detail", ""), r.json)
+    c.check("log: " + "state commit failed: disk full (SQLITE_FULL...): ... database or disk is full",
+            "database or disk is full" in lab.log_line("state commit failed")
+            and "disk full (SQLITE_FULL" in lab.log_line("state commit failed"),
             lab.tail(600))
     # The failed create's frames went where the WAL's last page had room; a smaller change may
     # still fit there (acknowledged, and kept as acknowledged), a few more do not.
@@ -355,7 +358,8 @@ def readonly_body(c, lab, files):
     c.problem("read-only state.db: a create is 503 storage-unavailable", r, 503, "storage-unavailable")
     line = lab.log_line("state commit failed")
     c.check(f"log: {line[line.find('state commit failed'):][:160]!r}",
-            "state.db: disk I/O error" in line, lab.tail(600))
+            "state.db: disk I/O error" in line and "I/O error (SQLITE_IOERR" in line, lab.tail(600))
+    c.check("read-only state.db: the answer names the kind, I/O error", "(I/O error)" in r.json.get("detail", ""), r.json)
     c.status("read-only state.db: /healthz 200", lab.get("/healthz"), 200)
     acked.check_all_there(c, "read-only state.db")
     chattr("-i", *files)

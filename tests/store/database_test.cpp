@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <grp.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -275,6 +276,59 @@ TEST_CASE("a file that is not a database: a clear error naming it, and the file 
   CHECK(contains(db.error().message, file.string()));
   CHECK(contains(db.error().message, "file is not a database"));
   CHECK(read_file(file) == text);
+}
+
+TEST_CASE("an error's kind and SQLite's code survive: a full disk, a busy and a corrupt database are told apart") {
+  struct Case {
+    int code;
+    std::string_view kind, name;
+  } cases[] = {
+      {SQLITE_FULL, "disk full", "SQLITE_FULL"},          {SQLITE_BUSY, "busy", "SQLITE_BUSY"},
+      {SQLITE_LOCKED, "busy", "SQLITE_LOCKED"},           {SQLITE_CORRUPT, "corrupt", "SQLITE_CORRUPT"},
+      {SQLITE_NOTADB, "corrupt", "SQLITE_NOTADB"},        {SQLITE_READONLY, "read-only", "SQLITE_READONLY"},
+      {SQLITE_IOERR_WRITE, "I/O error", "SQLITE_IOERR"},  {SQLITE_CANTOPEN, "cannot open", "SQLITE_CANTOPEN"},
+      {SQLITE_PERM, "permission denied", "SQLITE_PERM"},  {SQLITE_NOMEM, "out of memory", "SQLITE_NOMEM"},
+      {SQLITE_CONSTRAINT_UNIQUE, "constraint", "SQLITE_CONSTRAINT"}, {SQLITE_MISUSE, "error", "SQLITE_MISUSE"},
+      {0, "internal", ""},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.code);
+    const DbError e{c.code, "/var/lib/gpunode/state.db: what happened"};
+    CHECK(e.kind() == c.kind);
+    CHECK(e.code_name() == c.name);
+    CHECK(contains(e.to_string(), std::string(c.kind)));
+    CHECK(contains(e.to_string(), "/var/lib/gpunode/state.db: what happened"));
+    if (c.code != 0) CHECK(contains(e.to_string(), std::string(c.name)));
+  }
+  CHECK(DbError{SQLITE_FULL, "m"}.to_string() == "disk full (SQLITE_FULL): m");
+  CHECK(DbError{SQLITE_IOERR_WRITE, "m"}.to_string() == fmt::format("I/O error (SQLITE_IOERR, extended code {}): m", SQLITE_IOERR_WRITE));
+  CHECK(DbError{0, "m"}.to_string() == "internal: m");
+  CHECK(DbError::corrupt("bad row").kind() == "corrupt");
+
+  TempDir dir;
+  // Corrupt: a file that is not a database.
+  std::ofstream(dir / "junk.db", std::ios::binary) << std::string(8192, 'x');
+  auto junk = Database::open(dir / "junk.db");
+  REQUIRE_FALSE(junk.has_value());
+  CHECK(junk.error().kind() == "corrupt");
+  // Busy: another connection holds the write lock past this one's busy timeout.
+  const auto file = dir / "state.db";
+  auto a = open_ok(file);
+  REQUIRE(a.migrate(kV1).has_value());
+  auto b = open_ok(file);
+  REQUIRE(b.exec("PRAGMA busy_timeout = 20").has_value());
+  std::optional<DbError> seen;
+  auto held = a.transaction([&](Tx& tx) -> std::expected<void, DbError> {
+    REQUIRE(tx.exec("INSERT INTO items (name) VALUES ('held')").has_value());
+    auto other = b.transaction([&](Tx& tx2) -> std::expected<void, DbError> { return tx2.exec("INSERT INTO items (name) VALUES ('waits')"); });
+    if (!other) seen = other.error();
+    return {};
+  });
+  REQUIRE(held.has_value());
+  REQUIRE(seen.has_value());
+  CHECK(seen->kind() == "busy");
+  CHECK(seen->code_name() == "SQLITE_BUSY");
+  CHECK(contains(seen->to_string(), file.string()));
 }
 
 TEST_CASE("a missing directory or a directory in place of the file: errors naming the path") {

@@ -27,10 +27,23 @@ struct sqlite3_stmt;
 
 namespace gpunode::store {
 
+// The store's one error type, from SQLite to the answer and the log: SQLite's result code is kept
+// (a full disk, a busy database and a corrupt one are told apart) beside what failed and where.
 struct DbError {
-  int sqlite_code = 0;  // SQLite's extended result code (SQLITE_CANTOPEN, SQLITE_BUSY, ...; see primary_code)
+  int sqlite_code =
+      0;  // SQLite's extended result code (SQLITE_CANTOPEN, SQLITE_BUSY, ...); 0: the agent's own
   std::string message;  // what and where: file, statement or migration
   int primary_code() const { return sqlite_code & 0xff; }
+  // What an operator acts on, in words: "disk full", "busy", "corrupt", "read-only", "I/O error",
+  // "cannot open", "permission denied", "out of memory", "constraint", "schema", "internal"
+  // (sqlite_code 0) or "error". Safe to show a caller: it names no file or statement.
+  std::string_view kind() const;
+  // SQLite's name of the primary code ("SQLITE_FULL"), or "" for 0.
+  std::string_view code_name() const;
+  // For the log: "disk full (SQLITE_FULL): MESSAGE", or "internal: MESSAGE".
+  std::string to_string() const;
+  // A stored value that cannot be what the agent wrote: kind "corrupt", as SQLite's own.
+  static DbError corrupt(std::string message);
 };
 
 struct Migration {
