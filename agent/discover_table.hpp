@@ -9,6 +9,7 @@
 namespace gpunode::agent {
 
 std::string discover_table(const std::string& node_id, const std::string& host_root,
-                           const discovery::HostSnapshot& snapshot, const std::vector<discovery::Unit>& units);
+                           const discovery::HostSnapshot& snapshot,
+                           const std::vector<discovery::Unit>& units);
 
 }  // namespace gpunode::agent

@@ -7,7 +7,9 @@ namespace {
 // keeps a name that looks like `--` from shifting the others into its place.
 constexpr std::size_t kLibvirtArgs = 4;
 
-bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool blank(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 std::expected<HookCommand, std::string> with_args(HookCommand cmd, std::span<const std::string_view> rest) {
   if (rest.size() != kLibvirtArgs) {
@@ -68,16 +70,16 @@ std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::
   return with_args(std::move(cmd), rest);
 }
 
-
 bool hook_asks(std::string_view operation, std::string_view sub_operation) {
-  return sub_operation == "begin" && (operation == "prepare" || operation == "migrate" || operation == "restore");
+  return sub_operation == "begin" &&
+         (operation == "prepare" || operation == "migrate" || operation == "restore");
 }
 
 bool may_have_pci_hostdev(std::string_view xml) {
   constexpr std::string_view kTag = "<hostdev";
   for (std::size_t at = xml.find(kTag); at != std::string_view::npos; at = xml.find(kTag, at + 1)) {
     std::size_t i = at + kTag.size();
-    if (i >= xml.size()) return true;  // cut short: let the agent judge
+    if (i >= xml.size()) return true;                                // cut short: let the agent judge
     if (!blank(xml[i]) && xml[i] != '>' && xml[i] != '/') continue;  // <hostdevfoo: another element
     // Attributes up to the tag's end: NAME = 'VALUE' | "VALUE".
     while (i < xml.size() && xml[i] != '>') {

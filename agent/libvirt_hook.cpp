@@ -1,8 +1,9 @@
 // gpunode-agent libvirt-hook (see libvirt_hook.hpp).
 #include "libvirt_hook.hpp"
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+
+#include <boost/json.hpp>
 
 #include "gpunode/text/printable.hpp"
 #include "hook_args.hpp"
@@ -18,10 +19,13 @@ constexpr std::size_t kAdmissionBody = 16 * 1024 * 1024;  // CONTRACT §9: what 
 // The verdict when the agent cannot be asked.
 HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
   if (when_down == config::WhenAgentDown::allow) {
-    return {0, {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)", text::printable(socket),
-                            text::printable(why))}};
+    return {0,
+            {fmt::format("gpunode: agent unreachable at {}: {}; allowed (enforcement.when_agent_down: allow)",
+                         text::printable(socket), text::printable(why))}};
   }
-  return {1, {fmt::format("gpunode: agent unreachable at {}: {}", text::printable(socket), text::printable(why))}};
+  return {
+      1,
+      {fmt::format("gpunode: agent unreachable at {}: {}", text::printable(socket), text::printable(why))}};
 }
 
 std::string str(const json::object& o, std::string_view key, std::string_view otherwise = "") {
@@ -31,19 +35,34 @@ std::string str(const json::object& o, std::string_view key, std::string_view ot
 
 }  // namespace
 
-HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer, const std::string& socket,
-                         const std::string& name, config::WhenAgentDown when_down) {
+HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer,
+                         const std::string& socket, const std::string& name,
+                         config::WhenAgentDown when_down) {
   if (!answer) {
     const auto& e = answer.error();
     std::string why;
     switch (e.kind) {
-      case ctl::TransportError::Kind::missing: why = "no socket"; break;
-      case ctl::TransportError::Kind::denied: why = "permission denied"; break;
-      case ctl::TransportError::Kind::not_listening: why = "nobody listens on the socket"; break;
-      case ctl::TransportError::Kind::refused_peer: why = "the agent refused this caller"; break;
-      case ctl::TransportError::Kind::timeout: why = fmt::format("no answer within {} s", kAskBound.count()); break;
-      case ctl::TransportError::Kind::untrusted: why = "an untrusted server"; break;
-      case ctl::TransportError::Kind::broken: why = "the exchange failed"; break;
+      case ctl::TransportError::Kind::missing:
+        why = "no socket";
+        break;
+      case ctl::TransportError::Kind::denied:
+        why = "permission denied";
+        break;
+      case ctl::TransportError::Kind::not_listening:
+        why = "nobody listens on the socket";
+        break;
+      case ctl::TransportError::Kind::refused_peer:
+        why = "the agent refused this caller";
+        break;
+      case ctl::TransportError::Kind::timeout:
+        why = fmt::format("no answer within {} s", kAskBound.count());
+        break;
+      case ctl::TransportError::Kind::untrusted:
+        why = "an untrusted server";
+        break;
+      case ctl::TransportError::Kind::broken:
+        why = "the exchange failed";
+        break;
     }
     if (!e.detail.empty()) why += " (" + e.detail + ")";
     return agent_down(socket, why, when_down);
@@ -59,7 +78,8 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
     const std::string code = o ? str(*o, "code") : std::string();
     const std::string detail = o ? str(*o, "detail") : std::string();
     return agent_down(socket,
-                      fmt::format("answered {}{}{}", r.status, code.empty() ? "" : " " + code, detail.empty() ? "" : ": " + detail),
+                      fmt::format("answered {}{}{}", r.status, code.empty() ? "" : " " + code,
+                                  detail.empty() ? "" : ": " + detail),
                       when_down);
   }
   const json::value* allowed = o ? o->if_contains("allowed") : nullptr;
@@ -73,18 +93,23 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
   for (const auto& rv : reasons->get_array()) {
     const json::object* reason = rv.if_object();
     if (reason == nullptr) continue;
-    const std::string line = text::printable(fmt::format("{}: {}: {}", str(*reason, "unitId", "-"), str(*reason, "code"), str(*reason, "message")));
+    const std::string line = text::printable(fmt::format("{}: {}: {}", str(*reason, "unitId", "-"),
+                                                         str(*reason, "code"), str(*reason, "message")));
     v.stderr_lines.push_back(mode == "enforce"
                                  ? fmt::format("gpunode: domain {} refused: {}", text::printable(name), line)
-                                 : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}", text::printable(name), text::printable(mode), line));
+                                 : fmt::format("gpunode: domain {} would be refused ({} mode, let start): {}",
+                                               text::printable(name), text::printable(mode), line));
   }
-  if (v.stderr_lines.empty() && v.exit_code != 0) v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", text::printable(name)));
+  if (v.stderr_lines.empty() && v.exit_code != 0)
+    v.stderr_lines.push_back(fmt::format("gpunode: domain {} refused", text::printable(name)));
   return v;
 }
 
-HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
+HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
+                             const std::optional<std::string>& socket_flag,
                              const HookSettingsSource& settings_source, std::string_view domain_xml) {
-  if (args.size() != 4) return {1, {"gpunode: libvirt-hook refuses: expected libvirt's NAME OPERATION SUB-OPERATION EXTRA"}};
+  if (args.size() != 4)
+    return {1, {"gpunode: libvirt-hook refuses: expected libvirt's NAME OPERATION SUB-OPERATION EXTRA"}};
   const std::string& name = args[0];
   if (!hook_asks(args[1], args[2]) || !may_have_pci_hostdev(domain_xml)) return {};
 
@@ -102,10 +127,14 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::op
   q.content_type = "application/json";
   q.timeout = kAskBound;
   if (q.body.size() > kAdmissionBody) {  // the agent would answer 413 while this is still writing it
-    return agent_down(socket, fmt::format("the domain's admission request is {} bytes, over the {} bytes the agent takes", q.body.size(), kAdmissionBody),
-                      settings->when_agent_down);
+    return agent_down(
+        socket,
+        fmt::format("the domain's admission request is {} bytes, over the {} bytes the agent takes",
+                    q.body.size(), kAdmissionBody),
+        settings->when_agent_down);
   }
-  ctl::UnixClient client(socket, "gpunode-libvirt-hook", [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });
+  ctl::UnixClient client(socket, "gpunode-libvirt-hook",
+                         [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });
   return hook_verdict(client.call(q), socket, name, settings->when_agent_down);
 }
 

@@ -29,8 +29,8 @@ struct HookVerdict {
 
 // The verdict on the agent's answer (or on why there is none). `socket` and `name` go into the
 // lines; `when_down` is enforcement.when_agent_down.
-HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer, const std::string& socket,
-                         const std::string& name, config::WhenAgentDown when_down);
+HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>& answer,
+                         const std::string& socket, const std::string& name, config::WhenAgentDown when_down);
 
 // Where run_libvirt_hook takes admin.socket and enforcement.when_agent_down from when it asks
 // (hook_settings(): the cache, else agent.yaml); an error refuses the start.
@@ -38,7 +38,8 @@ using HookSettingsSource = std::function<std::expected<HookSettings, std::string
 
 // The whole hook. `args`: NAME OPERATION SUB-OPERATION [EXTRA]. `socket_flag`: --socket.
 // `domain_xml` is stdin's text. Settings are taken only when the call asks the agent.
-HookVerdict run_libvirt_hook(const std::vector<std::string>& args, const std::optional<std::string>& socket_flag,
+HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
+                             const std::optional<std::string>& socket_flag,
                              const HookSettingsSource& settings, std::string_view domain_xml);
 
 }  // namespace gpunode::agent

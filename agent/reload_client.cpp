@@ -62,9 +62,10 @@ ReloadVerdict reload_verdict(const std::expected<ctl::Response, ctl::TransportEr
     }
     return v;
   }
-  v.err.push_back(fmt::format(
-      "gpunode-agent reload: the agent answered {}{}", r.status,
-      o != nullptr && !str(*o, "detail").empty() ? ": " + text::printable(str(*o, "detail")) : std::string()));
+  v.err.push_back(fmt::format("gpunode-agent reload: the agent answered {}{}", r.status,
+                              o != nullptr && !str(*o, "detail").empty()
+                                  ? ": " + text::printable(str(*o, "detail"))
+                                  : std::string()));
   return v;
 }
 

@@ -13,12 +13,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <tuple>
 #include <cerrno>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "text.hpp"
@@ -301,7 +301,8 @@ using Files = std::vector<NamedFile>;
 // Notes the file(s) `key` names: its value when a non-empty string, or each such entry of the list
 // auth.keys.
 // Bad values were reported when they were read; `fallback` is the default a missing key stands for.
-void note_file(const Section& s, std::string_view key, NamedFile::Kind kind, Files& files, std::string_view fallback = {}) {
+void note_file(const Section& s, std::string_view key, NamedFile::Kind kind, Files& files,
+               std::string_view fallback = {}) {
   const Entry* entry = s.find(key);
   if (entry == nullptr) {
     if (!fallback.empty()) files.push_back({s.path(key), 0, 0, std::string(fallback), kind});
@@ -345,7 +346,8 @@ void read_api(const Section& root, Purpose purpose, Config::Api& out, Files& fil
   const Section s = root.child("api", {"listen", "tls", "max_connections", "max_connections_per_client"});
   read_string(s, "listen", values::listen, out.listen);
   read_value(s, "max_connections", "a number", values::connection_cap, out.max_connections);
-  read_value(s, "max_connections_per_client", "a number", values::connection_cap, out.max_connections_per_client);
+  read_value(s, "max_connections_per_client", "a number", values::connection_cap,
+             out.max_connections_per_client);
   const Section tls = s.child("tls", {"cert", "key", "client_ca"});
   read_string(tls, "cert", values::text, out.tls.cert);
   read_string(tls, "key", values::text, out.tls.key);
@@ -413,11 +415,13 @@ void read_metrics(const Section& root, Config::Metrics& out) {
   // CONTRACT §10: /metrics shows reservation counts and more, over plain HTTP without a token.
   if (out.listen.empty() || out.allow_remote || values::is_loopback_listen(out.listen)) return;
   const Entry* listen = s.find("listen");
-  s.problems().add(listen != nullptr ? pos_of(listen->value) : s.anchor(),
-                   fmt::format("metrics.listen {} is not a loopback address: /metrics (plain HTTP, no token) would show this "
-                               "node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set "
-                               "metrics.allow_remote: true",
-                               text::quote(out.listen)));
+  s.problems().add(
+      listen != nullptr ? pos_of(listen->value) : s.anchor(),
+      fmt::format(
+          "metrics.listen {} is not a loopback address: /metrics (plain HTTP, no token) would show this "
+          "node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set "
+          "metrics.allow_remote: true",
+          text::quote(out.listen)));
 }
 
 void read_state(const Section& root, Config::State& out, Files& files) {
@@ -433,9 +437,9 @@ void read_log(const Section& root, Config::Log& out) {
 }
 
 void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out, Files& files) {
-  const Section root =
-      Section::root(problems, document,
-                    {"node", "discovery", "api", "auth", "admin", "libvirt", "central", "enforcement", "metrics", "state", "log"});
+  const Section root = Section::root(problems, document,
+                                     {"node", "discovery", "api", "auth", "admin", "libvirt", "central",
+                                      "enforcement", "metrics", "state", "log"});
   read_node(root, purpose, out.node);
   read_discovery(root, out.discovery, files);
   read_api(root, purpose, out.api, files);
@@ -709,17 +713,22 @@ std::string_view to_string(LogFormat format) {
 
 std::string_view to_string(EnforcementMode mode) {
   switch (mode) {
-    case EnforcementMode::enforce: return "enforce";
-    case EnforcementMode::audit: return "audit";
-    case EnforcementMode::off: return "off";
+    case EnforcementMode::enforce:
+      return "enforce";
+    case EnforcementMode::audit:
+      return "audit";
+    case EnforcementMode::off:
+      return "off";
   }
   return "enforce";
 }
 
 std::string_view to_string(WhenAgentDown when) {
   switch (when) {
-    case WhenAgentDown::deny: return "deny";
-    case WhenAgentDown::allow: return "allow";
+    case WhenAgentDown::deny:
+      return "deny";
+    case WhenAgentDown::allow:
+      return "allow";
   }
   return "deny";
 }

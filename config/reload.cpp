@@ -16,7 +16,8 @@ std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) 
   check(a.discovery.rescan_interval == b.discovery.rescan_interval, "discovery.rescan_interval");
   check(a.api.listen == b.api.listen, "api.listen");
   check(a.api.max_connections == b.api.max_connections, "api.max_connections");
-  check(a.api.max_connections_per_client == b.api.max_connections_per_client, "api.max_connections_per_client");
+  check(a.api.max_connections_per_client == b.api.max_connections_per_client,
+        "api.max_connections_per_client");
   check(a.admin.max_connections == b.admin.max_connections, "admin.max_connections");
   check(a.admin.socket == b.admin.socket, "admin.socket");
   check(a.libvirt.uri == b.libvirt.uri, "libvirt.uri");

@@ -8,12 +8,11 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/url/parse.hpp>
 #include <charconv>
 #include <cstdint>
 #include <limits>
 #include <optional>
-
-#include <boost/url/parse.hpp>
 
 #include "text.hpp"
 
@@ -38,7 +37,6 @@ constexpr bool is_alnum(char c) {
 bool all_of(std::string_view s, bool (*pred)(char)) {
   return std::all_of(s.begin(), s.end(), pred);
 }
-
 
 // A whole decimal number of digits only (no sign, no spaces), or nothing when it does not fit.
 std::optional<std::uint64_t> decimal(std::string_view s) {
@@ -295,8 +293,10 @@ Parsed<std::string> central_url(std::string_view s) {
   const auto url = boost::urls::parse_absolute_uri(s);
   if (!url) return unexpected(fmt::format("not a valid URL ({})", url.error().message()));
   if (url->encoded_host().empty()) return unexpected(std::string("the URL has no host"));
-  if (url->has_userinfo()) return unexpected(std::string("a user name or password in the URL is not supported"));
-  if (url->has_query() || url->has_fragment()) return unexpected(std::string("the URL has no query or fragment"));
+  if (url->has_userinfo())
+    return unexpected(std::string("a user name or password in the URL is not supported"));
+  if (url->has_query() || url->has_fragment())
+    return unexpected(std::string("the URL has no query or fragment"));
   if (url->has_port() && !listen_port(url->port())) {
     return unexpected(std::string("the port must be a number from 1 to 65535"));
   }
@@ -352,7 +352,8 @@ Parsed<std::string> optional_listen(std::string_view s) {
 
 Parsed<std::size_t> connection_cap(std::string_view s) {
   const auto value = s.size() <= 7 ? decimal(s) : std::nullopt;
-  if (!value || *value < 1 || *value > 1000000) return unexpected(std::string("a connection cap is a whole number from 1 to 1000000"));
+  if (!value || *value < 1 || *value > 1000000)
+    return unexpected(std::string("a connection cap is a whole number from 1 to 1000000"));
   return static_cast<std::size_t>(*value);
 }
 
@@ -374,7 +375,8 @@ bool is_loopback_listen(std::string_view s) {
 
 Parsed<Duration> heartbeat_interval(std::string_view s) {
   auto d = parse_duration(s);
-  if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1))) return unexpected(std::string("must be from 1s to 1h"));
+  if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1)))
+    return unexpected(std::string("must be from 1s to 1h"));
   return d;
 }
 

@@ -1,9 +1,9 @@
 // The host root check. See host_root.hpp.
 #include "gpunode/discovery/host_root.hpp"
 
-#include <system_error>
-
 #include <fmt/format.h>
+
+#include <system_error>
 
 namespace gpunode::discovery {
 

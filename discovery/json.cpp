@@ -17,9 +17,13 @@ boost::json::value opt_hex4(const std::optional<std::uint16_t>& v) {
 
 }  // namespace
 
-std::string hex4(std::uint16_t value) { return fmt::format("{:04x}", value); }
+std::string hex4(std::uint16_t value) {
+  return fmt::format("{:04x}", value);
+}
 
-std::string class_hex(std::uint32_t class_code) { return fmt::format("{:04x}", class_code >> 8); }
+std::string class_hex(std::uint32_t class_code) {
+  return fmt::format("{:04x}", class_code >> 8);
+}
 
 boost::json::object unit_to_json(const Unit& unit, const std::vector<std::string>& reservation_ids) {
   boost::json::object o;
@@ -33,7 +37,8 @@ boost::json::object unit_to_json(const Unit& unit, const std::vector<std::string
   o["sellable"] = unit.sellable;
   o["reservable"] = unit.reservable;
   boost::json::array reasons;
-  for (const auto& r : unit.reasons) reasons.emplace_back(boost::json::object{{"code", r.code}, {"message", r.message}});
+  for (const auto& r : unit.reasons)
+    reasons.emplace_back(boost::json::object{{"code", r.code}, {"message", r.message}});
   o["notReservableReasons"] = std::move(reasons);
   boost::json::array gpus, devices;
   for (const auto& m : unit.devices) {
@@ -52,7 +57,8 @@ boost::json::object unit_to_json(const Unit& unit, const std::vector<std::string
         {"pciAddress", d.address.to_string()},
         {"vendorId", opt_hex4(d.vendor_id)},
         {"deviceId", opt_hex4(d.device_id)},
-        {"classCode", d.class_code ? boost::json::value(class_hex(*d.class_code)) : boost::json::value(nullptr)},
+        {"classCode",
+         d.class_code ? boost::json::value(class_hex(*d.class_code)) : boost::json::value(nullptr)},
         {"role", to_string(m.role)},
         {"driver", opt_string(d.driver)},
     });

@@ -1,9 +1,9 @@
 #include "gpunode/discovery/model.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
-
-#include <fmt/format.h>
 
 namespace gpunode::discovery {
 namespace {
@@ -38,26 +38,35 @@ std::string PciAddress::to_string() const {
 }
 
 const Fault* DeviceRecord::fault(std::string_view attribute) const {
-  auto it = std::find_if(faults.begin(), faults.end(), [&](const Fault& f) { return f.attribute == attribute; });
+  auto it =
+      std::find_if(faults.begin(), faults.end(), [&](const Fault& f) { return f.attribute == attribute; });
   return it == faults.end() ? nullptr : &*it;
 }
 
 std::string_view to_string(Role role) {
   switch (role) {
-    case Role::gpu: return "gpu";
-    case Role::companion: return "companion";
-    case Role::bridge: return "bridge";
-    case Role::nvswitch: return "nvswitch";
-    case Role::foreign: return "foreign";
+    case Role::gpu:
+      return "gpu";
+    case Role::companion:
+      return "companion";
+    case Role::bridge:
+      return "bridge";
+    case Role::nvswitch:
+      return "nvswitch";
+    case Role::foreign:
+      return "foreign";
   }
   return "foreign";
 }
 
 std::string_view to_string(UnitClass cls) {
   switch (cls) {
-    case UnitClass::vfio_group: return "vfio-group";
-    case UnitClass::device_request: return "device-request";
-    case UnitClass::none: return "none";
+    case UnitClass::vfio_group:
+      return "vfio-group";
+    case UnitClass::device_request:
+      return "device-request";
+    case UnitClass::none:
+      return "none";
   }
   return "none";
 }

@@ -5,17 +5,16 @@
 //   C CC  Class name                        (the class section ends the vendor list)
 #include "gpunode/discovery/pci_ids.hpp"
 
-#include <algorithm>
-#include <cerrno>
-#include <charconv>
-#include <cstring>
-
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 
 namespace gpunode::discovery {
 namespace {
@@ -33,7 +32,8 @@ std::string_view name_after(std::string_view line, std::size_t pos) {
   if (line.size() <= pos) return {};
   line.remove_prefix(pos);
   while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
-  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) line.remove_suffix(1);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r'))
+    line.remove_suffix(1);
   return line;
 }
 
@@ -51,7 +51,8 @@ PciIds PciIds::parse(std::string_view text, const std::vector<std::uint16_t>& ve
     pos = end + 1;
     if (line.empty() || line.front() == '#') continue;
     if (line.front() != '\t') {
-      if (line.size() >= 2 && line[0] == 'C' && line[1] == ' ') break;  // the class section: no vendors follow
+      if (line.size() >= 2 && line[0] == 'C' && line[1] == ' ')
+        break;  // the class section: no vendors follow
       auto v = hex4_at(line, 0);
       keeping = v && line.size() > 4 && (line[4] == ' ' || line[4] == '\t') &&
                 std::find(vendors.begin(), vendors.end(), *v) != vendors.end();
@@ -68,7 +69,8 @@ PciIds PciIds::parse(std::string_view text, const std::vector<std::uint16_t>& ve
   return ids;
 }
 
-std::expected<PciIds, std::string> PciIds::load(const std::string& path, const std::vector<std::uint16_t>& vendors) {
+std::expected<PciIds, std::string> PciIds::load(const std::string& path,
+                                                const std::vector<std::uint16_t>& vendors) {
   // One mapping, no copy: the parser touches the pages it scans and nothing else.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
@@ -76,7 +78,8 @@ std::expected<PciIds, std::string> PciIds::load(const std::string& path, const s
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     ::close(fd);
-    return std::unexpected(fmt::format("cannot read {}: {}", path, S_ISREG(st.st_mode) ? std::strerror(e) : "not a regular file"));
+    return std::unexpected(fmt::format("cannot read {}: {}", path,
+                                       S_ISREG(st.st_mode) ? std::strerror(e) : "not a regular file"));
   }
   if (st.st_size == 0) {
     ::close(fd);
@@ -86,7 +89,8 @@ std::expected<PciIds, std::string> PciIds::load(const std::string& path, const s
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
   ::close(fd);
-  if (map == MAP_FAILED) return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(map_errno)));
+  if (map == MAP_FAILED)
+    return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(map_errno)));
   PciIds ids = parse(std::string_view(static_cast<const char*>(map), size), vendors);
   ::munmap(map, size);
   return ids;

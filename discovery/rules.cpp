@@ -1,18 +1,20 @@
 // The discovery rules of CONTRACT §3 over plain device records. No I/O.
 #include "gpunode/discovery/rules.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 namespace gpunode::discovery {
 namespace {
 
-constexpr std::uint32_t class16(std::uint32_t class_code) { return class_code >> 8; }
+constexpr std::uint32_t class16(std::uint32_t class_code) {
+  return class_code >> 8;
+}
 
 bool is_companion_class(std::uint32_t class_code) {
   const auto c = class16(class_code);
@@ -47,15 +49,17 @@ std::string driver_text(const DeviceRecord& d) {
 // Collects reasons, one entry per code, in the contract's order, with the details joined.
 class Reasons {
  public:
-  void add(std::string_view code, std::string message) { details_[std::string(code)].push_back(std::move(message)); }
+  void add(std::string_view code, std::string message) {
+    details_[std::string(code)].push_back(std::move(message));
+  }
   [[nodiscard]] bool has(std::string_view code) const { return details_.contains(std::string(code)); }
   [[nodiscard]] bool empty() const { return details_.empty(); }
 
   std::vector<Reason> take() {
     static constexpr std::string_view kOrder[] = {
-        "iommu-disabled", "driver-unbound", "mixed-drivers",        "foreign-device", "host-boot-display",
-        "sriov-enabled",  "vgpu-parent",    "acs-override",         "class-not-reservable",
-        "not-sellable",   "absent"};
+        "iommu-disabled",       "driver-unbound", "mixed-drivers", "foreign-device",
+        "host-boot-display",    "sriov-enabled",  "vgpu-parent",   "acs-override",
+        "class-not-reservable", "not-sellable",   "absent"};
     std::vector<Reason> out;
     for (std::string_view code : kOrder) {
       auto it = details_.find(std::string(code));
@@ -81,13 +85,17 @@ UnitClass decide_class(const std::vector<UnitDevice>& members, Reasons& reasons)
   };
   // A gpu parked on pci-stub is passed through as it is: libvirt's managed hostdevs rebind it to
   // vfio-pci when the VM starts (CONTRACT §3). So it counts toward vfio-group as vfio-pci does.
-  const bool any_gpu_vfio =
-      std::any_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::vfio, DriverKind::stub}); });
+  const bool any_gpu_vfio = std::any_of(gpus.begin(), gpus.end(), [&](auto* d) {
+    return kind_is(d, {DriverKind::vfio, DriverKind::stub});
+  });
   const bool vfio_members_ok =
       std::all_of(gpus.begin(), gpus.end(),
-                  [&](auto* d) { return kind_is(d, {DriverKind::vfio, DriverKind::stub, DriverKind::unbound}); }) &&
-      std::all_of(companions.begin(), companions.end(),
-                  [&](auto* d) { return kind_is(d, {DriverKind::vfio, DriverKind::stub, DriverKind::unbound}); });
+                  [&](auto* d) {
+                    return kind_is(d, {DriverKind::vfio, DriverKind::stub, DriverKind::unbound});
+                  }) &&
+      std::all_of(companions.begin(), companions.end(), [&](auto* d) {
+        return kind_is(d, {DriverKind::vfio, DriverKind::stub, DriverKind::unbound});
+      });
   if (any_gpu_vfio && vfio_members_ok) return UnitClass::vfio_group;
   if (std::all_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::host_gpu}); })) {
     return UnitClass::device_request;
@@ -96,24 +104,28 @@ UnitClass decide_class(const std::vector<UnitDevice>& members, Reasons& reasons)
   // `none`: say why (an unbound gpu is named in every class, see make_unit; pci-stub is a driver).
   for (const auto* g : gpus) {
     if (kind_is(g, {DriverKind::other, DriverKind::unknown})) {
-      reasons.add("mixed-drivers", fmt::format("gpu {} is on {}, neither a VFIO driver nor a host GPU driver (nvidia, amdgpu)",
-                                               g->address.to_string(), driver_text(*g)));
+      reasons.add("mixed-drivers",
+                  fmt::format("gpu {} is on {}, neither a VFIO driver nor a host GPU driver (nvidia, amdgpu)",
+                              g->address.to_string(), driver_text(*g)));
     }
   }
-  const bool any_gpu_host = std::any_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::host_gpu}); });
+  const bool any_gpu_host =
+      std::any_of(gpus.begin(), gpus.end(), [&](auto* d) { return kind_is(d, {DriverKind::host_gpu}); });
   if (any_gpu_host) {
     for (const auto* g : gpus) {
       if (kind_is(g, {DriverKind::vfio, DriverKind::stub})) {
-        reasons.add("mixed-drivers", fmt::format("gpu {} is on {} while another gpu of the group is on a host GPU driver",
-                                                 g->address.to_string(), driver_text(*g)));
+        reasons.add("mixed-drivers",
+                    fmt::format("gpu {} is on {} while another gpu of the group is on a host GPU driver",
+                                g->address.to_string(), driver_text(*g)));
       }
     }
   }
   if (any_gpu_vfio) {
     for (const auto* c : companions) {
       if (kind_is(c, {DriverKind::host_gpu, DriverKind::other, DriverKind::unknown})) {
-        reasons.add("mixed-drivers", fmt::format("gpu is on a VFIO driver or pci-stub but its companion {} is on {}",
-                                                 c->address.to_string(), driver_text(*c)));
+        reasons.add("mixed-drivers",
+                    fmt::format("gpu is on a VFIO driver or pci-stub but its companion {} is on {}",
+                                c->address.to_string(), driver_text(*c)));
       }
     }
   }
@@ -130,12 +142,13 @@ bool contains(const std::vector<std::string>& list, const std::string& value) {
 }
 
 std::string normalized(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
 
-Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<int> group, const HostSnapshot& host,
-               const Policy& policy) {
+Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<int> group,
+               const HostSnapshot& host, const Policy& policy) {
   Unit unit;
   unit.iommu_group = group;
   for (const auto* d : members) unit.devices.push_back({*d, role_of(*d, members, policy)});
@@ -165,11 +178,12 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
 
   for (const auto* g : gpus) {
     if (driver_kind(*g) == DriverKind::vfio && !group) {
-      reasons.add("iommu-disabled",
-                  host.iommu_groups_present
-                      ? fmt::format("gpu {} is on {} but is in no IOMMU group", g->address.to_string(), *g->driver)
-                      : fmt::format("gpu {} is on {} but the host has no IOMMU groups (IOMMU off)",
-                                    g->address.to_string(), *g->driver));
+      reasons.add(
+          "iommu-disabled",
+          host.iommu_groups_present
+              ? fmt::format("gpu {} is on {} but is in no IOMMU group", g->address.to_string(), *g->driver)
+              : fmt::format("gpu {} is on {} but the host has no IOMMU groups (IOMMU off)",
+                            g->address.to_string(), *g->driver));
     }
   }
   for (const auto& m : unit.devices) {
@@ -185,8 +199,9 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
     }
     if (!d.boot_vga.has_value()) {
       const Fault* f = d.fault("boot_vga");
-      reasons.add("host-boot-display", fmt::format("{}: boot_vga cannot be read ({}); it may be the boot display",
-                                                   addr, f ? f->message : "unknown"));
+      reasons.add("host-boot-display",
+                  fmt::format("{}: boot_vga cannot be read ({}); it may be the boot display", addr,
+                              f ? f->message : "unknown"));
     } else if (*d.boot_vga) {
       reasons.add("host-boot-display", fmt::format("{} is the host's boot display (boot_vga 1)", addr));
     }
@@ -195,18 +210,23 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
     const std::string addr = g->address.to_string();
     if (!g->sriov_numvfs.has_value()) {
       const Fault* f = g->fault("sriov_numvfs");
-      reasons.add("sriov-enabled", fmt::format("gpu {}: sriov_numvfs cannot be read ({})", addr, f ? f->message : "unknown"));
+      reasons.add("sriov-enabled",
+                  fmt::format("gpu {}: sriov_numvfs cannot be read ({})", addr, f ? f->message : "unknown"));
     } else if (*g->sriov_numvfs > 0) {
-      reasons.add("sriov-enabled", fmt::format("gpu {} has {} virtual functions enabled", addr, *g->sriov_numvfs));
+      reasons.add("sriov-enabled",
+                  fmt::format("gpu {} has {} virtual functions enabled", addr, *g->sriov_numvfs));
     }
-    if (g->mdev_parent) reasons.add("vgpu-parent", fmt::format("gpu {} is a mediated-device (vGPU) parent", addr));
+    if (g->mdev_parent)
+      reasons.add("vgpu-parent", fmt::format("gpu {} is a mediated-device (vGPU) parent", addr));
   }
   if (host.acs_override) {
-    reasons.add("acs-override", "pcie_acs_override is on the kernel command line: IOMMU groups cannot be trusted");
+    reasons.add("acs-override",
+                "pcie_acs_override is on the kernel command line: IOMMU groups cannot be trusted");
   }
   if (std::find(policy.reservable_classes.begin(), policy.reservable_classes.end(), unit.cls) ==
       policy.reservable_classes.end()) {
-    reasons.add("class-not-reservable", fmt::format("class {} is not in discovery.reservable_classes", to_string(unit.cls)));
+    reasons.add("class-not-reservable",
+                fmt::format("class {} is not in discovery.reservable_classes", to_string(unit.cls)));
   }
   std::vector<std::string> unsellable;
   for (const auto& u : policy.unsellable) unsellable.push_back(normalized(u));
@@ -215,7 +235,8 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
   } else {
     for (const auto* g : gpus) {
       if (contains(unsellable, g->address.to_string())) {
-        reasons.add("not-sellable", fmt::format("gpu {} is listed in node.unsellable_units", g->address.to_string()));
+        reasons.add("not-sellable",
+                    fmt::format("gpu {} is listed in node.unsellable_units", g->address.to_string()));
       }
     }
   }
@@ -236,10 +257,12 @@ bool is_gpu_class(std::uint32_t class_code) {
 
 bool is_gpu_candidate(const DeviceRecord& device, const Policy& policy) {
   if (!device.vendor_id || !device.class_code || !is_gpu_class(*device.class_code)) return false;
-  return std::find(policy.gpu_vendors.begin(), policy.gpu_vendors.end(), *device.vendor_id) != policy.gpu_vendors.end();
+  return std::find(policy.gpu_vendors.begin(), policy.gpu_vendors.end(), *device.vendor_id) !=
+         policy.gpu_vendors.end();
 }
 
-Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>& members, const Policy& policy) {
+Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>& members,
+             const Policy& policy) {
   if (is_gpu(device, policy)) return Role::gpu;
   if (!device.vendor_id || !device.class_code) return Role::foreign;  // cannot be identified
   const auto c = class16(*device.class_code);
@@ -249,7 +272,8 @@ Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>&
   if ((c >> 8) == 0x06) return Role::bridge;
   for (const auto* m : members) {
     if (m == &device || !is_gpu(*m, policy)) continue;
-    if (m->address.same_slot(device.address) && is_companion_class(*device.class_code)) return Role::companion;
+    if (m->address.same_slot(device.address) && is_companion_class(*device.class_code))
+      return Role::companion;
     if (std::find(m->consumers.begin(), m->consumers.end(), device.address) != m->consumers.end()) {
       return Role::companion;
     }

@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,8 +22,6 @@
 #include <cstring>
 #include <map>
 #include <set>
-
-#include <fmt/format.h>
 
 extern "C" {
 #include <pci/pci.h>
@@ -97,7 +96,8 @@ struct FileText {
 FileText read_small_at(int dir_fd, const std::string& path) {
   FileText out;
   int fd = ::openat(dir_fd, path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0 && errno == ELOOP) fd = ::openat(dir_fd, path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a link: follow once
+  if (fd < 0 && errno == ELOOP)
+    fd = ::openat(dir_fd, path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a link: follow once
   if (fd < 0) {
     out.error = errno;
     return out;
@@ -122,7 +122,9 @@ FileText read_small_at(int dir_fd, const std::string& path) {
   return out;
 }
 
-FileText read_small(const std::string& path) { return read_small_at(AT_FDCWD, path); }
+FileText read_small(const std::string& path) {
+  return read_small_at(AT_FDCWD, path);
+}
 
 // Text taken from sysfs (a value, a link's target, an entry's name, libpci's message about one) as
 // it may appear in reasons, warnings and the units' JSON: well-formed UTF-8 is kept; every other
@@ -141,8 +143,10 @@ std::string sysfs_text(std::string_view raw) {
   while (i < raw.size()) {
     const auto c = static_cast<unsigned char>(raw[i]);
     if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f) escape(c);
-      else out.push_back(static_cast<char>(c));
+      if (c < 0x20 || c == 0x7f)
+        escape(c);
+      else
+        out.push_back(static_cast<char>(c));
       ++i;
       continue;
     }
@@ -246,8 +250,10 @@ struct DirFd {
 void append_link_at(int dir_fd, const std::string& path, std::string& out) {
   char buf[4096];
   const ssize_t n = ::readlinkat(dir_fd, path.c_str(), buf, sizeof buf);
-  if (n >= 0) out.append(buf, static_cast<std::size_t>(n));
-  else out += errno == ENOENT ? "-" : "?";
+  if (n >= 0)
+    out.append(buf, static_cast<std::size_t>(n));
+  else
+    out += errno == ENOENT ? "-" : "?";
 }
 
 struct PciDevDeleter {
@@ -323,7 +329,8 @@ struct SysfsReader::Impl {
       return;
     }
     if (pd->vendor_id == 0x0000 || pd->vendor_id == 0xffff) {
-      add_fault(d, "vendor", fmt::format("0x{:04x} is not a vendor id (garbled or missing device)", pd->vendor_id), snap);
+      add_fault(d, "vendor",
+                fmt::format("0x{:04x} is not a vendor id (garbled or missing device)", pd->vendor_id), snap);
       return;
     }
     d.vendor_id = pd->vendor_id;
@@ -365,7 +372,8 @@ struct SysfsReader::Impl {
     if (!numa.error) {
       auto v = parse_integer(numa.text);
       if (!v || *v < -1 || *v > 4095) {
-        add_fault(d, "numa_node", fmt::format("unparsable value \"{}\"", sysfs_text(numa.text.substr(0, 40))), snap);
+        add_fault(d, "numa_node", fmt::format("unparsable value \"{}\"", sysfs_text(numa.text.substr(0, 40))),
+                  snap);
       } else if (*v >= 0) {
         d.numa_node = static_cast<int>(*v);
       }
@@ -379,7 +387,8 @@ struct SysfsReader::Impl {
         d.boot_vga = vga.text == "1";
       } else {
         d.boot_vga = std::nullopt;
-        add_fault(d, "boot_vga", fmt::format("unparsable value \"{}\"", sysfs_text(vga.text.substr(0, 40))), snap);
+        add_fault(d, "boot_vga", fmt::format("unparsable value \"{}\"", sysfs_text(vga.text.substr(0, 40))),
+                  snap);
       }
     } else if (vga.error != ENOENT) {
       d.boot_vga = std::nullopt;
@@ -398,7 +407,8 @@ struct SysfsReader::Impl {
       auto v = parse_integer(vfs.text);
       if (!v || *v < 0 || *v > 65535) {
         d.sriov_numvfs = std::nullopt;
-        add_fault(d, "sriov_numvfs", fmt::format("unparsable value \"{}\"", sysfs_text(vfs.text.substr(0, 40))), snap);
+        add_fault(d, "sriov_numvfs",
+                  fmt::format("unparsable value \"{}\"", sysfs_text(vfs.text.substr(0, 40))), snap);
       } else {
         d.sriov_numvfs = static_cast<int>(*v);
       }
@@ -413,12 +423,14 @@ struct SysfsReader::Impl {
         if (auto consumer = PciAddress::parse(std::string_view(name).substr(13))) {
           d.consumers.push_back(*consumer);
         } else {
-          snap.warnings.push_back(fmt::format("{}: ignoring device link \"{}\"", d.address.to_string(), sysfs_text(name)));
+          snap.warnings.push_back(
+              fmt::format("{}: ignoring device link \"{}\"", d.address.to_string(), sysfs_text(name)));
         }
       }
       std::sort(d.consumers.begin(), d.consumers.end());
     }
-    if (names != nullptr && d.vendor_id && d.device_id) d.name = names->device_name(*d.vendor_id, *d.device_id);
+    if (names != nullptr && d.vendor_id && d.device_id)
+      d.name = names->device_name(*d.vendor_id, *d.device_id);
   }
 
   // The header type decides `bridge` for devices whose class does not; read only for those, and
@@ -426,7 +438,8 @@ struct SysfsReader::Impl {
   void read_header_type(DeviceRecord& d, pci_dev* pd, HostSnapshot& snap) const {
     if (!d.class_code) return;
     const auto c = *d.class_code >> 8;
-    if ((c >> 8) == 0x06 || c == 0x0403 || c == 0x0c03 || c == 0x0c80) return;  // bridges by class, companions
+    if ((c >> 8) == 0x06 || c == 0x0403 || c == 0x0c03 || c == 0x0c80)
+      return;  // bridges by class, companions
     u8 value = 0xff;
     if (auto err = pci_guard([&] { value = pci_read_byte(pd, PCI_HEADER_TYPE); })) {
       add_fault(d, "config", *err, snap);
@@ -448,7 +461,8 @@ struct SysfsReader::Impl {
 
     FileText cmdline = read_small((host_root / "proc" / "cmdline").string());
     if (cmdline.error && cmdline.error != EFBIG) {
-      snap.warnings.push_back(fmt::format("cannot read {}: {}", (host_root / "proc" / "cmdline").string(), describe(cmdline)));
+      snap.warnings.push_back(
+          fmt::format("cannot read {}: {}", (host_root / "proc" / "cmdline").string(), describe(cmdline)));
     } else if (cmdline.error == EFBIG) {
       // Longer than one small read: read it whole.
       std::FILE* f = std::fopen((host_root / "proc" / "cmdline").c_str(), "r");
@@ -472,7 +486,8 @@ struct SysfsReader::Impl {
         if (g && *g >= 0 && *g <= INT32_MAX) {
           snap.iommu_groups_present = true;
         } else {
-          snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not an IOMMU group number", groups_dir, sysfs_text(n)));
+          snap.warnings.push_back(
+              fmt::format("{}: ignoring \"{}\": not an IOMMU group number", groups_dir, sysfs_text(n)));
         }
       }
     }
@@ -497,7 +512,8 @@ struct SysfsReader::Impl {
       pci_dev* pd = nullptr;
       pci_access* a = pacc;
       const PciAddress ad = d.address;
-      if (auto e = pci_guard([&] { pd = pci_get_dev(a, static_cast<int>(ad.domain), ad.bus, ad.slot, ad.function); });
+      if (auto e = pci_guard(
+              [&] { pd = pci_get_dev(a, static_cast<int>(ad.domain), ad.bus, ad.slot, ad.function); });
           e || pd == nullptr) {
         add_fault(d, "vendor", fmt::format("libpci: {}", e.value_or("no such device")), snap);
         return nullptr;
@@ -516,7 +532,8 @@ struct SysfsReader::Impl {
     for (const auto& name : *entries) {
       auto address = PciAddress::parse(name);
       if (!address) {
-        snap.warnings.push_back(fmt::format("{}: ignoring \"{}\": not a PCI address", devices_dir, sysfs_text(name)));
+        snap.warnings.push_back(
+            fmt::format("{}: ignoring \"{}\": not a PCI address", devices_dir, sysfs_text(name)));
         continue;
       }
       DeviceRecord d;
@@ -529,7 +546,9 @@ struct SysfsReader::Impl {
       } else {
         // Leave the verdict to libpci below, should this device turn out to matter.
         add_fault(d, "vendor",
-                  vendor.error ? describe(vendor) : fmt::format("unparsable value \"{}\"", sysfs_text(vendor.text.substr(0, 40))),
+                  vendor.error
+                      ? describe(vendor)
+                      : fmt::format("unparsable value \"{}\"", sysfs_text(vendor.text.substr(0, 40))),
                   snap);
       }
       if (d.vendor_id && std::find(policy.gpu_vendors.begin(), policy.gpu_vendors.end(), *d.vendor_id) !=
@@ -541,9 +560,9 @@ struct SysfsReader::Impl {
     }
 
     // 2. GPU candidates and their groups.
-    std::set<PciAddress> wanted;            // devices that belong in the snapshot
+    std::set<PciAddress> wanted;                    // devices that belong in the snapshot
     std::map<int, std::vector<PciAddress>> groups;  // group -> members (from iommu_groups/N/devices)
-    std::vector<PciAddress> groupless;      // GPUs in no group
+    std::vector<PciAddress> groupless;              // GPUs in no group
     std::optional<std::map<PciAddress, int>> full_group_map;  // built only if a GPU has no group link
 
     auto load_group = [&](int group) {
@@ -585,13 +604,14 @@ struct SysfsReader::Impl {
             auto gn = parse_integer(g);
             if (!gn || *gn < 0 || *gn > INT32_MAX) continue;
             load_group(static_cast<int>(*gn));
-            for (const auto& m : groups[static_cast<int>(*gn)]) full_group_map->emplace(m, static_cast<int>(*gn));
+            for (const auto& m : groups[static_cast<int>(*gn)])
+              full_group_map->emplace(m, static_cast<int>(*gn));
           }
         }
         auto it = full_group_map->find(address);
         if (it == full_group_map->end()) {
-          snap.warnings.push_back(fmt::format("{}: in no IOMMU group although the host has IOMMU groups",
-                                              address.to_string()));
+          snap.warnings.push_back(
+              fmt::format("{}: in no IOMMU group although the host has IOMMU groups", address.to_string()));
           groupless.push_back(address);
           continue;
         }
@@ -603,7 +623,8 @@ struct SysfsReader::Impl {
     // 3. Members: group members, or the slot of a GPU without a group.
     std::map<PciAddress, int> group_of;
     for (const auto& [group, members] : groups) {
-      bool has_candidate = std::any_of(members.begin(), members.end(), [&](const PciAddress& m) { return wanted.contains(m); });
+      bool has_candidate = std::any_of(members.begin(), members.end(),
+                                       [&](const PciAddress& m) { return wanted.contains(m); });
       if (!has_candidate) continue;
       for (const auto& m : members) group_of[m] = group;
     }
@@ -620,7 +641,8 @@ struct SysfsReader::Impl {
         // Listed in the group but not on the PCI bus: something we cannot identify shares the group.
         DeviceRecord ghost;
         ghost.address = member;
-        add_fault(ghost, "vendor", fmt::format("listed in IOMMU group {} but absent from {}", group, devices_dir), snap);
+        add_fault(ghost, "vendor",
+                  fmt::format("listed in IOMMU group {} but absent from {}", group, devices_dir), snap);
         ghosts.insert(member);
         all.emplace(member, std::move(ghost));
       }
@@ -660,7 +682,9 @@ SysfsReader::SysfsReader(std::filesystem::path host_root, Policy policy, const P
 
 SysfsReader::~SysfsReader() = default;
 
-HostSnapshot SysfsReader::read() { return impl_->read(); }
+HostSnapshot SysfsReader::read() {
+  return impl_->read();
+}
 
 std::optional<std::string> SysfsReader::fingerprint() const {
   int err = 0;
@@ -681,7 +705,8 @@ std::optional<std::string> SysfsReader::fingerprint() const {
   return out;
 }
 
-std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root, const std::string& address) {
+std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root,
+                                          const std::string& address) {
   auto parsed = PciAddress::parse(address);
   if (!parsed) return std::nullopt;  // never a path of someone else's making
   FileText f = read_small((host_root / "sys/bus/pci/devices" / parsed->to_string() / "class").string());

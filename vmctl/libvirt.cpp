@@ -26,7 +26,9 @@ namespace {
 
 // libvirt's functions, once loaded: called only where libvirt_api() succeeded (the adapter's
 // constructor checks, and every call goes through open(), which refuses without it).
-const detail::LibvirtApi& lv() { return *detail::libvirt_api(); }
+const detail::LibvirtApi& lv() {
+  return *detail::libvirt_api();
+}
 
 void ignore_error(void* /*user_data*/, virErrorPtr /*error*/) {}
 
@@ -127,7 +129,9 @@ int on_lifecycle(virConnectPtr, virDomainPtr, int, int, void* opaque) {
   Watchers::get().notify(opaque);
   return 0;
 }
-void on_close(virConnectPtr, int, void* opaque) { Watchers::get().notify(opaque); }
+void on_close(virConnectPtr, int, void* opaque) {
+  Watchers::get().notify(opaque);
+}
 
 // One open connection, shared by the calls that use it: the last of them to let go closes it (and
 // deregisters its callbacks), so a reconnect never closes a connection under a call in progress.
@@ -182,14 +186,16 @@ class Libvirt final : public Hypervisor {
         if (domain.error().kind == VmError::Kind::not_found) continue;  // undefined since the listing
         return std::unexpected(domain.error());
       }
-      if (found.size() < kMaxHandles) found.try_emplace(domain->uuid, SharedDomain{handle.release(), DomainFree{}});
+      if (found.size() < kMaxHandles)
+        found.try_emplace(domain->uuid, SharedDomain{handle.release(), DomainFree{}});
       out.push_back(std::move(*domain));
     }
     keep_handles(*conn, found);
     return out;
   }
 
-  std::expected<void, VmError> record_termination(const std::string& uuid, const TerminationRecord& record) override {
+  std::expected<void, VmError> record_termination(const std::string& uuid,
+                                                  const TerminationRecord& record) override {
     auto target = lookup(uuid);
     if (!target) return std::unexpected(target.error());
     const ConnRef& conn = target->conn;
@@ -203,8 +209,8 @@ class Libvirt final : public Hypervisor {
     for (int attempt = 0; attempt < 2; ++attempt) {
       auto flags = definition_flags(conn, uuid, domain);
       if (!flags) return std::unexpected(flags.error());
-      if (lv().virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(), ns.c_str(),
-                               *flags) == 0)
+      if (lv().virDomainSetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, element.c_str(), prefix.c_str(),
+                                    ns.c_str(), *flags) == 0)
         return {};
       virErrorPtr last = lv().virGetLastError();
       const bool retry = attempt == 0 && last != nullptr && last->code == VIR_ERR_OPERATION_INVALID &&
@@ -220,7 +226,8 @@ class Libvirt final : public Hypervisor {
     if (!target) return std::unexpected(target.error());
     const std::string ns{termination_ns};
     const unsigned flags = which == Definition::live ? VIR_DOMAIN_AFFECT_LIVE : VIR_DOMAIN_AFFECT_CONFIG;
-    CString text{lv().virDomainGetMetadata(target->domain.get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
+    CString text{
+        lv().virDomainGetMetadata(target->domain.get(), VIR_DOMAIN_METADATA_ELEMENT, ns.c_str(), flags)};
     if (!text) {
       virErrorPtr last = lv().virGetLastError();
       if (last != nullptr && last->code == VIR_ERR_NO_DOMAIN_METADATA) {
@@ -259,7 +266,8 @@ class Libvirt final : public Hypervisor {
   // again, whatever libvirt still delivers.
   void watch(std::function<void()> on_change) override {
     const bool watching = static_cast<bool>(on_change);
-    if (watching && detail::libvirt_api()) start_event_loop();  // before the connection that is to hear events opens
+    if (watching && detail::libvirt_api())
+      start_event_loop();  // before the connection that is to hear events opens
     Watchers::get().set(watcher_id_, std::move(on_change));
     ConnRef old;  // released after the unlock
     std::lock_guard lock{mu_};
@@ -279,7 +287,8 @@ class Libvirt final : public Hypervisor {
   // A fresh connection with, when watched, lifecycle events, a close callback and keepalive.
   // Round trips: called without mu_.
   std::expected<ConnRef, VmError> open(bool watched) {
-    if (const auto& api = detail::libvirt_api(); !api) return std::unexpected(VmError{VmError::Kind::unavailable, api.error()});
+    if (const auto& api = detail::libvirt_api(); !api)
+      return std::unexpected(VmError{VmError::Kind::unavailable, api.error()});
     virConnectPtr raw = lv().virConnectOpen(uri_.c_str());
     if (raw == nullptr) {
       virErrorPtr last = lv().virGetLastError();
@@ -290,8 +299,9 @@ class Libvirt final : public Hypervisor {
     auto conn = std::make_shared<Connection>(raw);
     if (watched) {
       void* opaque = reinterpret_cast<void*>(watcher_id_);
-      conn->lifecycle_id = lv().virConnectDomainEventRegisterAny(raw, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                                            VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
+      conn->lifecycle_id =
+          lv().virConnectDomainEventRegisterAny(raw, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), opaque, nullptr);
       conn->close_registered = lv().virConnectRegisterCloseCallback(raw, on_close, opaque, nullptr) == 0;
       (void)lv().virConnectSetKeepAlive(raw, 5, 3);  // not every driver has keepalive (test:/// has not)
       lv().virResetLastError();
@@ -343,7 +353,8 @@ class Libvirt final : public Hypervisor {
   VmError fail(const ConnRef& conn) {
     virErrorPtr last = lv().virGetLastError();
     const int code = last != nullptr ? last->code : VIR_ERR_INTERNAL_ERROR;
-    std::string message = last != nullptr && last->message != nullptr ? last->message : "unknown libvirt error";
+    std::string message =
+        last != nullptr && last->message != nullptr ? last->message : "unknown libvirt error";
     lv().virResetLastError();
     if (connection_error(code) || lv().virConnectIsAlive(conn->ptr) != 1) {
       forget(conn);
@@ -362,7 +373,8 @@ class Libvirt final : public Hypervisor {
     if (!conn) return std::unexpected(conn.error());
     {
       std::lock_guard lock{mu_};
-      if (auto it = (*conn)->handles.find(uuid); it != (*conn)->handles.end()) return Target{*conn, it->second};
+      if (auto it = (*conn)->handles.find(uuid); it != (*conn)->handles.end())
+        return Target{*conn, it->second};
     }
     virDomainPtr raw = lv().virDomainLookupByUUIDString((*conn)->ptr, uuid.c_str());
     if (raw == nullptr) {
@@ -399,7 +411,8 @@ class Libvirt final : public Hypervisor {
     return e;
   }
 
-  std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, const std::string& uuid, virDomainPtr domain) {
+  std::expected<unsigned, VmError> definition_flags(const ConnRef& conn, const std::string& uuid,
+                                                    virDomainPtr domain) {
     const int active = lv().virDomainIsActive(domain);
     if (active < 0) return std::unexpected(fail_on(conn, uuid));
     const int persistent = lv().virDomainIsPersistent(domain);
@@ -458,12 +471,15 @@ class Libvirt final : public Hypervisor {
   ConnRef conn_;
   bool watched_ = false;
   std::atomic<bool> connected_{false};  // read by connected() without mu_
-  std::atomic<bool> events_{false};     // the current connection delivers lifecycle and close events; read by watching()
+  std::atomic<bool> events_{
+      false};  // the current connection delivers lifecycle and close events; read by watching()
   static constexpr std::size_t kMaxHandles = 4096;
 };
 
 }  // namespace
 
-std::unique_ptr<Hypervisor> make_libvirt(std::string uri) { return std::make_unique<Libvirt>(std::move(uri)); }
+std::unique_ptr<Hypervisor> make_libvirt(std::string uri) {
+  return std::make_unique<Libvirt>(std::move(uri));
+}
 
 }  // namespace gpunode::vmctl

@@ -16,12 +16,12 @@ std::expected<LibvirtApi, std::string> load() {
     return library == nullptr ? nullptr : ::dlsym(library, name);
   };
   LibvirtApi api;
-#define GPUNODE_LIBVIRT_LOAD(name)                                                                \
-  api.name = reinterpret_cast<decltype(api.name)>(find(#name));                                   \
-  if (api.name == nullptr) {                                                                      \
-    const char* why = ::dlerror();                                                                \
+#define GPUNODE_LIBVIRT_LOAD(name)                                                                          \
+  api.name = reinterpret_cast<decltype(api.name)>(find(#name));                                             \
+  if (api.name == nullptr) {                                                                                \
+    const char* why = ::dlerror();                                                                          \
     return std::unexpected(std::string("libvirt: cannot load ") + (library == nullptr ? kLibrary : #name) + \
-                           (why != nullptr ? std::string(": ") + why : std::string()));           \
+                           (why != nullptr ? std::string(": ") + why : std::string()));                     \
   }
   GPUNODE_LIBVIRT_FUNCTIONS(GPUNODE_LIBVIRT_LOAD)
 #undef GPUNODE_LIBVIRT_LOAD

@@ -8,12 +8,14 @@
 // libvirt's own, taken from its headers, so a call through the table is checked like a direct one.
 #pragma once
 
-#include <expected>
-#include <string>
-
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
 
+#include <expected>
+#include <string>
+
+// An X-macro list, laid out by hand: clang-format does not settle on one layout for it.
+// clang-format off
 #define GPUNODE_LIBVIRT_FUNCTIONS(X)                                                                            \
   X(virInitialize) X(virSetErrorFunc) X(virGetLastError) X(virResetLastError) X(virEventRegisterDefaultImpl)   \
   X(virEventRunDefaultImpl) X(virConnectOpen) X(virConnectClose) X(virConnectIsAlive) X(virConnectSetKeepAlive) \
@@ -22,6 +24,7 @@
   X(virDomainFree) X(virDomainGetUUIDString) X(virDomainGetName) X(virDomainGetState) X(virDomainGetXMLDesc)     \
   X(virDomainGetMetadata) X(virDomainSetMetadata) X(virDomainIsActive) X(virDomainIsPersistent)                 \
   X(virDomainShutdown) X(virDomainDestroy)
+// clang-format on
 
 namespace gpunode::vmctl::detail {
 

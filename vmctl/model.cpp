@@ -6,8 +6,9 @@
 namespace gpunode::vmctl {
 
 std::string_view state_name(int libvirt_state) {
-  // virDomainState: NOSTATE 0, RUNNING 1, BLOCKED 2, PAUSED 3, SHUTDOWN 4, SHUTOFF 5, CRASHED 6, PMSUSPENDED 7.
-  static constexpr std::array<std::string_view, 8> names{"nostate", "running",  "blocked", "paused",
+  // virDomainState: NOSTATE 0, RUNNING 1, BLOCKED 2, PAUSED 3, SHUTDOWN 4, SHUTOFF 5, CRASHED 6,
+  // PMSUSPENDED 7.
+  static constexpr std::array<std::string_view, 8> names{"nostate",  "running", "blocked", "paused",
                                                          "shutdown", "shutoff", "crashed", "pmsuspended"};
   if (libvirt_state < 0 || libvirt_state >= static_cast<int>(names.size())) return "nostate";
   return names[static_cast<std::size_t>(libvirt_state)];
@@ -20,9 +21,12 @@ bool state_active(std::string_view state) {
 
 std::string_view to_string(VmError::Kind kind) {
   switch (kind) {
-    case VmError::Kind::unavailable: return "unavailable";
-    case VmError::Kind::not_found: return "not-found";
-    case VmError::Kind::failed: return "failed";
+    case VmError::Kind::unavailable:
+      return "unavailable";
+    case VmError::Kind::not_found:
+      return "not-found";
+    case VmError::Kind::failed:
+      return "failed";
   }
   return "failed";
 }

@@ -1,4 +1,8 @@
 // Pure parsers of domain XML and metadata elements (CONTRACT §5), over libxml2.
+#include <libxml/parser.h>
+#include <libxml/parserInternals.h>
+#include <libxml/tree.h>
+
 #include <algorithm>
 #include <charconv>
 #include <climits>
@@ -6,17 +10,15 @@
 #include <memory>
 #include <mutex>
 
-#include <libxml/parser.h>
-#include <libxml/parserInternals.h>
-#include <libxml/tree.h>
-
 #include "gpunode/vmctl/vmctl.hpp"
 
 namespace gpunode::vmctl {
 namespace {
 
 // libxml2 speaks unsigned char; BAD_CAST is a C cast, so these replace it.
-const xmlChar* x(const char* text) { return reinterpret_cast<const xmlChar*>(text); }
+const xmlChar* x(const char* text) {
+  return reinterpret_cast<const xmlChar*>(text);
+}
 std::string_view sv(const xmlChar* text) {
   return text == nullptr ? std::string_view{} : std::string_view{reinterpret_cast<const char*>(text)};
 }
@@ -42,7 +44,9 @@ Doc parse(std::string_view text) {
 bool is_element(const xmlNode* node, std::string_view name) {
   return node != nullptr && node->type == XML_ELEMENT_NODE && sv(node->name) == name;
 }
-std::string_view ns_of(const xmlNode* node) { return node->ns == nullptr ? std::string_view{} : sv(node->ns->href); }
+std::string_view ns_of(const xmlNode* node) {
+  return node->ns == nullptr ? std::string_view{} : sv(node->ns->href);
+}
 
 const xmlNode* first_child(const xmlNode* parent, std::string_view name) {
   for (const xmlNode* c = parent->children; c != nullptr; c = c->next)
@@ -66,8 +70,10 @@ const xmlNode* find_metadata_element(const xmlDoc* doc, std::string_view name, s
   if (root == nullptr) return nullptr;
   if (is_element(root, name) && (root->ns == nullptr || ns_of(root) == ns)) return root;
   const xmlNode* metadata = nullptr;
-  if (is_element(root, "metadata") && root->ns == nullptr) metadata = root;
-  else if (is_element(root, "domain") && root->ns == nullptr) metadata = first_child(root, "metadata");
+  if (is_element(root, "metadata") && root->ns == nullptr)
+    metadata = root;
+  else if (is_element(root, "domain") && root->ns == nullptr)
+    metadata = first_child(root, "metadata");
   if (metadata == nullptr) return nullptr;
   for (const xmlNode* c = metadata->children; c != nullptr; c = c->next)
     if (is_element(c, name) && ns_of(c) == ns) return c;
@@ -86,7 +92,8 @@ std::optional<unsigned> parse_number(std::string_view text, unsigned max) {
   }
   unsigned value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, base);
-  if (ec != std::errc{} || end != text.data() + text.size() || text.empty() || value > max) return std::nullopt;
+  if (ec != std::errc{} || end != text.data() + text.size() || text.empty() || value > max)
+    return std::nullopt;
   return value;
 }
 
@@ -149,8 +156,10 @@ std::vector<std::string> addresses_of(const xmlDoc* doc, std::size_t* unreadable
     const xmlNode* source = first_child(hostdev, "source");
     const xmlNode* address = source == nullptr ? nullptr : first_child(source, "address");
     auto a = address == nullptr ? std::nullopt : pci_address(address);
-    if (a) out.push_back(std::move(*a));
-    else if (unreadable != nullptr) ++*unreadable;
+    if (a)
+      out.push_back(std::move(*a));
+    else if (unreadable != nullptr)
+      ++*unreadable;
   }
   std::ranges::sort(out);
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -462,6 +471,8 @@ DomainXmlFacts parse_domain_xml(std::string_view domain_xml) {
 std::string termination_xml(const TerminationRecord& record) {
   return element_xml(record, true);
 }
-std::string termination_element(const TerminationRecord& record) { return element_xml(record, false); }
+std::string termination_element(const TerminationRecord& record) {
+  return element_xml(record, false);
+}
 
 }  // namespace gpunode::vmctl

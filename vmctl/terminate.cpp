@@ -33,11 +33,14 @@ std::expected<bool, VmError> gone(Hypervisor& hv, Running& r) {
 
 }  // namespace
 
-std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::vector<TerminationJob>& jobs, const Sleeper& sleep) {
+std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::vector<TerminationJob>& jobs,
+                                                   const Sleeper& sleep) {
   std::vector<Running> runs(jobs.size());
   for (std::size_t i = 0; i < jobs.size(); ++i) runs[i].job = &jobs[i];
   auto fail = [](Running& r, VmError e) { r.outcome = std::unexpected(std::move(e)); };
-  auto done = [](Running& r, bool terminated, std::string detail) { r.outcome = TerminateResult{terminated, std::move(detail)}; };
+  auto done = [](Running& r, bool terminated, std::string detail) {
+    r.outcome = TerminateResult{terminated, std::move(detail)};
+  };
   auto live = [](const Running& r) { return !r.outcome.has_value(); };
 
   // 1. The record goes first, so that it outlives the stop; without it nothing is stopped.
@@ -54,8 +57,10 @@ std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::ve
       continue;
     }
     auto g = gone(hv, r);
-    if (!g) fail(r, g.error());
-    else if (*g) done(r, true, "already stopped");
+    if (!g)
+      fail(r, g.error());
+    else if (*g)
+      done(r, true, "already stopped");
   }
 
   // 2. Graceful shutdowns for those with a grace period.
@@ -92,7 +97,8 @@ std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::ve
     const milliseconds step = std::min(terminate_poll_interval, next);
     if (!sleep(step)) {  // the agent is stopping: decided nothing, the caller finishes later
       for (auto& r : runs) {
-        if (live(r)) fail(r, VmError{VmError::Kind::unavailable, "the agent stopped before the grace period ended"});
+        if (live(r))
+          fail(r, VmError{VmError::Kind::unavailable, "the agent stopped before the grace period ended"});
       }
       break;
     }
@@ -113,10 +119,14 @@ std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::ve
       fail(r, g.error());
       continue;
     }
-    const std::string how = r.job->grace > std::chrono::seconds{0} ? "destroyed after the grace period" : "destroyed";
-    if (*g) done(r, true, how + r.shutdown_note);
-    else if (!destroyed) done(r, false, "destroy failed: " + destroyed.error().message + r.shutdown_note);
-    else done(r, false, "still " + r.last_state + " after destroy" + r.shutdown_note);
+    const std::string how =
+        r.job->grace > std::chrono::seconds{0} ? "destroyed after the grace period" : "destroyed";
+    if (*g)
+      done(r, true, how + r.shutdown_note);
+    else if (!destroyed)
+      done(r, false, "destroy failed: " + destroyed.error().message + r.shutdown_note);
+    else
+      done(r, false, "still " + r.last_state + " after destroy" + r.shutdown_note);
   }
 
   std::vector<TerminationOutcome> out;
@@ -125,9 +135,9 @@ std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::ve
   return out;
 }
 
-std::expected<TerminateResult, VmError> terminate_spot(Hypervisor& hypervisor, const Domain& domain,
-                                                       const TerminationRecord& record, std::chrono::seconds grace,
-                                                       const std::function<void(std::chrono::milliseconds)>& sleep) {
+std::expected<TerminateResult, VmError> terminate_spot(
+    Hypervisor& hypervisor, const Domain& domain, const TerminationRecord& record, std::chrono::seconds grace,
+    const std::function<void(std::chrono::milliseconds)>& sleep) {
   std::vector<TerminationJob> one{TerminationJob{domain, record, grace}};
   auto out = terminate_spot_all(hypervisor, one, [&](milliseconds d) {
     sleep(d);

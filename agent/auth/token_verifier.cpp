@@ -15,7 +15,6 @@
 // - A `kid` selects by RFC 7638 thumbprint only; an issuer's free-form kid names are not
 //   understood, and such a token is `unknown_key` (refused, never "try all keys").
 #include "gpunode/auth/token_verifier.hpp"
-#include "gpunode/json/strict.hpp"
 
 #include <fmt/format.h>
 #include <openssl/bio.h>
@@ -38,6 +37,8 @@
 #include <set>
 #include <system_error>
 #include <utility>
+
+#include "gpunode/json/strict.hpp"
 
 namespace gpunode::auth {
 
@@ -147,8 +148,9 @@ std::expected<boost::json::object, AuthError> parse_json_object(std::string_view
   auto v = gpunode::json::parse_strict(text, kMaxJsonDepth);
   if (!v) {
     const bool repeated = v.error().what.starts_with("a key is repeated");
-    return std::unexpected(AuthError{Rejection::malformed, repeated ? fmt::format("the {} repeats a JSON key", what)
-                                                                    : fmt::format("the {} is not valid JSON", what)});
+    return std::unexpected(
+        AuthError{Rejection::malformed, repeated ? fmt::format("the {} repeats a JSON key", what)
+                                                 : fmt::format("the {} is not valid JSON", what)});
   }
   if (!v->is_object()) {
     return std::unexpected(AuthError{Rejection::malformed, fmt::format("the {} is not a JSON object", what)});
@@ -391,8 +393,8 @@ std::expected<std::optional<std::int64_t>, AuthError> int_claim(const boost::jso
 // no sum with a leeway, no conversion to a time_point and no comparison can overflow.
 constexpr std::int64_t kLatestClaimTime = 7258118399;  // 2199-12-31T23:59:59Z
 
-std::expected<std::optional<std::int64_t>, AuthError> time_claim(const boost::json::object& o, std::string_view name,
-                                                                 bool null_is_absent) {
+std::expected<std::optional<std::int64_t>, AuthError> time_claim(const boost::json::object& o,
+                                                                 std::string_view name, bool null_is_absent) {
   auto v = int_claim(o, name, null_is_absent);
   if (!v || !*v) return v;
   if (**v < 0 || **v > kLatestClaimTime) {
@@ -612,7 +614,8 @@ std::expected<Claims, AuthError> TokenVerifier::verify(std::string_view authoriz
 
   auto nbf = time_claim(*payload, "nbf", true);
   if (!nbf) return std::unexpected(nbf.error());
-  if (auto iat = time_claim(*payload, "iat", true); !iat) return std::unexpected(iat.error());  // only bounded
+  if (auto iat = time_claim(*payload, "iat", true); !iat)
+    return std::unexpected(iat.error());  // only bounded
   claims.nbf = *nbf;
   if (claims.nbf && now_s + leeway < *claims.nbf) {
     return std::unexpected(

@@ -1,16 +1,16 @@
 // gpunodectl's commands: arguments (CLI11) to requests, answers to text (CONTRACT §8).
 #include "gpunode/ctl/app.hpp"
 
-#include <algorithm>
-#include <map>
-
-#include <CLI/CLI.hpp>
-#include <boost/json/array.hpp>
-#include <boost/json/object.hpp>
-#include <boost/json/serialize.hpp>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <map>
 
 #include "gpunode/ctl/model.hpp"
 #include "gpunode/ctl/outcome.hpp"
@@ -34,18 +34,23 @@ struct Answer {
 // One command's run: the transport, the node, how to print.
 class Session {
  public:
-  Session(Transport& t, const Env& env, bool json_out, Style style) : t_(t), env_(env), json_(json_out), style_(style) {}
+  Session(Transport& t, const Env& env, bool json_out, Style style)
+      : t_(t), env_(env), json_(json_out), style_(style) {}
 
   // `json_body`: the answer is JSON (every route but /metrics).
   std::expected<Answer, Failure> call(const Request& r, bool json_body = true) {
     auto res = t_.call(r);
     if (!res) return std::unexpected(Failure{kExitUnreachable, describe(res.error(), env_.uid), {}});
-    if (res->status < 200 || res->status > 299) return std::unexpected(Failure{kExitProblem, render_problem(res->status, res->body), res->body});
+    if (res->status < 200 || res->status > 299)
+      return std::unexpected(Failure{kExitProblem, render_problem(res->status, res->body), res->body});
     Answer a{res->status, std::move(res->body), nullptr};
     if (a.raw.empty() || !json_body) return a;
     auto doc = gpunode::json::parse_strict(a.raw);
     if (!doc) {
-      return std::unexpected(Failure{kExitProblem, fmt::format("gpunodectl: bad-answer: {} {}: the body is not JSON: {}\n", r.method, r.target, doc.error().to_string()), {}});
+      return std::unexpected(Failure{kExitProblem,
+                                     fmt::format("gpunodectl: bad-answer: {} {}: the body is not JSON: {}\n",
+                                                 r.method, r.target, doc.error().to_string()),
+                                     {}});
     }
     a.doc = std::move(*doc);
     return a;
@@ -59,11 +64,16 @@ class Session {
     const auto* o = h->doc.if_object();
     const auto* id = o == nullptr ? nullptr : o->if_contains("nodeId");
     if (id == nullptr || !id->is_string()) {
-      return std::unexpected(Failure{kExitProblem, "gpunodectl: bad-answer: GET /healthz on the admin socket has no nodeId (is this a gpunode-agent?)\n", {}});
+      return std::unexpected(Failure{kExitProblem,
+                                     "gpunodectl: bad-answer: GET /healthz on the admin socket has no nodeId "
+                                     "(is this a gpunode-agent?)\n",
+                                     {}});
     }
     node_ = std::string(id->get_string());  // used in request paths; shown escaped (status)
-    if (const auto* v = o->if_contains("version"); v != nullptr && v->is_string()) version_ = text::printable(v->get_string());
-    if (const auto* rev = o->if_contains("revision"); rev != nullptr && rev->is_int64()) revision_ = rev->get_int64();
+    if (const auto* v = o->if_contains("version"); v != nullptr && v->is_string())
+      version_ = text::printable(v->get_string());
+    if (const auto* rev = o->if_contains("revision"); rev != nullptr && rev->is_int64())
+      revision_ = rev->get_int64();
     return *node_;
   }
 
@@ -86,7 +96,9 @@ class Session {
 
   template <class T>
   std::expected<T, Failure> decoded(std::expected<T, std::string> v) {
-    if (!v) return std::unexpected(Failure{kExitProblem, fmt::format("gpunodectl: bad-answer: {}\n", v.error()), {}});
+    if (!v)
+      return std::unexpected(
+          Failure{kExitProblem, fmt::format("gpunodectl: bad-answer: {}\n", v.error()), {}});
     return std::move(*v);
   }
 
@@ -98,7 +110,9 @@ class Session {
     return Result{kExitOk, *text, {}};
   }
 
-  Result fail(const Failure& f) const { return Result{f.exit_code, json_ && !f.body.empty() ? f.body + "\n" : "", f.message}; }
+  Result fail(const Failure& f) const {
+    return Result{f.exit_code, json_ && !f.body.empty() ? f.body + "\n" : "", f.message};
+  }
 
   bool json_out() const { return json_; }
   const Style& style() const { return style_; }
@@ -122,7 +136,8 @@ class Session {
 struct Options {
   std::optional<std::string> socket;
   bool json = false;
-  std::string id, org, state, units, audience, managers, starts, ends, note, if_match, reason, reservation, after;
+  std::string id, org, state, units, audience, managers, starts, ends, note, if_match, reason, reservation,
+      after;
   int grace = -1, weeks = 4;
   std::size_t limit = 0;
   bool terminate_spot = false;
@@ -148,11 +163,16 @@ CLI::Validator ids_validator(bool may_be_empty = false) {
       may_be_empty ? "ID,.. or \"\"" : "ID,..");
 }
 
-std::vector<std::string> ids_of(const std::string& s) { return s.empty() ? std::vector<std::string>{} : parse_ids(s).value_or(std::vector<std::string>{}); }
+std::vector<std::string> ids_of(const std::string& s) {
+  return s.empty() ? std::vector<std::string>{} : parse_ids(s).value_or(std::vector<std::string>{});
+}
 
-Time when_of(const std::string& s, Time now) { return parse_when(s, now).value_or(now); }
+Time when_of(const std::string& s, Time now) {
+  return parse_when(s, now).value_or(now);
+}
 
-std::expected<std::string, Failure> reservation_text(Session& s, const json::value& body, std::string_view headline) {
+std::expected<std::string, Failure> reservation_text(Session& s, const json::value& body,
+                                                     std::string_view headline) {
   auto r = s.decoded(decode_reservation(body));
   if (!r) return std::unexpected(r.error());
   return fmt::format("{} {}\n{}", headline, r->id, render_reservation(*r, s.style()));
@@ -172,18 +192,23 @@ Result cmd_units(Session& s) {
   return Result{kExitOk, render_units_tree(*st, s.style()), {}};
 }
 
-Result print_list(Session& s, std::string_view key, std::optional<std::size_t> max_items,
-                  const std::function<Request(const std::string& node, const std::optional<std::string>& token, std::size_t limit)>& page,
-                  const std::function<std::expected<std::string, Failure>(const json::value&)>& people) {
+Result print_list(
+    Session& s, std::string_view key, std::optional<std::size_t> max_items,
+    const std::function<Request(const std::string& node, const std::optional<std::string>& token,
+                                std::size_t limit)>& page,
+    const std::function<std::expected<std::string, Failure>(const json::value&)>& people) {
   auto n = s.node();
   if (!n) return s.fail(n.error());
-  auto all = collect_pages(key, max_items, [&](const std::optional<std::string>& token, std::size_t limit) -> std::expected<Page, Failure> {
-    auto a = s.call(page(*n, token, limit));
-    if (!a) return std::unexpected(a.error());
-    return Page{std::move(a->doc), std::move(a->raw)};
-  });
+  auto all = collect_pages(
+      key, max_items,
+      [&](const std::optional<std::string>& token, std::size_t limit) -> std::expected<Page, Failure> {
+        auto a = s.call(page(*n, token, limit));
+        if (!a) return std::unexpected(a.error());
+        return Page{std::move(a->doc), std::move(a->raw)};
+      });
   if (!all) return s.fail(all.error());
-  if (s.json_out()) return Result{kExitOk, (all->raw.empty() ? json::serialize(all->doc) : all->raw) + "\n", {}};
+  if (s.json_out())
+    return Result{kExitOk, (all->raw.empty() ? json::serialize(all->doc) : all->raw) + "\n", {}};
   auto text = people(all->doc);
   if (!text) return s.fail(text.error());
   return Result{kExitOk, *text, {}};
@@ -211,8 +236,12 @@ Result cmd_audit(Session& s, const Options& o) {
   if (o.limit > 0) max = o.limit;
   return print_list(
       s, "records", max,
-      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) { return audit_page(node, after, limit, token); },
-      [&](const json::value& doc) -> std::expected<std::string, Failure> { return render_audit(doc, s.style()); });
+      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) {
+        return audit_page(node, after, limit, token);
+      },
+      [&](const json::value& doc) -> std::expected<std::string, Failure> {
+        return render_audit(doc, s.style());
+      });
 }
 
 // A route answered with one body: --json prints it, else `people` renders it.
@@ -286,52 +315,78 @@ Result cmd_timeline(Session& s, const Options& o) {
   }
   json::array units;
   for (const auto& u : st->units) units.emplace_back(u.id);
-  json::object doc{{"nodeId", st->node_id}, {"from", format_time(from)}, {"to", format_time(to)}, {"unitIds", std::move(units)}, {"reservations", std::move(shown)}};
+  json::object doc{{"nodeId", st->node_id},
+                   {"from", format_time(from)},
+                   {"to", format_time(to)},
+                   {"unitIds", std::move(units)},
+                   {"reservations", std::move(shown)}};
   return Result{kExitOk, json::serialize(doc) + "\n", {}};
 }
 
-std::string terminations_text(Session& s, const json::value& body) { return render_terminations(body, s.style()); }
+std::string terminations_text(Session& s, const json::value& body) {
+  return render_terminations(body, s.style());
+}
 
 }  // namespace
 
 Result run(const std::vector<std::string>& args, const Env& env) {
   Options o;
-  CLI::App app{"gpunodectl: operate the gpunode agent of this host over its admin socket.\n"
-               "The socket is --socket, else admin.socket of /etc/gpunode/agent.yaml, else /run/gpunode/admin.sock.\n"
-               "Times: RFC 3339 (2027-01-31T00:00:00Z) or + a duration from now (+30d, +12h, +90m; units w d h m s).\n"
-               "Lists of ids are comma-separated. Exit status: 0 done, 1 the agent answered a problem,\n"
-               "2 a usage error, 3 the socket is missing, unreachable or refuses the caller.",
-               "gpunodectl"};
+  CLI::App app{
+      "gpunodectl: operate the gpunode agent of this host over its admin socket.\n"
+      "The socket is --socket, else admin.socket of /etc/gpunode/agent.yaml, else /run/gpunode/admin.sock.\n"
+      "Times: RFC 3339 (2027-01-31T00:00:00Z) or + a duration from now (+30d, +12h, +90m; units w d h m s).\n"
+      "Lists of ids are comma-separated. Exit status: 0 done, 1 the agent answered a problem,\n"
+      "2 a usage error, 3 the socket is missing, unreachable or refuses the caller.",
+      "gpunodectl"};
   app.require_subcommand(1);
   app.fallthrough();
   app.set_help_all_flag("--help-all", "Show help for every command");
-  app.add_option("--socket", o.socket, "The agent's admin socket (default: admin.socket of /etc/gpunode/agent.yaml, else /run/gpunode/admin.sock)");
-  app.add_flag("--json", o.json, "Print the route's response body exactly (one JSON document; lists whole, every page)");
-  app.add_flag_callback("--version", [&] { throw CLI::Success(); }, "Print gpunodectl's version");
+  app.add_option("--socket", o.socket,
+                 "The agent's admin socket (default: admin.socket of /etc/gpunode/agent.yaml, else "
+                 "/run/gpunode/admin.sock)");
+  app.add_flag("--json", o.json,
+               "Print the route's response body exactly (one JSON document; lists whole, every page)");
+  app.add_flag_callback(
+      "--version", [&] { throw CLI::Success(); }, "Print gpunodectl's version");
 
-  auto* units = app.add_subcommand("units", "The node's GPU units: a tree NUMA node -> unit -> devices, reservations and VMs (GET .../units with --json)");
+  auto* units = app.add_subcommand("units",
+                                   "The node's GPU units: a tree NUMA node -> unit -> devices, reservations "
+                                   "and VMs (GET .../units with --json)");
   auto* reservations = app.add_subcommand("reservations", "List the node's reservations (every page)");
-  reservations->add_option("--state", o.state, "Only reservations in this state")->check(CLI::IsMember({"scheduled", "active", "ended"}));
+  reservations->add_option("--state", o.state, "Only reservations in this state")
+      ->check(CLI::IsMember({"scheduled", "active", "ended"}));
   auto* reservation = app.add_subcommand("reservation", "Show one reservation");
   reservation->add_option("ID", o.id, "The reservation id (rsv_...)")->required();
 
   auto* reserve = app.add_subcommand("reserve", "Reserve units for orgs (POST .../reservations)");
-  reserve->add_option("--units", o.units, "Units to reserve (u-0000-41-00-0,...)")->required()->check(ids_validator());
-  reserve->add_option("--audience", o.audience, "Orgs that may use the units")->required()->check(ids_validator());
-  reserve->add_option("--managers", o.managers, "Orgs that manage the reservation (release, reclaim); default none")->check(ids_validator(true));
-  reserve->add_option("--starts", o.starts, "When the term starts (default: now)")->check(time_validator(env.now));
+  reserve->add_option("--units", o.units, "Units to reserve (u-0000-41-00-0,...)")
+      ->required()
+      ->check(ids_validator());
+  reserve->add_option("--audience", o.audience, "Orgs that may use the units")
+      ->required()
+      ->check(ids_validator());
+  reserve
+      ->add_option("--managers", o.managers,
+                   "Orgs that manage the reservation (release, reclaim); default none")
+      ->check(ids_validator(true));
+  reserve->add_option("--starts", o.starts, "When the term starts (default: now)")
+      ->check(time_validator(env.now));
   reserve->add_option("--ends", o.ends, "When the term ends")->required()->check(time_validator(env.now));
   reserve->add_option("--note", o.note, "A note (at most 1024 characters)");
 
-  auto* amend = app.add_subcommand("amend", "Amend a reservation (PATCH; each list given replaces the old one whole)");
+  auto* amend =
+      app.add_subcommand("amend", "Amend a reservation (PATCH; each list given replaces the old one whole)");
   amend->add_option("ID", o.id, "The reservation id")->required();
   amend->add_option("--units", o.units, "The new units")->check(ids_validator());
   amend->add_option("--audience", o.audience, "The new audience orgs")->check(ids_validator());
-  amend->add_option("--managers", o.managers, "The new managing orgs (\"\": none)")->check(ids_validator(true));
-  amend->add_option("--starts", o.starts, "The new start (only while scheduled)")->check(time_validator(env.now));
+  amend->add_option("--managers", o.managers, "The new managing orgs (\"\": none)")
+      ->check(ids_validator(true));
+  amend->add_option("--starts", o.starts, "The new start (only while scheduled)")
+      ->check(time_validator(env.now));
   amend->add_option("--ends", o.ends, "The new end (after now)")->check(time_validator(env.now));
   amend->add_option("--note", o.note, "The new note");
-  amend->add_option("--if-match", o.if_match, "Only if the reservation is at this version (else 412 version-mismatch)");
+  amend->add_option("--if-match", o.if_match,
+                    "Only if the reservation is at this version (else 412 version-mismatch)");
 
   auto* end = app.add_subcommand("end", "End a reservation now (its released units leave the spot market)");
   end->add_option("ID", o.id, "The reservation id")->required();
@@ -344,12 +399,17 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   auto* reclaim = app.add_subcommand("reclaim", "Take released units back from the spot market");
   reclaim->add_option("ID", o.id, "The reservation id")->required();
   reclaim->add_option("--units", o.units, "The units to take back")->required()->check(ids_validator());
-  reclaim->add_flag("--terminate-spot", o.terminate_spot, "Terminate the spot VMs on them now (else they stay reclaiming until vacated)");
+  reclaim->add_flag("--terminate-spot", o.terminate_spot,
+                    "Terminate the spot VMs on them now (else they stay reclaiming until vacated)");
 
-  auto* terminate = app.add_subcommand("terminate-spot", "Terminate spot VMs (only tier spot; every other VM is left running)");
+  auto* terminate = app.add_subcommand("terminate-spot",
+                                       "Terminate spot VMs (only tier spot; every other VM is left running)");
   terminate->add_option("--units", o.units, "Only on these units")->check(ids_validator());
   terminate->add_option("--reservation", o.reservation, "Only on this reservation's units");
-  terminate->add_option("--grace", o.grace, "Seconds of graceful shutdown before destroy, 0..300 (default: libvirt.shutdown_grace)")->check(CLI::Range(0, 300));
+  terminate
+      ->add_option("--grace", o.grace,
+                   "Seconds of graceful shutdown before destroy, 0..300 (default: libvirt.shutdown_grace)")
+      ->check(CLI::Range(0, 300));
   terminate->add_option("--reason", o.reason, "Why (kept in the audit log)");
 
   auto* workloads = app.add_subcommand("workloads", "The VMs on the node (libvirt domains) and their units");
@@ -357,8 +417,11 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   capacity->add_option("ORG", o.org, "The org id")->required();
   auto* audit = app.add_subcommand("audit", "The audit log, oldest first (every page, or --limit records)");
   audit->add_option("--after", o.after, "Records after this one (aud_N)");
-  audit->add_option("--limit", o.limit, "At most N records")->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
-  auto* status = app.add_subcommand("status", "The node at a glance: agent version, units by class, reservations by state, workloads, outbox, libvirt");
+  audit->add_option("--limit", o.limit, "At most N records")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
+  auto* status = app.add_subcommand("status",
+                                    "The node at a glance: agent version, units by class, reservations by "
+                                    "state, workloads, outbox, libvirt");
   auto* rescan = app.add_subcommand("rescan", "Rescan the host's GPUs now (POST /v1/admin/rescan)");
   auto* timeline = app.add_subcommand("timeline", "The reservations per unit over the coming weeks, drawn");
   timeline->add_option("--weeks", o.weeks, "How many weeks (default 4)")->check(CLI::Range(1, 520));
@@ -386,14 +449,22 @@ Result run(const std::vector<std::string>& args, const Env& env) {
         break;
       }
     }
-    return Result{kExitUsage, {}, fmt::format("gpunodectl: {}\n\n{}", e.what(), named == &app ? app.help() : named->help("gpunodectl"))};
+    return Result{kExitUsage,
+                  {},
+                  fmt::format("gpunodectl: {}\n\n{}", e.what(),
+                              named == &app ? app.help() : named->help("gpunodectl"))};
   }
-  if (amend->parsed() && o.units.empty() && o.audience.empty() && amend->count("--managers") == 0 && o.starts.empty() && o.ends.empty() &&
-      amend->count("--note") == 0) {
-    return Result{kExitUsage, {}, fmt::format("gpunodectl: amend: nothing to change: give at least one of --units, --audience, --managers, --starts, --ends, --note\n\n{}", amend->help("gpunodectl"))};
+  if (amend->parsed() && o.units.empty() && o.audience.empty() && amend->count("--managers") == 0 &&
+      o.starts.empty() && o.ends.empty() && amend->count("--note") == 0) {
+    return Result{kExitUsage,
+                  {},
+                  fmt::format("gpunodectl: amend: nothing to change: give at least one of --units, "
+                              "--audience, --managers, --starts, --ends, --note\n\n{}",
+                              amend->help("gpunodectl"))};
   }
 
-  auto socket = choose_socket(o.socket, kDefaultConfig, o.socket ? std::nullopt : env.read_file(kDefaultConfig));
+  auto socket =
+      choose_socket(o.socket, kDefaultConfig, o.socket ? std::nullopt : env.read_file(kDefaultConfig));
   if (!socket) return Result{kExitUnreachable, {}, fmt::format("gpunodectl: {}\n", socket.error())};
   auto transport = env.connect(socket->path);
   Session s(*transport, env, o.json, Style{use_color(env.stdout_tty, env.no_color)});
@@ -406,21 +477,28 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   if (status->parsed()) return cmd_status(s);
   if (timeline->parsed()) return cmd_timeline(s, o);
   if (reservation->parsed()) {
-    return one(s, [&](const std::string& n) { return reservation_request(n, o.id); },
-               [&](const json::value& b) { return reservation_text(s, b, "reservation"); });
+    return one(
+        s, [&](const std::string& n) { return reservation_request(n, o.id); },
+        [&](const json::value& b) { return reservation_text(s, b, "reservation"); });
   }
   if (reserve->parsed()) {
-    ReserveArgs a{ids_of(o.units), ids_of(o.audience), ids_of(o.managers),
-                  o.starts.empty() ? std::nullopt : std::optional<Time>(when_of(o.starts, now)), when_of(o.ends, now),
+    ReserveArgs a{ids_of(o.units),
+                  ids_of(o.audience),
+                  ids_of(o.managers),
+                  o.starts.empty() ? std::nullopt : std::optional<Time>(when_of(o.starts, now)),
+                  when_of(o.ends, now),
                   reserve->count("--note") > 0 ? std::optional<std::string>(o.note) : std::nullopt};
-    return one(s, [&](const std::string& n) { return reserve_request(n, a); },
-               [&](const json::value& b) -> std::expected<std::string, Failure> {
-                 auto text = reservation_text(s, b, "created reservation");
-                 if (!text) return text;
-                 auto spot = decode_workloads(json::object{{"workloads", field(b, "spotWorkloads")}});
-                 if (spot && !spot->empty()) *text += "spot VMs on its units (allowed; they may be terminated on reclaim):\n" + render_workloads(*spot, s.style());
-                 return text;
-               });
+    return one(
+        s, [&](const std::string& n) { return reserve_request(n, a); },
+        [&](const json::value& b) -> std::expected<std::string, Failure> {
+          auto text = reservation_text(s, b, "created reservation");
+          if (!text) return text;
+          auto spot = decode_workloads(json::object{{"workloads", field(b, "spotWorkloads")}});
+          if (spot && !spot->empty())
+            *text += "spot VMs on its units (allowed; they may be terminated on reclaim):\n" +
+                     render_workloads(*spot, s.style());
+          return text;
+        });
   }
   if (amend->parsed()) {
     AmendArgs a;
@@ -431,24 +509,36 @@ Result run(const std::vector<std::string>& args, const Env& env) {
     if (!o.ends.empty()) a.ends = when_of(o.ends, now);
     if (amend->count("--note") > 0) a.note = o.note;
     a.if_match = opt(o.if_match);
-    return one(s, [&](const std::string& n) { return amend_request(n, o.id, a); },
-               [&](const json::value& b) { return reservation_text(s, b, "amended reservation"); });
+    return one(
+        s, [&](const std::string& n) { return amend_request(n, o.id, a); },
+        [&](const json::value& b) { return reservation_text(s, b, "amended reservation"); });
   }
   if (end->parsed()) {
-    return one(s, [&](const std::string& n) { return end_request(n, o.id, end->count("--reason") > 0 ? std::optional<std::string>(o.reason) : std::nullopt); },
-               [&](const json::value& b) { return reservation_text(s, b, "ended reservation"); });
+    return one(
+        s,
+        [&](const std::string& n) {
+          return end_request(
+              n, o.id, end->count("--reason") > 0 ? std::optional<std::string>(o.reason) : std::nullopt);
+        },
+        [&](const json::value& b) { return reservation_text(s, b, "ended reservation"); });
   }
   if (release->parsed()) {
-    return one(s, [&](const std::string& n) { return release_request(n, o.id, ids_of(o.units)); },
-               [&](const json::value& b) { return reservation_text(s, field(b, "reservation"), fmt::format("released {} to spot from", o.units)); });
+    return one(
+        s, [&](const std::string& n) { return release_request(n, o.id, ids_of(o.units)); },
+        [&](const json::value& b) {
+          return reservation_text(s, field(b, "reservation"),
+                                  fmt::format("released {} to spot from", o.units));
+        });
   }
   if (reclaim->parsed()) {
-    return one(s, [&](const std::string& n) { return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot); },
-               [&](const json::value& b) -> std::expected<std::string, Failure> {
-                 auto text = reservation_text(s, field(b, "reservation"), fmt::format("reclaimed {} from spot for", o.units));
-                 if (!text) return text;
-                 return *text + "\n" + terminations_text(s, b);
-               });
+    return one(
+        s, [&](const std::string& n) { return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot); },
+        [&](const json::value& b) -> std::expected<std::string, Failure> {
+          auto text = reservation_text(s, field(b, "reservation"),
+                                       fmt::format("reclaimed {} from spot for", o.units));
+          if (!text) return text;
+          return *text + "\n" + terminations_text(s, b);
+        });
   }
   if (terminate->parsed()) {
     TerminateArgs a;
@@ -456,27 +546,33 @@ Result run(const std::vector<std::string>& args, const Env& env) {
     a.reservation = opt(o.reservation);
     if (o.grace >= 0) a.grace_seconds = o.grace;
     if (terminate->count("--reason") > 0) a.reason = o.reason;
-    return one(s, [&](const std::string& n) { return terminate_spot_request(n, a); },
-               [&](const json::value& b) -> std::expected<std::string, Failure> { return terminations_text(s, b); });
+    return one(
+        s, [&](const std::string& n) { return terminate_spot_request(n, a); },
+        [&](const json::value& b) -> std::expected<std::string, Failure> { return terminations_text(s, b); });
   }
   if (workloads->parsed()) {
-    return one(s, [&](const std::string& n) { return workloads_request(n); },
-               [&](const json::value& b) -> std::expected<std::string, Failure> {
-                 auto list = s.decoded(decode_workloads(b));
-                 if (!list) return std::unexpected(list.error());
-                 return render_workloads(*list, s.style());
-               });
+    return one(
+        s, [&](const std::string& n) { return workloads_request(n); },
+        [&](const json::value& b) -> std::expected<std::string, Failure> {
+          auto list = s.decoded(decode_workloads(b));
+          if (!list) return std::unexpected(list.error());
+          return render_workloads(*list, s.style());
+        });
   }
   if (capacity->parsed()) {
-    return one(s, [&](const std::string& n) { return capacity_request(n, o.org); },
-               [&](const json::value& b) -> std::expected<std::string, Failure> { return render_capacity(b, s.style()); });
+    return one(
+        s, [&](const std::string& n) { return capacity_request(n, o.org); },
+        [&](const json::value& b) -> std::expected<std::string, Failure> {
+          return render_capacity(b, s.style());
+        });
   }
   if (rescan->parsed()) {
     auto a = s.call(rescan_request());
     if (!a) return s.fail(a.error());
     return s.print(*a, [&]() -> std::expected<std::string, Failure> {
       const auto* rev = field(a->doc, "revision").if_int64();
-      return fmt::format("rescanned: revision {}\n", rev == nullptr ? std::string("?") : std::to_string(*rev));
+      return fmt::format("rescanned: revision {}\n",
+                         rev == nullptr ? std::string("?") : std::to_string(*rev));
     });
   }
   return Result{kExitUsage, {}, app.help()};

@@ -3,8 +3,8 @@
 // and Beast's parser for the answer. No event loop: the libvirt hook runs this on every domain
 // start, and its whole run is measured against /bin/true (CONTRACT §9 "Speed").
 #include "gpunode/ctl/client.hpp"
-#include "gpunode/ctl/fd.hpp"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,15 +12,15 @@
 #include <unistd.h>
 
 #include <array>
+#include <boost/beast/core/buffers_prefix.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <optional>
 
-#include <boost/beast/core/buffers_prefix.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <fmt/format.h>
+#include "gpunode/ctl/fd.hpp"
 
 namespace gpunode::ctl {
 namespace http = boost::beast::http;
@@ -41,7 +41,9 @@ TransportError::Kind connect_kind(int err) {
 
 // Closed by the peer before any byte of an answer: how the agent refuses a peer (CONTRACT §4: it
 // closes at once, without an HTTP answer).
-bool closed_by_peer(int err) { return err == 0 || err == ECONNRESET || err == EPIPE; }
+bool closed_by_peer(int err) {
+  return err == 0 || err == ECONNRESET || err == EPIPE;
+}
 
 // Milliseconds left until `deadline` for poll(2), at least 0.
 int left_ms(Clock::time_point deadline) {
@@ -61,11 +63,15 @@ int wait_for(int fd, short events, Clock::time_point deadline) {
 
 // The request as bytes. A header that would split the request (CR, LF, NUL in it) is refused.
 std::optional<std::string> request_text(const Request& r, const std::string& user_agent) {
-  const auto clean = [](std::string_view v) { return v.find_first_of(std::string_view("\r\n\0", 3)) == std::string_view::npos; };
+  const auto clean = [](std::string_view v) {
+    return v.find_first_of(std::string_view("\r\n\0", 3)) == std::string_view::npos;
+  };
   if (!clean(r.method) || !clean(r.target) || !clean(user_agent)) return std::nullopt;
-  std::string out = fmt::format("{} {} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: {}\r\nAccept: application/json, application/problem+json\r\n"
-                                "Connection: close\r\n",
-                                r.method, r.target, user_agent);
+  std::string out = fmt::format(
+      "{} {} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: {}\r\nAccept: application/json, "
+      "application/problem+json\r\n"
+      "Connection: close\r\n",
+      r.method, r.target, user_agent);
   for (const auto& [k, v] : r.headers) {
     if (!clean(k) || !clean(v) || k.find(':') != std::string::npos) return std::nullopt;
     out += fmt::format("{}: {}\r\n", k, v);
@@ -96,11 +102,13 @@ std::string describe(const TransportError& e, uid_t uid, std::string_view progra
           "  is gpunode-agent running on this host? (systemctl status gpunode-agent.service)\n"
           "  is this the admin.socket of /etc/gpunode/agent.yaml? ({})\n",
           program, e.path, e.detail,
-          program == "gpunodectl" ? "--socket PATH names another" : "the running agent keeps the socket it started with until a restart");
+          program == "gpunodectl" ? "--socket PATH names another"
+                                  : "the running agent keeps the socket it started with until a restart");
     case K::denied:
       return fmt::format(
           "{}: permission denied on the admin socket {} ({})\n"
-          "  uid {} may not open it: the socket is mode 0660, group admin.allowed_group, in a directory mode 0755;\n"
+          "  uid {} may not open it: the socket is mode 0660, group admin.allowed_group, in a directory mode "
+          "0755;\n"
           "  run as root, or as a member of admin.allowed_group, or ask for the uid in admin.allowed_uids\n",
           program, e.path, e.detail, uid);
     case K::not_listening:
@@ -117,8 +125,10 @@ std::string describe(const TransportError& e, uid_t uid, std::string_view progra
     case K::untrusted:
       return fmt::format("{}: the server at {} is not to be trusted: {}\n", program, e.path, e.detail);
     case K::timeout:
-      return fmt::format("{}: no answer from the agent at {} within {}\n  is gpunode-agent stuck? (journalctl -u gpunode-agent.service)\n",
-                         program, e.path, e.detail);
+      return fmt::format(
+          "{}: no answer from the agent at {} within {}\n  is gpunode-agent stuck? (journalctl -u "
+          "gpunode-agent.service)\n",
+          program, e.path, e.detail);
     case K::broken:
       break;
   }
@@ -131,31 +141,42 @@ UnixClient::UnixClient(std::string path, std::string user_agent, VetServer vet)
 std::optional<std::string> vet_agent_socket(const std::string& path, int fd) {
   ucred peer{};
   socklen_t len = sizeof peer;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return fmt::format("cannot tell who serves it: {}", std::strerror(errno));
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0)
+    return fmt::format("cannot tell who serves it: {}", std::strerror(errno));
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return fmt::format("cannot inspect its directory {}: {}", dir, std::strerror(errno));
+  if (::stat(dir.c_str(), &st) != 0)
+    return fmt::format("cannot inspect its directory {}: {}", dir, std::strerror(errno));
   if (peer.uid != 0 && peer.uid != st.st_uid) {
-    return fmt::format("it is served by uid {}, neither root nor the owner (uid {}) of its directory {}", peer.uid, st.st_uid, dir);
+    return fmt::format("it is served by uid {}, neither root nor the owner (uid {}) of its directory {}",
+                       peer.uid, st.st_uid, dir);
   }
-  if (st.st_uid != 0 && st.st_uid != peer.uid) return fmt::format("its directory {} belongs to uid {}, neither root nor the server", dir, st.st_uid);
+  if (st.st_uid != 0 && st.st_uid != peer.uid)
+    return fmt::format("its directory {} belongs to uid {}, neither root nor the server", dir, st.st_uid);
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format("its directory {} is writable by others (mode {:04o}): anyone could have put the socket there", dir, st.st_mode & 07777);
+    return fmt::format(
+        "its directory {} is writable by others (mode {:04o}): anyone could have put the socket there", dir,
+        st.st_mode & 07777);
   }
   return std::nullopt;
 }
 
 std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   const auto deadline = Clock::now() + r.timeout;
-  const auto fail = [&](TransportError::Kind kind, std::string detail) { return std::unexpected(TransportError{kind, path_, std::move(detail)}); };
-  const auto timed_out = [&] { return fail(TransportError::Kind::timeout, fmt::format("{} s", r.timeout.count())); };
+  const auto fail = [&](TransportError::Kind kind, std::string detail) {
+    return std::unexpected(TransportError{kind, path_, std::move(detail)});
+  };
+  const auto timed_out = [&] {
+    return fail(TransportError::Kind::timeout, fmt::format("{} s", r.timeout.count()));
+  };
   auto text = request_text(r, user_agent_);
   if (!text) return fail(TransportError::Kind::broken, "a header of the request holds a line break");
 
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
-  if (path_.empty() || path_.size() >= sizeof sa.sun_path) return fail(TransportError::Kind::broken, "the socket path is empty or too long");
+  if (path_.empty() || path_.size() >= sizeof sa.sun_path)
+    return fail(TransportError::Kind::broken, "the socket path is empty or too long");
   std::memcpy(sa.sun_path, path_.c_str(), path_.size() + 1);
   Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (sock.get() < 0) return fail(TransportError::Kind::broken, std::strerror(errno));
@@ -177,12 +198,15 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   for (std::size_t sent = 0; sent < text->size();) {
     const int ready = wait_for(sock.get(), POLLOUT, deadline);
     if (ready == 0) return timed_out();
-    const auto n = ready < 0 ? -1 : ::send(sock.get(), text->data() + sent, text->size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const auto n =
+        ready < 0 ? -1
+                  : ::send(sock.get(), text->data() + sent, text->size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       const int err = errno;
       // A refused peer may be closed before the request is written: then the write fails.
-      return fail(closed_by_peer(err) ? TransportError::Kind::refused_peer : TransportError::Kind::broken, std::strerror(err));
+      return fail(closed_by_peer(err) ? TransportError::Kind::refused_peer : TransportError::Kind::broken,
+                  std::strerror(err));
     }
     sent += static_cast<std::size_t>(n);
   }
@@ -191,7 +215,8 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   parser.eager(true);
   std::string pending;  // received bytes the parser has not taken yet
   bool got_any = false;
-  std::array<char, 65536> buf;  // not zeroed: recv() fills what is used (zeroing 64 KiB costs the hook 16 page faults)
+  std::array<char, 65536>
+      buf;  // not zeroed: recv() fills what is used (zeroing 64 KiB costs the hook 16 page faults)
   while (!parser.is_done()) {
     const int ready = wait_for(sock.get(), POLLIN, deadline);
     if (ready == 0) return timed_out();
@@ -204,8 +229,10 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
         parser.put_eof(ec);  // an answer whose body ends with the connection
         if (!ec) break;
       }
-      if (!got_any && closed_by_peer(err)) return fail(TransportError::Kind::refused_peer, n == 0 ? "end of stream" : std::strerror(err));
-      return fail(TransportError::Kind::broken, n == 0 ? "the connection closed before the answer was whole" : std::strerror(err));
+      if (!got_any && closed_by_peer(err))
+        return fail(TransportError::Kind::refused_peer, n == 0 ? "end of stream" : std::strerror(err));
+      return fail(TransportError::Kind::broken,
+                  n == 0 ? "the connection closed before the answer was whole" : std::strerror(err));
     }
     got_any = true;
     pending.append(buf.data(), static_cast<std::size_t>(n));

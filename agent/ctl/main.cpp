@@ -47,7 +47,9 @@ void write_all(std::FILE* f, const std::string& s) {
 int main(int argc, char** argv) {
   try {
     gpunode::ctl::Env env;
-    env.connect = [](const std::string& path) { return std::make_unique<gpunode::ctl::UnixClient>(path, "gpunodectl/" GPUNODE_VERSION); };
+    env.connect = [](const std::string& path) {
+      return std::make_unique<gpunode::ctl::UnixClient>(path, "gpunodectl/" GPUNODE_VERSION);
+    };
     env.read_file = read_small_file;
     env.now = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
     env.stdout_tty = ::isatty(STDOUT_FILENO) == 1;

@@ -1,10 +1,10 @@
 #include "gpunode/ctl/model.hpp"
 
-#include <charconv>
+#include <fmt/format.h>
 
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
-#include <fmt/format.h>
+#include <charconv>
 
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/text/printable.hpp"
@@ -19,7 +19,8 @@ namespace {
 // (text::printable), so an org's note or reason cannot drive the operator's terminal.
 class Fields {
  public:
-  Fields(const json::value& v, std::string place, std::string& error) : place_(std::move(place)), error_(error) {
+  Fields(const json::value& v, std::string place, std::string& error)
+      : place_(std::move(place)), error_(error) {
     obj_ = v.if_object();
     if (obj_ == nullptr) fail(place_, "not an object");
   }
@@ -40,7 +41,8 @@ class Fields {
     const auto* v = get(key);
     if (v == nullptr || v->is_null()) return std::nullopt;
     if (const auto* i = v->if_int64()) return *i;
-    if (const auto* u = v->if_uint64(); u != nullptr && *u <= static_cast<std::uint64_t>(INT64_MAX)) return static_cast<std::int64_t>(*u);
+    if (const auto* u = v->if_uint64(); u != nullptr && *u <= static_cast<std::uint64_t>(INT64_MAX))
+      return static_cast<std::int64_t>(*u);
     fail(at(key), "not an integer");
     return std::nullopt;
   }
@@ -56,8 +58,10 @@ class Fields {
   std::vector<std::string> strings(std::string_view key) {
     std::vector<std::string> out;
     each(key, [&](const json::value& x, const std::string& place) {
-      if (const auto* s = x.if_string()) out.push_back(text::printable(*s));
-      else fail(place, "not a string");
+      if (const auto* s = x.if_string())
+        out.push_back(text::printable(*s));
+      else
+        fail(place, "not a string");
     });
     return out;
   }
@@ -65,8 +69,10 @@ class Fields {
   std::vector<std::int64_t> ints(std::string_view key) {
     std::vector<std::int64_t> out;
     each(key, [&](const json::value& x, const std::string& place) {
-      if (const auto* i = x.if_int64()) out.push_back(*i);
-      else fail(place, "not an integer");
+      if (const auto* i = x.if_int64())
+        out.push_back(*i);
+      else
+        fail(place, "not an integer");
     });
     return out;
   }
@@ -78,14 +84,19 @@ class Fields {
     if (v == nullptr || v->is_null()) return;
     const auto* a = v->if_array();
     if (a == nullptr) return fail(at(key), "not an array");
-    for (std::size_t i = 0; i < a->size() && error_.empty(); ++i) f((*a)[i], fmt::format("{}[{}]", at(key), i));
+    for (std::size_t i = 0; i < a->size() && error_.empty(); ++i)
+      f((*a)[i], fmt::format("{}[{}]", at(key), i));
   }
 
   [[nodiscard]] bool ok() const { return error_.empty(); }
 
  private:
-  const json::value* get(std::string_view key) const { return obj_ == nullptr ? nullptr : obj_->if_contains(key); }
-  std::string at(std::string_view key) const { return place_.empty() ? std::string(key) : fmt::format("{}.{}", place_, key); }
+  const json::value* get(std::string_view key) const {
+    return obj_ == nullptr ? nullptr : obj_->if_contains(key);
+  }
+  std::string at(std::string_view key) const {
+    return place_.empty() ? std::string(key) : fmt::format("{}.{}", place_, key);
+  }
   void fail(const std::string& place, std::string_view what) {
     if (error_.empty()) error_ = fmt::format("{}: {}", place.empty() ? "the body" : place, what);
   }
@@ -119,7 +130,8 @@ Unit read_unit(const json::value& v, const std::string& place, std::string& erro
   });
   f.each("devices", [&](const json::value& x, const std::string& p) {
     Fields d(x, p, error);
-    u.devices.push_back(Device{d.str("pciAddress"), d.str("role"), d.str("vendorId"), d.str("deviceId"), d.str("classCode"), d.opt_str("driver")});
+    u.devices.push_back(Device{d.str("pciAddress"), d.str("role"), d.str("vendorId"), d.str("deviceId"),
+                               d.str("classCode"), d.opt_str("driver")});
   });
   u.reservation_ids = f.strings("reservationIds");
   return u;
@@ -199,7 +211,8 @@ std::expected<NodeState, std::string> decode_state(const json::value& body) {
   return s;
 }
 
-std::expected<std::vector<Reservation>, std::string> decode_reservations(const json::value& body, std::string_view key) {
+std::expected<std::vector<Reservation>, std::string> decode_reservations(const json::value& body,
+                                                                         std::string_view key) {
   std::string error;
   Fields f(body, "", error);
   auto list = read_list<Reservation>(f, key, error, read_reservation);

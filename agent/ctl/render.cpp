@@ -1,15 +1,16 @@
 // Tables, single answers, problems and the status summary (the two pictures are in render_tree.cpp
 // and render_timeline.cpp).
-#include <algorithm>
-#include <map>
+#include "gpunode/ctl/render.hpp"
 
-#include <boost/json/array.hpp>
-#include <boost/json/object.hpp>
-#include <boost/json/parse.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "gpunode/ctl/render.hpp"
+#include <algorithm>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <map>
+
 #include "gpunode/text/printable.hpp"
 
 namespace gpunode::ctl {
@@ -46,7 +47,9 @@ const json::array* array_of(const json::value& body, std::string_view key) {
   return v == nullptr ? nullptr : v->if_array();
 }
 
-std::string ids(const std::vector<std::string>& v) { return v.empty() ? "-" : fmt::format("{}", fmt::join(v, ",")); }
+std::string ids(const std::vector<std::string>& v) {
+  return v.empty() ? "-" : fmt::format("{}", fmt::join(v, ","));
+}
 
 std::string_view state_color(std::string_view state) {
   if (state == "active" || state == "running") return "32";
@@ -80,7 +83,8 @@ std::size_t display_width(std::string_view text) {
   return n;
 }
 
-std::string table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows, const Style& style) {
+std::string table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows,
+                  const Style& style) {
   std::vector<std::size_t> w(header.size(), 0);
   for (std::size_t i = 0; i < header.size(); ++i) w[i] = display_width(header[i]);
   for (const auto& r : rows) {
@@ -105,22 +109,21 @@ std::string render_reservations(const std::vector<Reservation>& list, const Styl
   if (list.empty()) return "no reservations\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : list) {
-    rows.push_back({r.id, style.paint(state_color(r.state), r.state), r.starts_at, r.ends_at, ids(r.unit_ids), ids(r.audience),
-                    ids(r.managers), ids(r.released), ids(r.reclaiming), r.note.empty() ? "-" : r.note});
+    rows.push_back({r.id, style.paint(state_color(r.state), r.state), r.starts_at, r.ends_at, ids(r.unit_ids),
+                    ids(r.audience), ids(r.managers), ids(r.released), ids(r.reclaiming),
+                    r.note.empty() ? "-" : r.note});
   }
-  return table({"ID", "STATE", "STARTS", "ENDS", "UNITS", "AUDIENCE", "MANAGERS", "RELEASED", "RECLAIMING", "NOTE"}, rows, style);
+  return table(
+      {"ID", "STATE", "STARTS", "ENDS", "UNITS", "AUDIENCE", "MANAGERS", "RELEASED", "RECLAIMING", "NOTE"},
+      rows, style);
 }
 
 std::string render_reservation(const Reservation& r, const Style& style) {
   std::vector<std::vector<std::string>> rows{
-      {"id", style.paint("1", r.id)},
-      {"state", style.paint(state_color(r.state), r.state)},
-      {"starts", r.starts_at},
-      {"ends", r.ends_at},
-      {"units", ids(r.unit_ids)},
-      {"audience", ids(r.audience)},
-      {"managers", ids(r.managers)},
-      {"released to spot", ids(r.released)},
+      {"id", style.paint("1", r.id)},    {"state", style.paint(state_color(r.state), r.state)},
+      {"starts", r.starts_at},           {"ends", r.ends_at},
+      {"units", ids(r.unit_ids)},        {"audience", ids(r.audience)},
+      {"managers", ids(r.managers)},     {"released to spot", ids(r.released)},
       {"reclaiming", ids(r.reclaiming)},
   };
   if (r.ended_at) rows.push_back({"ended", fmt::format("{} ({})", *r.ended_at, r.end_reason.value_or("-"))});
@@ -136,7 +139,8 @@ std::string render_workloads(const std::vector<Workload>& list, const Style& sty
   std::vector<std::vector<std::string>> rows;
   for (const auto& w : list) {
     rows.push_back({w.name, w.vm_id.value_or("-"), w.org.value_or("-"), w.tier.value_or("unlabelled"),
-                    style.paint(state_color(w.state), w.state), ids(w.unit_ids), w.termination_reason.value_or("-")});
+                    style.paint(state_color(w.state), w.state), ids(w.unit_ids),
+                    w.termination_reason.value_or("-")});
   }
   return table({"NAME", "VM", "ORG", "TIER", "STATE", "UNITS", "TERMINATED"}, rows, style);
 }
@@ -144,13 +148,15 @@ std::string render_workloads(const std::vector<Workload>& list, const Style& sty
 std::string render_capacity(const json::value& body, const Style& style) {
   const auto* o = body.if_object();
   const auto* units = array_of(body, "units");
-  std::string out = fmt::format("what {} may place on node {} now:\n", o ? str_of(*o, "orgId", "?") : "?", o ? str_of(*o, "nodeId", "?") : "?");
+  std::string out = fmt::format("what {} may place on node {} now:\n", o ? str_of(*o, "orgId", "?") : "?",
+                                o ? str_of(*o, "nodeId", "?") : "?");
   if (units == nullptr || units->empty()) return out + "nothing\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& x : *units) {
     const auto* e = x.if_object();
     if (e == nullptr) continue;
-    rows.push_back({text_of(*e, "unitId"), text_of(*e, "class"), text_of(*e, "gpuCount"), text_of(*e, "tier"), text_of(*e, "reservationId")});
+    rows.push_back({text_of(*e, "unitId"), text_of(*e, "class"), text_of(*e, "gpuCount"), text_of(*e, "tier"),
+                    text_of(*e, "reservationId")});
   }
   return out + table({"UNIT", "CLASS", "GPUS", "TIER", "RESERVATION"}, rows, style);
 }
@@ -168,10 +174,12 @@ std::string render_audit(const json::value& body, const Style& style) {
       actor = fmt::format("{} ({})", text_of(ao, "sub"), text_of(ao, "via"));
     }
     const std::string result = text_of(*r, "result");
-    rows.push_back({text_of(*r, "id"), text_of(*r, "at"), actor, text_of(*r, "action"), text_of(*r, "reservationId"),
-                    text_of(*r, "unitIds"), text_of(*r, "vmIds"), style.paint(result == "ok" ? "" : "33", result), text_of(*r, "detail")});
+    rows.push_back({text_of(*r, "id"), text_of(*r, "at"), actor, text_of(*r, "action"),
+                    text_of(*r, "reservationId"), text_of(*r, "unitIds"), text_of(*r, "vmIds"),
+                    style.paint(result == "ok" ? "" : "33", result), text_of(*r, "detail")});
   }
-  return table({"ID", "AT", "ACTOR", "ACTION", "RESERVATION", "UNITS", "VMS", "RESULT", "DETAIL"}, rows, style);
+  return table({"ID", "AT", "ACTOR", "ACTION", "RESERVATION", "UNITS", "VMS", "RESULT", "DETAIL"}, rows,
+               style);
 }
 
 std::string render_terminations(const json::value& body, const Style& style) {
@@ -186,12 +194,15 @@ std::string render_terminations(const json::value& body, const Style& style) {
       if (e == nullptr) continue;
       const bool stopped = list == terminated;
       rows.push_back({text_of(*e, "name"), text_of(*e, "vmId"), text_of(*e, "unitIds"),
-                      stopped ? style.paint("31", "terminated") : fmt::format("left running ({})", text_of(*e, "reason"))});
+                      stopped ? style.paint("31", "terminated")
+                              : fmt::format("left running ({})", text_of(*e, "reason"))});
     }
   }
   if (const auto* a = array_of(body, "terminating")) {
     for (const auto& x : *a) {
-      if (const auto* e = x.if_object()) rows.push_back({text_of(*e, "name"), text_of(*e, "vmId"), text_of(*e, "unitIds"), "terminating (another call)"});
+      if (const auto* e = x.if_object())
+        rows.push_back(
+            {text_of(*e, "name"), text_of(*e, "vmId"), text_of(*e, "unitIds"), "terminating (another call)"});
     }
   }
   if (rows.empty()) return "no VM terminated, none left running\n";
@@ -204,20 +215,22 @@ std::string render_problem(unsigned status, std::string_view body) {
   const auto* o = ec ? nullptr : v.if_object();
   if (o == nullptr || o->if_contains("code") == nullptr) {
     const std::string shown = text::printable(body.substr(0, 200));
-    return fmt::format("gpunodectl: http-{}: the agent answered {} without a problem body{}{}\n", status, status,
-                       shown.empty() ? "" : ": ", shown);
+    return fmt::format("gpunodectl: http-{}: the agent answered {} without a problem body{}{}\n", status,
+                       status, shown.empty() ? "" : ": ", shown);
   }
   std::string detail(str_of(*o, "detail"));
   if (detail.empty()) detail = str_of(*o, "title");
   std::string out = fmt::format("gpunodectl: {}: {}\n", str_of(*o, "code", "?"), detail);
   if (const auto* errs = array_of(v, "errors")) {
     for (const auto& e : *errs) {
-      if (const auto* eo = e.if_object()) out += fmt::format("  {}: {}\n", str_of(*eo, "field", "?"), str_of(*eo, "message"));
+      if (const auto* eo = e.if_object())
+        out += fmt::format("  {}: {}\n", str_of(*eo, "field", "?"), str_of(*eo, "message"));
     }
   }
   if (const auto* blocking = array_of(v, "blockingReservationIds")) {
     for (const auto& b : *blocking) {
-      if (const auto* s = b.if_string()) out += fmt::format("  blocked by reservation {}\n", text::printable(*s));
+      if (const auto* s = b.if_string())
+        out += fmt::format("  blocked by reservation {}\n", text::printable(*s));
     }
   }
   if (const auto* units = array_of(v, "units")) {
@@ -236,7 +249,8 @@ std::string render_problem(unsigned status, std::string_view body) {
   if (const auto* ws = array_of(v, "workloads")) {
     for (const auto& w : *ws) {
       if (const auto* wo = w.if_object()) {
-        out += fmt::format("  occupied by VM {} ({})\n", str_of(*wo, "name", "?"), text_of(*wo, "vmId") == "-" ? "unlabelled" : text_of(*wo, "vmId"));
+        out += fmt::format("  occupied by VM {} ({})\n", str_of(*wo, "name", "?"),
+                           text_of(*wo, "vmId") == "-" ? "unlabelled" : text_of(*wo, "vmId"));
       }
     }
   }
@@ -261,15 +275,20 @@ std::string render_status(const StatusView& v, const Style& style) {
     return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
   };
   std::string out;
-  auto row = [&](std::string_view k, const std::string& val) { out += fmt::format("{:<13} {}\n", fmt::format("{}:", k), val); };
+  auto row = [&](std::string_view k, const std::string& val) {
+    out += fmt::format("{:<13} {}\n", fmt::format("{}:", k), val);
+  };
   row("node", style.paint("1", v.node_id));
   row("agent", fmt::format("gpunode-agent {}", v.version));
   row("revision", std::to_string(v.revision));
-  row("units", fmt::format("{} ({} GPUs; {} reservable): {}", v.state.units.size(), gpus, reservable, counts(by_class)));
+  row("units", fmt::format("{} ({} GPUs; {} reservable): {}", v.state.units.size(), gpus, reservable,
+                           counts(by_class)));
   row("reservations", counts(by_state));
   row("workloads", fmt::format("{} ({} running)", v.state.workloads.size(), running));
-  row("outbox", v.outbox_depth ? fmt::format("{} undelivered events", *v.outbox_depth) : std::string("unknown (the agent serves no outbox metric)"));
-  row("libvirt", style.paint(v.libvirt == "connected" ? "32" : "33", v.libvirt) + (v.libvirt_detail.empty() ? "" : ": " + v.libvirt_detail));
+  row("outbox", v.outbox_depth ? fmt::format("{} undelivered events", *v.outbox_depth)
+                               : std::string("unknown (the agent serves no outbox metric)"));
+  row("libvirt", style.paint(v.libvirt == "connected" ? "32" : "33", v.libvirt) +
+                     (v.libvirt_detail.empty() ? "" : ": " + v.libvirt_detail));
   if (!v.state.unentitled) {
     row("unentitled", "unknown (the agent does not say)");
   } else if (v.state.unentitled->empty()) {
@@ -278,12 +297,15 @@ std::string render_status(const StatusView& v, const Style& style) {
     // Which VMs run on units they are not entitled to (CONTRACT §9): the agent leaves them running.
     std::vector<std::string> names;
     for (const auto& w : v.state.workloads) {
-      if (auto it = v.state.unentitled->find(w.domain_uuid); it != v.state.unentitled->end()) names.push_back(fmt::format("{} ({})", w.name, it->second));
+      if (auto it = v.state.unentitled->find(w.domain_uuid); it != v.state.unentitled->end())
+        names.push_back(fmt::format("{} ({})", w.name, it->second));
     }
     if (names.empty()) names.push_back(fmt::format("{} domains", v.state.unentitled->size()));
-    row("unentitled", style.paint("31", fmt::format("{} VM{} on units {} not entitled to: {}", v.state.unentitled->size(),
-                                                    v.state.unentitled->size() == 1 ? "" : "s", v.state.unentitled->size() == 1 ? "it is" : "they are",
-                                                    fmt::join(names, "; "))));
+    row("unentitled",
+        style.paint("31", fmt::format("{} VM{} on units {} not entitled to: {}", v.state.unentitled->size(),
+                                      v.state.unentitled->size() == 1 ? "" : "s",
+                                      v.state.unentitled->size() == 1 ? "it is" : "they are",
+                                      fmt::join(names, "; "))));
   }
   return out;
 }
@@ -309,12 +331,17 @@ json::value status_json(const StatusView& v) {
   return json::object{{"nodeId", v.node_id},
                       {"version", v.version},
                       {"revision", v.revision},
-                      {"units", json::object{{"total", v.state.units.size()}, {"gpus", gpus}, {"reservable", reservable}, {"byClass", std::move(by_class)}}},
+                      {"units", json::object{{"total", v.state.units.size()},
+                                             {"gpus", gpus},
+                                             {"reservable", reservable},
+                                             {"byClass", std::move(by_class)}}},
                       {"reservations", std::move(by_state)},
                       {"workloads", json::object{{"total", v.state.workloads.size()}, {"running", running}}},
                       {"outboxDepth", std::move(outbox)},
                       {"libvirt", v.libvirt},
-                      {"unentitledWorkloads", v.state.unentitled ? json::value(static_cast<std::int64_t>(v.state.unentitled->size())) : json::value(nullptr)}};
+                      {"unentitledWorkloads",
+                       v.state.unentitled ? json::value(static_cast<std::int64_t>(v.state.unentitled->size()))
+                                          : json::value(nullptr)}};
 }
 
 }  // namespace gpunode::ctl

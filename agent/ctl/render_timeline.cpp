@@ -1,11 +1,11 @@
 // `gpunodectl timeline` for people: one row per unit, each reservation a labelled bar over the
 // coming weeks, a date axis on top and a legend below.
-#include <algorithm>
-#include <array>
-
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
 
 #include "gpunode/ctl/render.hpp"
 
@@ -17,7 +17,8 @@ using std::chrono::seconds;
 
 constexpr std::array<std::string_view, 5> kPalette{"36", "35", "33", "32", "34"};
 // One column is the smallest of these that lets the chart fit.
-constexpr std::array<std::int64_t, 13> kSlots{3600, 7200, 10800, 14400, 21600, 28800, 43200, 86400, 172800, 345600, 604800, 1209600, 2419200};
+constexpr std::array<std::int64_t, 13> kSlots{3600,  7200,   10800,  14400,  21600,   28800,  43200,
+                                              86400, 172800, 345600, 604800, 1209600, 2419200};
 
 std::string key_of(std::size_t i) {
   if (i < 26) return std::string(1, static_cast<char>('A' + i));
@@ -34,8 +35,10 @@ std::string slot_text(std::int64_t s) {
 std::vector<std::string> code_points(std::string_view text) {
   std::vector<std::string> out;
   for (char c : text) {
-    if ((static_cast<unsigned char>(c) & 0xC0) == 0x80 && !out.empty()) out.back().push_back(c);
-    else out.emplace_back(1, c);
+    if ((static_cast<unsigned char>(c) & 0xC0) == 0x80 && !out.empty())
+      out.back().push_back(c);
+    else
+      out.emplace_back(1, c);
   }
   return out;
 }
@@ -79,10 +82,12 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
     if (*r.ends <= start) continue;
     shown.push_back(&r);
   }
-  std::stable_sort(shown.begin(), shown.end(), [](const Reservation* a, const Reservation* b) { return *a->starts < *b->starts; });
+  std::stable_sort(shown.begin(), shown.end(),
+                   [](const Reservation* a, const Reservation* b) { return *a->starts < *b->starts; });
 
-  std::string out = fmt::format("timeline of node {}: {} week{} from {:%Y-%m-%d} (UTC), one column = {}\n\n", style.paint("1", s.node_id), weeks,
-                                weeks == 1 ? "" : "s", start, slot_text(slot));
+  std::string out =
+      fmt::format("timeline of node {}: {} week{} from {:%Y-%m-%d} (UTC), one column = {}\n\n",
+                  style.paint("1", s.node_id), weeks, weeks == 1 ? "" : "s", start, slot_text(slot));
   // The axis: a date at each week's start where it fits, ticks below, now marked.
   const std::string pad(label_w + 2, ' ');
   std::string dates(cols + 8, ' ');
@@ -98,7 +103,8 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
       free_from = c + label.size() + 1;
     }
   }
-  ticks[static_cast<std::size_t>(std::clamp<std::int64_t>(col_of(now), 0, static_cast<std::int64_t>(cols) - 1))] = "▼";
+  ticks[static_cast<std::size_t>(
+      std::clamp<std::int64_t>(col_of(now), 0, static_cast<std::int64_t>(cols) - 1))] = "▼";
   while (!dates.empty() && dates.back() == ' ') dates.pop_back();
   out += pad + dates + "\n";
   std::string tick_line;
@@ -119,7 +125,9 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
       // The bar: the key, then the first audience org when it fits, then ━ to the end.
       std::string label = key_of(i);
       if (!r.audience.empty()) {
-        const std::string named = fmt::format("{} {}{}", label, r.audience.front(), r.audience.size() > 1 ? fmt::format(" +{}", r.audience.size() - 1) : "");
+        const std::string named =
+            fmt::format("{} {}{}", label, r.audience.front(),
+                        r.audience.size() > 1 ? fmt::format(" +{}", r.audience.size() - 1) : "");
         if (display_width(named) + 1 <= b - std::min(a, b)) label = named;
       }
       const auto glyphs = code_points(label);
@@ -130,8 +138,10 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
       }
       // A term that goes on past the window ends in an arrow.
       if (*r.ends > end && b > a && b - a > glyphs.size()) cells[std::min(b, cols) - 1].glyph = "▶";
-      if (std::find(r.released.begin(), r.released.end(), u.id) != r.released.end()) notes.push_back(key_of(i) + " released to spot");
-      if (std::find(r.reclaiming.begin(), r.reclaiming.end(), u.id) != r.reclaiming.end()) notes.push_back(key_of(i) + " reclaiming");
+      if (std::find(r.released.begin(), r.released.end(), u.id) != r.released.end())
+        notes.push_back(key_of(i) + " released to spot");
+      if (std::find(r.reclaiming.begin(), r.reclaiming.end(), u.id) != r.reclaiming.end())
+        notes.push_back(key_of(i) + " reclaiming");
     }
     if (!u.reservable) notes.emplace_back("not reservable");
     // Runs of cells with one owner are painted together.
@@ -141,14 +151,17 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
       std::string run;
       while (e < cols && cells[e].owner == cells[c].owner) run += cells[e++].glyph;
       const int o = cells[c].owner;
-      row += o < 0 ? style.paint("2", run) : style.paint(fmt::format("1;{}", kPalette[static_cast<std::size_t>(o) % kPalette.size()]), run);
+      row += o < 0 ? style.paint("2", run)
+                   : style.paint(fmt::format("1;{}", kPalette[static_cast<std::size_t>(o) % kPalette.size()]),
+                                 run);
       c = e;
     }
     if (notes.empty()) {
       while (row.ends_with(' ')) row.pop_back();
     }
     const std::string id = fmt::format("{:<{}}", u.id, label_w);
-    out += style.paint("1", id) + "  " + row + (notes.empty() ? "" : "  " + fmt::format("{}", fmt::join(notes, "; "))) + "\n";
+    out += style.paint("1", id) + "  " + row +
+           (notes.empty() ? "" : "  " + fmt::format("{}", fmt::join(notes, "; "))) + "\n";
   }
   if (s.units.empty()) out += "no GPU units\n";
 
@@ -159,13 +172,17 @@ std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t
     std::vector<std::vector<std::string>> rows;
     for (std::size_t i = 0; i < shown.size(); ++i) {
       const auto& r = *shown[i];
-      rows.push_back({style.paint(fmt::format("1;{}", kPalette[i % kPalette.size()]), key_of(i)), r.id, r.state,
-                      fmt::format("{:%Y-%m-%d %H:%M} → {:%Y-%m-%d %H:%M}", *r.starts, *r.ends), fmt::format("{}", fmt::join(r.audience, ",")),
-                      r.managers.empty() ? "-" : fmt::format("{}", fmt::join(r.managers, ",")), r.note.empty() ? "-" : r.note});
+      rows.push_back({style.paint(fmt::format("1;{}", kPalette[i % kPalette.size()]), key_of(i)), r.id,
+                      r.state, fmt::format("{:%Y-%m-%d %H:%M} → {:%Y-%m-%d %H:%M}", *r.starts, *r.ends),
+                      fmt::format("{}", fmt::join(r.audience, ",")),
+                      r.managers.empty() ? "-" : fmt::format("{}", fmt::join(r.managers, ",")),
+                      r.note.empty() ? "-" : r.note});
     }
     out += table({"", "RESERVATION", "STATE", "TERM (UTC)", "AUDIENCE", "MANAGERS", "NOTE"}, rows, style);
   }
-  if (later > 0) out += fmt::format("{} more reservation{} start{} after {:%Y-%m-%d}\n", later, later == 1 ? "" : "s", later == 1 ? "s" : "", end);
+  if (later > 0)
+    out += fmt::format("{} more reservation{} start{} after {:%Y-%m-%d}\n", later, later == 1 ? "" : "s",
+                       later == 1 ? "s" : "", end);
   return out;
 }
 

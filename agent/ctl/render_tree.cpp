@@ -1,10 +1,10 @@
 // `gpunodectl units` for people: the node as a tree (CONTRACT §8), in the manner of tree(1) and
 // lstopo: NUMA node -> unit -> devices, reservations and VMs.
-#include <algorithm>
-#include <map>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
 
 #include "gpunode/ctl/render.hpp"
 
@@ -37,7 +37,8 @@ std::string device_text(const Unit& u, const Device& d, const Style& style) {
   }
   if (name.empty()) name = fmt::format("[{}:{}]", d.vendor_id, d.device_id);
   const std::string driver = d.driver ? *d.driver : style.paint("33", "no driver");
-  return fmt::format("{}  {}  {}  {}", d.pci_address, d.role == "gpu" ? style.paint("1", d.role) : d.role, name, driver);
+  return fmt::format("{}  {}  {}  {}", d.pci_address, d.role == "gpu" ? style.paint("1", d.role) : d.role,
+                     name, driver);
 }
 
 std::string unit_text(const Unit& u, const Style& style) {
@@ -50,22 +51,27 @@ std::string unit_text(const Unit& u, const Style& style) {
     why = style.paint("31", fmt::format("not reservable: {}", fmt::join(codes, ", ")));
     if (u.sellable) why += " (sellable on demand)";
   }
-  return fmt::format("{}  {}  {} GPU{}  {}", style.paint("1", u.id), u.cls, u.gpu_count, u.gpu_count == 1 ? "" : "s", why);
+  return fmt::format("{}  {}  {} GPU{}  {}", style.paint("1", u.id), u.cls, u.gpu_count,
+                     u.gpu_count == 1 ? "" : "s", why);
 }
 
 std::string reservation_text(const Reservation& r, const std::string& unit_id, const Style& style) {
   std::string when = r.state == "scheduled" ? fmt::format("scheduled {} → {}", r.starts_at, r.ends_at)
                                             : fmt::format("{} until {}", r.state, r.ends_at);
-  std::string out = fmt::format("{} {}  audience {}", style.paint("36", "reservation " + r.id), when, fmt::join(r.audience, ","));
+  std::string out = fmt::format("{} {}  audience {}", style.paint("36", "reservation " + r.id), when,
+                                fmt::join(r.audience, ","));
   if (!r.managers.empty()) out += fmt::format("  managers {}", fmt::join(r.managers, ","));
-  auto has = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), unit_id) != v.end(); };
+  auto has = [&](const std::vector<std::string>& v) {
+    return std::find(v.begin(), v.end(), unit_id) != v.end();
+  };
   if (has(r.released)) out += "  " + style.paint("33", "released to spot");
   if (has(r.reclaiming)) out += "  " + style.paint("35", "reclaiming");
   return out;
 }
 
 std::string vm_text(const Workload& w, const Style& style, const NodeState& s) {
-  std::string who = w.tier ? fmt::format("{} of {}", *w.tier == "spot" ? style.paint("35", "spot") : *w.tier, w.org.value_or("?"))
+  std::string who = w.tier ? fmt::format("{} of {}", *w.tier == "spot" ? style.paint("35", "spot") : *w.tier,
+                                         w.org.value_or("?"))
                            : style.paint("33", "unlabelled");
   std::string out = fmt::format("VM {}{}  {}  {}", w.name, w.vm_id ? fmt::format(" ({})", *w.vm_id) : "", who,
                                 w.state == "running" ? style.paint("32", w.state) : w.state);
@@ -87,7 +93,8 @@ std::string render_units_tree(const NodeState& s, const Style& style) {
   // NUMA groups in node order, units without a NUMA node last.
   std::map<std::vector<std::int64_t>, std::vector<const Unit*>> groups;
   for (const auto& u : s.units) groups[u.numa_nodes].push_back(&u);
-  std::vector<std::pair<std::vector<std::int64_t>, std::vector<const Unit*>>> ordered(groups.begin(), groups.end());
+  std::vector<std::pair<std::vector<std::int64_t>, std::vector<const Unit*>>> ordered(groups.begin(),
+                                                                                      groups.end());
   std::stable_partition(ordered.begin(), ordered.end(), [](const auto& g) { return !g.first.empty(); });
   for (const auto& [numa, units] : ordered) {
     Node group{style.paint("1", numa_label(numa)), {}};
@@ -96,12 +103,16 @@ std::string render_units_tree(const NodeState& s, const Style& style) {
       for (const auto& d : u->devices) unit.children.push_back(Node{device_text(*u, d, style), {}});
       std::vector<const Reservation*> held;
       for (const auto& r : s.reservations) {
-        if (r.state != "ended" && std::find(r.unit_ids.begin(), r.unit_ids.end(), u->id) != r.unit_ids.end()) held.push_back(&r);
+        if (r.state != "ended" && std::find(r.unit_ids.begin(), r.unit_ids.end(), u->id) != r.unit_ids.end())
+          held.push_back(&r);
       }
-      std::stable_sort(held.begin(), held.end(), [](const Reservation* a, const Reservation* b) { return a->starts_at < b->starts_at; });
+      std::stable_sort(held.begin(), held.end(), [](const Reservation* a, const Reservation* b) {
+        return a->starts_at < b->starts_at;
+      });
       for (const auto* r : held) unit.children.push_back(Node{reservation_text(*r, u->id, style), {}});
       for (const auto& w : s.workloads) {
-        if (std::find(w.unit_ids.begin(), w.unit_ids.end(), u->id) != w.unit_ids.end()) unit.children.push_back(Node{vm_text(w, style, s), {}});
+        if (std::find(w.unit_ids.begin(), w.unit_ids.end(), u->id) != w.unit_ids.end())
+          unit.children.push_back(Node{vm_text(w, style, s), {}});
       }
       group.children.push_back(std::move(unit));
     }
@@ -113,8 +124,8 @@ std::string render_units_tree(const NodeState& s, const Style& style) {
   }
   if (!loose.children.empty()) root.children.push_back(std::move(loose));
 
-  std::string out = fmt::format("node {}: {} unit{}, {} GPU{}\n", style.paint("1", s.node_id), s.units.size(), s.units.size() == 1 ? "" : "s",
-                                gpus, gpus == 1 ? "" : "s");
+  std::string out = fmt::format("node {}: {} unit{}, {} GPU{}\n", style.paint("1", s.node_id), s.units.size(),
+                                s.units.size() == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
   if (s.units.empty()) return out + "no GPU units\n";
   draw(root, "", style, out);
   return out;

@@ -1,15 +1,15 @@
 #include "gpunode/ctl/request.hpp"
 
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
-#include <charconv>
-#include <limits>
-
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
-#include <fmt/chrono.h>
-#include <fmt/format.h>
+#include <charconv>
+#include <limits>
 
 #include "gpunode/reservations/model.hpp"
 
@@ -28,7 +28,8 @@ struct OffsetUnit {
   char name;
   std::int64_t seconds;
 };
-constexpr std::array<OffsetUnit, 5> kOffsetUnits{{{'w', 604800}, {'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}}};
+constexpr std::array<OffsetUnit, 5> kOffsetUnits{
+    {{'w', 604800}, {'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}}};
 
 json::array strings(const std::vector<std::string>& v) {
   json::array a;
@@ -61,7 +62,8 @@ std::string reservation_path(std::string_view node, std::string_view id, std::st
 
 // One page of a list route: ?limit=N[&FILTER=VALUE][&pageToken=TOKEN].
 Request list_page(std::string_view node, std::string_view list, std::string_view filter_key,
-                  std::optional<std::string_view> filter, std::size_t limit, std::optional<std::string_view> page_token) {
+                  std::optional<std::string_view> filter, std::size_t limit,
+                  std::optional<std::string_view> page_token) {
   std::string q = fmt::format("{}?limit={}", list, limit);
   if (filter) q += fmt::format("&{}={}", filter_key, encode_component(*filter));
   if (page_token) q += "&pageToken=" + encode_component(*page_token);
@@ -77,18 +79,23 @@ std::expected<std::chrono::seconds, std::string> parse_offset(std::string_view t
   std::string_view rest = text;
   while (!rest.empty()) {
     std::int64_t n = 0;
-    if (rest.front() < '0' || rest.front() > '9') return std::unexpected(fmt::format("expected a number at \"{}\", e.g. +30d", rest));
+    if (rest.front() < '0' || rest.front() > '9')
+      return std::unexpected(fmt::format("expected a number at \"{}\", e.g. +30d", rest));
     auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
     if (ec != std::errc{}) return std::unexpected(std::string("the duration is too large"));
     rest.remove_prefix(static_cast<std::size_t>(p - rest.data()));
-    if (rest.empty()) return std::unexpected(fmt::format("\"+{}\" needs a unit: w, d, h, m or s (e.g. +30d)", text));
-    const auto* u = std::find_if(kOffsetUnits.begin(), kOffsetUnits.end(), [&](const OffsetUnit& x) { return x.name == rest.front(); });
+    if (rest.empty())
+      return std::unexpected(fmt::format("\"+{}\" needs a unit: w, d, h, m or s (e.g. +30d)", text));
+    const auto* u = std::find_if(kOffsetUnits.begin(), kOffsetUnits.end(),
+                                 [&](const OffsetUnit& x) { return x.name == rest.front(); });
     if (u == kOffsetUnits.end()) {
-      return std::unexpected(fmt::format("unknown unit '{}' in \"+{}\": use w, d, h, m or s (e.g. +30d, +12h, +90m)", rest.front(), text));
+      return std::unexpected(fmt::format(
+          "unknown unit '{}' in \"+{}\": use w, d, h, m or s (e.g. +30d, +12h, +90m)", rest.front(), text));
     }
     const auto rank = static_cast<std::size_t>(u - kOffsetUnits.begin());
     if (last_rank != kOffsetUnits.size() && rank <= last_rank) {
-      return std::unexpected(fmt::format("units go from largest to smallest, each once, e.g. +1d12h (not \"+{}\")", text));
+      return std::unexpected(
+          fmt::format("units go from largest to smallest, each once, e.g. +1d12h (not \"+{}\")", text));
     }
     last_rank = rank;
     std::int64_t part = 0;
@@ -108,10 +115,14 @@ std::expected<Time, std::string> parse_when(std::string_view text, Time now) {
     return now + *d;
   }
   if (auto t = reservations::parse_time(text)) return *t;
-  return std::unexpected(fmt::format("\"{}\" is not a time: use RFC 3339 (2027-01-31T00:00:00Z) or +DURATION from now (+30d, +12h, +90m)", text));
+  return std::unexpected(fmt::format(
+      "\"{}\" is not a time: use RFC 3339 (2027-01-31T00:00:00Z) or +DURATION from now (+30d, +12h, +90m)",
+      text));
 }
 
-std::string format_time(Time t) { return reservations::format_time(t); }
+std::string format_time(Time t) {
+  return reservations::format_time(t);
+}
 
 std::expected<std::vector<std::string>, std::string> parse_ids(std::string_view text) {
   std::vector<std::string> out;
@@ -121,8 +132,11 @@ std::expected<std::vector<std::string>, std::string> parse_ids(std::string_view 
     std::string_view id = rest.substr(0, comma);
     while (!id.empty() && id.front() == ' ') id.remove_prefix(1);
     while (!id.empty() && id.back() == ' ') id.remove_suffix(1);
-    if (id.empty()) return std::unexpected(fmt::format("\"{}\" has an empty entry: ids are comma-separated, e.g. a,b", text));
-    if (std::find(out.begin(), out.end(), id) != out.end()) return std::unexpected(fmt::format("\"{}\" is named twice", id));
+    if (id.empty())
+      return std::unexpected(
+          fmt::format("\"{}\" has an empty entry: ids are comma-separated, e.g. a,b", text));
+    if (std::find(out.begin(), out.end(), id) != out.end())
+      return std::unexpected(fmt::format("\"{}\" is named twice", id));
     out.emplace_back(id);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -135,7 +149,8 @@ std::string encode_component(std::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     const auto u = static_cast<unsigned char>(c);
-    if ((u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') || c == '-' || c == '.' || c == '_' || c == '~') {
+    if ((u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') || c == '-' || c == '.' ||
+        c == '_' || c == '~') {
       out.push_back(c);
     } else {
       out += fmt::format("%{:02X}", u);
@@ -144,12 +159,24 @@ std::string encode_component(std::string_view text) {
   return out;
 }
 
-Request healthz_request() { return get("/healthz"); }
-Request units_request(std::string_view node) { return get(node_path(node, "/units")); }
-Request state_request(std::string_view node) { return get(node_path(node, "/state")); }
-Request workloads_request(std::string_view node) { return get(node_path(node, "/workloads")); }
-Request metrics_request() { return get("/metrics"); }
-Request unentitled_request() { return get("/v1/admin/unentitled"); }
+Request healthz_request() {
+  return get("/healthz");
+}
+Request units_request(std::string_view node) {
+  return get(node_path(node, "/units"));
+}
+Request state_request(std::string_view node) {
+  return get(node_path(node, "/state"));
+}
+Request workloads_request(std::string_view node) {
+  return get(node_path(node, "/workloads"));
+}
+Request metrics_request() {
+  return get("/metrics");
+}
+Request unentitled_request() {
+  return get("/v1/admin/unentitled");
+}
 
 Request rescan_request() {
   // A scan of a large host takes a while; it is the agent's, not a request's, cost.
@@ -178,8 +205,10 @@ Request audit_page(std::string_view node, std::optional<std::string_view> after,
 }
 
 Request reserve_request(std::string_view node, const ReserveArgs& a) {
-  json::object b{{"unitIds", strings(a.units)}, {"audienceOrgIds", strings(a.audience)},
-                 {"managingOrgIds", strings(a.managers)}, {"endsAt", format_time(a.ends)}};
+  json::object b{{"unitIds", strings(a.units)},
+                 {"audienceOrgIds", strings(a.audience)},
+                 {"managingOrgIds", strings(a.managers)},
+                 {"endsAt", format_time(a.ends)}};
   if (a.starts) b["startsAt"] = format_time(*a.starts);
   if (a.note) b["note"] = *a.note;
   return post(node_path(node, "/reservations"), b);
@@ -216,7 +245,8 @@ Request release_request(std::string_view node, std::string_view id, const std::v
 
 Request reclaim_request(std::string_view node, std::string_view id, const std::vector<std::string>& units,
                         bool terminate_spot) {
-  Request r = post(reservation_path(node, id, "/reclaim"), json::object{{"unitIds", strings(units)}, {"terminateSpot", terminate_spot}});
+  Request r = post(reservation_path(node, id, "/reclaim"),
+                   json::object{{"unitIds", strings(units)}, {"terminateSpot", terminate_spot}});
   if (terminate_spot) r.timeout = kMaxGrace + kAfterGrace;
   return r;
 }

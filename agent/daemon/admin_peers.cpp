@@ -6,7 +6,9 @@
 
 namespace gpunode::daemon {
 
-AdminPeers::AdminPeers(const config::Config::Admin& admin) { configure(admin); }
+AdminPeers::AdminPeers(const config::Config::Admin& admin) {
+  configure(admin);
+}
 
 void AdminPeers::configure(const config::Config::Admin& admin) {
   std::lock_guard lock{mu_};
@@ -27,7 +29,9 @@ std::optional<gid_t> AdminPeers::resolve() {
     group* found = nullptr;
     std::vector<char> buf(16384);
     int rc = 0;
-    while ((rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found)) == ERANGE && buf.size() < (1U << 20)) buf.resize(buf.size() * 2);
+    while ((rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found)) == ERANGE &&
+           buf.size() < (1U << 20))
+      buf.resize(buf.size() * 2);
     if (rc == 0 && found != nullptr) found_gid = found->gr_gid;
   }
   std::lock_guard lock{mu_};
@@ -43,7 +47,8 @@ std::optional<gid_t> AdminPeers::gid() const {
 bool AdminPeers::allowed(const http::Peer& peer) const {
   if (!peer.uid) return false;
   std::lock_guard lock{mu_};
-  if (std::find(uids_.begin(), uids_.end(), static_cast<std::uint32_t>(*peer.uid)) != uids_.end()) return true;
+  if (std::find(uids_.begin(), uids_.end(), static_cast<std::uint32_t>(*peer.uid)) != uids_.end())
+    return true;
   if (!gid_) return false;
   if (peer.gid && *peer.gid == *gid_) return true;
   return std::find(peer.groups.begin(), peer.groups.end(), *gid_) != peer.groups.end();

@@ -1,17 +1,12 @@
 #include "gpunode/daemon/daemon.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
-
 #include <atomic>
-#include <filesystem>
-#include <optional>
-#include <thread>
-
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -19,8 +14,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/json.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <thread>
 
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
@@ -46,8 +44,10 @@ using config::LogLevel;
 
 namespace {
 
-std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(const config::Config& c) {
-  auto v = auth::TokenVerifier::from_files(c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
+std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(
+    const config::Config& c) {
+  auto v = auth::TokenVerifier::from_files(
+      c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
   if (!v) return std::unexpected(v.error());
   return std::make_shared<const auth::TokenVerifier>(std::move(*v));
 }
@@ -58,7 +58,9 @@ std::string token_keys_line(const auth::TokenVerifier& v) {
   return fmt::format("token keys: {} loaded (kid {})", ids.size(), fmt::join(ids, ", "));
 }
 
-http::TlsFiles tls_files(const config::Config& c) { return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca}; }
+http::TlsFiles tls_files(const config::Config& c) {
+  return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca};
+}
 
 // The central API's client context, when reporting is on (central.url set); else null.
 std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c) {
@@ -73,7 +75,8 @@ service::ApiRequest to_api(http::Request&& q) {
   a.query = std::move(q.query);
   a.headers = std::move(q.headers);
   a.body = std::move(q.body);
-  a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket : service::ApiRequest::Via::https;
+  a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket
+                                                       : service::ApiRequest::Via::https;
   if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
   a.request_id = std::move(q.request_id);
   return a;
@@ -98,7 +101,8 @@ constexpr std::size_t kOwnFiles = 256;
 // needs for its own files or its operators. Says what was chosen, or why it cannot start.
 std::expected<std::string, std::string> fit_open_files(const config::Config& c) {
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
   const rlim_t before = rl.rlim_cur;
   if (rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
@@ -106,15 +110,18 @@ std::expected<std::string, std::string> fit_open_files(const config::Config& c) 
   }
   const std::size_t need = c.api.max_connections + c.admin.max_connections + kMetricsConnections + kOwnFiles;
   if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    return std::unexpected(fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
-                                       "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
-                                       "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
-                                       rl.rlim_cur, rl.rlim_max, need, c.api.max_connections, c.admin.max_connections,
-                                       kMetricsConnections, kOwnFiles));
+    return std::unexpected(
+        fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
+                    "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
+                    "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
+                    rl.rlim_cur, rl.rlim_max, need, c.api.max_connections, c.admin.max_connections,
+                    kMetricsConnections, kOwnFiles));
   }
-  return fmt::format("open files: limit {}{}; connections: HTTPS {} ({} per client address), admin socket {}, metrics.listen {}",
-                     rl.rlim_cur, rl.rlim_cur != before ? fmt::format(" (raised from {})", before) : std::string(), c.api.max_connections,
-                     c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
+  return fmt::format(
+      "open files: limit {}{}; connections: HTTPS {} ({} per client address), admin socket {}, "
+      "metrics.listen {}",
+      rl.rlim_cur, rl.rlim_cur != before ? fmt::format(" (raised from {})", before) : std::string(),
+      c.api.max_connections, c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
 }
 
 // 405 naming the one method a route of the daemon's own takes.
@@ -174,11 +181,12 @@ struct Daemon::Parts {
   std::unique_ptr<WallTimer> term_timer;
   asio::steady_timer rescan_timer{core};
   std::unique_ptr<UeventMonitor> uevents;
-  Debounce uevent_rescan{core.get_executor(), std::chrono::milliseconds(200), Debounce::Mode::after_first, [this] {
-    if (stopping) return;
-    node->rescan();
-    driver->changed();
-  }};
+  Debounce uevent_rescan{core.get_executor(), std::chrono::milliseconds(200), Debounce::Mode::after_first,
+                         [this] {
+                           if (stopping) return;
+                           node->rescan();
+                           driver->changed();
+                         }};
   // The core loop's last turn seen by the watchdog (steady clock, ns): written on core, read on net.
   std::atomic<std::int64_t> core_beat{0};
   // The state's revision as the core last published it (after each commit that moved it): written
@@ -203,7 +211,8 @@ struct Daemon::Parts {
   asio::steady_timer watchdog{net};
   std::thread core_thread;
   bool threads_done = false;
-  bool stopped_serving = false;  // run() saw the network loop end after stop(): the admin thread ends by itself
+  bool stopped_serving =
+      false;  // run() saw the network loop end after stop(): the admin thread ends by itself
 
   void say(LogLevel level, const std::string& text) const { log.log(level, text); }
 
@@ -228,19 +237,24 @@ struct Daemon::Parts {
     } else {
       // A test's clock is not the kernel's: at the latest every second, as the clock says.
       auto wait = std::chrono::milliseconds(1000);
-      if (next) wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(*next - opt.clock()), std::chrono::milliseconds(0), wait);
+      if (next)
+        wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(*next - opt.clock()),
+                          std::chrono::milliseconds(0), wait);
       when = now + wait;
     }
     term_timer->wait_until(when, [this](WallTimer::Woken why) {
-      if (why == WallTimer::Woken::clock_set) say(LogLevel::info, "the system clock was set: looking at the reservations' terms again");
+      if (why == WallTimer::Woken::clock_set)
+        say(LogLevel::info, "the system clock was set: looking at the reservations' terms again");
       run_terms();
     });
   }
   // A PCI device added, removed, bound or unbound (or uevents lost): rescan 200 ms after the
   // first of a burst.
   void on_uevent(const UeventNotice& n) {
-    if (const auto* e = std::get_if<Uevent>(&n)) say(LogLevel::debug, fmt::format("uevent: {} {} ({})", e->action, e->devpath, e->subsystem));
-    else say(LogLevel::info, "uevents: the kernel's queue overflowed and some were lost; rescanning");
+    if (const auto* e = std::get_if<Uevent>(&n))
+      say(LogLevel::debug, fmt::format("uevent: {} {} ({})", e->action, e->devpath, e->subsystem));
+    else
+      say(LogLevel::info, "uevents: the kernel's queue overflowed and some were lost; rescanning");
     if (!stopping) uevent_rescan.poke();
   }
   void arm_rescan() {
@@ -276,14 +290,18 @@ struct Daemon::Parts {
     metrics::Delivery d;
     if (!outbox) {
       auto o = report::Outbox::open(std::filesystem::path(cfg.state.dir) / "state.db");
-      if (o) outbox.emplace(std::move(*o));
-      else if (!std::exchange(outbox_warned, true)) say(LogLevel::warning, "metrics: cannot read the outbox: " + o.error());
+      if (o)
+        outbox.emplace(std::move(*o));
+      else if (!std::exchange(outbox_warned, true))
+        say(LogLevel::warning, "metrics: cannot read the outbox: " + o.error());
     }
     if (outbox) {
       if (auto st = outbox->stats()) {
         d.outbox_events = st->depth;
         const auto oldest = st->oldest_at ? reservations::parse_time(*st->oldest_at) : std::nullopt;
-        if (oldest) d.oldest_undelivered_age_seconds = std::max(0.0, std::chrono::duration<double>(std::chrono::system_clock::now() - *oldest).count());
+        if (oldest)
+          d.oldest_undelivered_age_seconds = std::max(
+              0.0, std::chrono::duration<double>(std::chrono::system_clock::now() - *oldest).count());
       } else {
         say(LogLevel::warning, "metrics: cannot read the outbox: " + st.error());
       }
@@ -295,7 +313,9 @@ struct Daemon::Parts {
       const auto st = reporter->status();
       d.acked_seq = st.acked_seq;
       for (std::size_t i = 0; i < report::kFailureKinds; ++i) {
-        if (auto at = metrics::index_of(metrics::kFailureReasons, report::label(static_cast<report::Failure>(i)))) d.failures[*at] = st.failures[i];
+        if (auto at =
+                metrics::index_of(metrics::kFailureReasons, report::label(static_cast<report::Failure>(i))))
+          d.failures[*at] = st.failures[i];
       }
     }
     return d;
@@ -323,18 +343,24 @@ struct Daemon::Parts {
         if (!outcome) {
           std::vector<json::FieldError> errors;
           for (const auto& e : outcome.errors) {
-            errors.push_back({e.line > 0 ? fmt::format("{}:{}:{}", e.file, e.line, e.column) : e.file, e.message});
+            errors.push_back(
+                {e.line > 0 ? fmt::format("{}:{}:{}", e.file, e.line, e.column) : e.file, e.message});
           }
           return reply(http::problem(422, "reload-refused", "Reload refused",
-                                     fmt::format("{} problem{}: the running configuration is kept", errors.size(), errors.size() == 1 ? "" : "s"), errors));
+                                     fmt::format("{} problem{}: the running configuration is kept",
+                                                 errors.size(), errors.size() == 1 ? "" : "s"),
+                                     errors));
         }
         boost::json::array keys;
         for (const auto& k : outcome.restart_needed) keys.emplace_back(k);
-        reply(http::Response{200, {{"Content-Type", "application/json"}},
-                             boost::json::serialize(boost::json::object{{"reloaded", true}, {"restartNeeded", std::move(keys)}})});
+        reply(http::Response{200,
+                             {{"Content-Type", "application/json"}},
+                             boost::json::serialize(boost::json::object{
+                                 {"reloaded", true}, {"restartNeeded", std::move(keys)}})});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
-        reply(http::problem(500, "internal", "Internal error", "the reload failed; the running configuration is kept"));
+        reply(http::problem(500, "internal", "Internal error",
+                            "the reload failed; the running configuration is kept"));
       }
     });
   }
@@ -350,12 +376,16 @@ struct Daemon::Parts {
     } else {
       trim_after_load.poke();
     }
-    if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket)) return serve_metrics(q, std::move(reply));
-    if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket) return serve_reload(q, std::move(reply));
-    if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "Not found", "no such resource"));
+    if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket))
+      return serve_metrics(q, std::move(reply));
+    if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket)
+      return serve_reload(q, std::move(reply));
+    if (plain && q.path != "/healthz")
+      return reply(http::problem(404, "not-found", "Not found", "no such resource"));
     auto a = to_api(std::move(q));
     // A read the state thread answered already for this caller at this revision: given again here.
-    if (auto kept = node->shared_reads().find(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
+    if (auto kept =
+            node->shared_reads().find(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
       return reply(http::Response{kept->status, std::move(kept->headers), std::move(kept->body)});
     }
     asio::post(core, [this, a = std::move(a), reply = std::move(reply)]() mutable {
@@ -369,8 +399,11 @@ struct Daemon::Parts {
     // Pets only while the core loop turns too: a wedged state thread must look dead to systemd.
     const auto now = std::chrono::steady_clock::now().time_since_epoch();
     const auto age = std::chrono::nanoseconds(now.count() - core_beat.load());
-    if (age < interval) sd_notify("WATCHDOG=1");
-    else say(LogLevel::warning, fmt::format("watchdog: the core loop has not turned for {} ms; not petting", age.count() / 1000000));
+    if (age < interval)
+      sd_notify("WATCHDOG=1");
+    else
+      say(LogLevel::warning, fmt::format("watchdog: the core loop has not turned for {} ms; not petting",
+                                         age.count() / 1000000));
     asio::post(core, [this] { core_beat = std::chrono::steady_clock::now().time_since_epoch().count(); });
     watchdog.expires_after(interval / 2);
     watchdog.async_wait([this, interval](const boost::system::error_code& e) {
@@ -407,7 +440,8 @@ struct Daemon::Parts {
         net.stop();
       });
     });
-    asio::post(admin_io, [this] { admin_server->shutdown(std::chrono::seconds(10), [this] { admin_io.stop(); }); });
+    asio::post(admin_io,
+               [this] { admin_server->shutdown(std::chrono::seconds(10), [this] { admin_io.stop(); }); });
   }
 
   // Slow thread (one at a time: SIGHUP's and POST /v1/admin/reload's).
@@ -415,8 +449,10 @@ struct Daemon::Parts {
     ReloadOutcome outcome;
     const auto refuse = [&](std::vector<config::Problem> problems) {
       for (const auto& p : problems) say(LogLevel::error, "reload: " + p.to_string());
-      say(LogLevel::error, fmt::format("reload refused: {}{}; keeping the running configuration", problems.front().to_string(),
-                                       problems.size() > 1 ? fmt::format(" (and {} more above)", problems.size() - 1) : std::string()));
+      say(LogLevel::error,
+          fmt::format("reload refused: {}{}; keeping the running configuration", problems.front().to_string(),
+                      problems.size() > 1 ? fmt::format(" (and {} more above)", problems.size() - 1)
+                                          : std::string()));
       outcome.errors = std::move(problems);
       return outcome;
     };
@@ -433,8 +469,9 @@ struct Daemon::Parts {
     }
     const auto restart = config::keys_needing_restart(cfg, fresh_config);
     if (!restart.empty()) {
-      say(LogLevel::warning, fmt::format("reload: {} changed and take effect only after a restart: {}", restart.size() == 1 ? "this key" : "these keys",
-                                         fmt::join(restart, ", ")));
+      say(LogLevel::warning,
+          fmt::format("reload: {} changed and take effect only after a restart: {}",
+                      restart.size() == 1 ? "this key" : "these keys", fmt::join(restart, ", ")));
     }
     server->set_tls_context(*t);
     if (reporter && *c) reporter->set_tls_context(*c);
@@ -442,14 +479,17 @@ struct Daemon::Parts {
     peers->configure(fresh_config.admin);
     peers->resolve();
     say(LogLevel::info, token_keys_line(**v));
-    asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units, mode = fresh_config.enforcement.mode]() mutable {
+    asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units,
+                      mode = fresh_config.enforcement.mode]() mutable {
       node->set_verifier(std::move(v));
       node->set_unsellable(std::move(u));
       node->set_enforcement(mode);
       driver->changed();
     });
-    say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers, central API files"
-                                 : "reloaded: TLS files, token keys, log level and format, unsellable units, enforcement mode, admin peers");
+    say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, "
+                                   "enforcement mode, admin peers, central API files"
+                                 : "reloaded: TLS files, token keys, log level and format, unsellable units, "
+                                   "enforcement mode, admin peers");
     outcome.reloaded = true;
     outcome.restart_needed = restart;
     return outcome;
@@ -514,7 +554,8 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!central) return std::unexpected(central.error());
   std::error_code ec;
   std::filesystem::create_directories(cfg.state.dir, ec);
-  if (ec) return std::unexpected(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
+  if (ec)
+    return std::unexpected(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
   // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
   ::chmod(cfg.state.dir.c_str(), 0750);
   auto lock = store::StateLock::acquire(cfg.state.dir);
@@ -523,11 +564,19 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
 
   const discovery::Policy policy = policy_from(cfg);
   auto names = discovery::PciIds::load(p->opt.pci_ids_file, policy.gpu_vendors);
-  if (names) p->names.emplace(std::move(*names));
-  else p->say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+  if (names)
+    p->names.emplace(std::move(*names));
+  else
+    p->say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
 
-  service::ServiceOptions so{cfg.node.id, cfg.node.owner_org, policy, cfg.discovery.host_root, cfg.state.dir, p->opt.version,
-                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace), cfg.enforcement.mode};
+  service::ServiceOptions so{cfg.node.id,
+                             cfg.node.owner_org,
+                             policy,
+                             cfg.discovery.host_root,
+                             cfg.state.dir,
+                             p->opt.version,
+                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace),
+                             cfg.enforcement.mode};
   Parts* raw = p.get();
   auto sink = [raw](service::LogLevel level, const std::string& text) { raw->log.log(level, text); };
   service::Clock clock = p->opt.clock ? p->opt.clock : [] { return std::chrono::system_clock::now(); };
@@ -547,7 +596,8 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
     }
     return !raw->stopping.load();
   };
-  dopt.max_retry = std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
+  dopt.max_retry =
+      std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
   p->revision = p->node->revision();
   auto term_timer = WallTimer::open(p->core);
   if (!term_timer) return std::unexpected(term_timer.error());
@@ -563,14 +613,20 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   p->peers = std::make_shared<AdminPeers>(cfg.admin);
   const auto gid = p->peers->resolve();  // at start, before serving: NSS may block here
   if (!gid && !cfg.admin.allowed_group.empty()) {
-    p->say(LogLevel::info, fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only", cfg.admin.allowed_group));
+    p->say(LogLevel::info,
+           fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only",
+                       cfg.admin.allowed_group));
   }
   const auto fit = fit_open_files(cfg);
   if (!fit) return std::unexpected(fit.error());
   p->say(LogLevel::info, *fit);
-  const auto handle = [raw](http::Request q, http::Reply reply) { raw->on_request(std::move(q), std::move(reply)); };
+  const auto handle = [raw](http::Request q, http::Reply reply) {
+    raw->on_request(std::move(q), std::move(reply));
+  };
   const auto log_line = [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); };
-  const auto observe = [raw](const http::Answered& a) { raw->http_metrics.record(a.method, a.path, a.status, a.took); };
+  const auto observe = [raw](const http::Answered& a) {
+    raw->http_metrics.record(a.method, a.path, a.status, a.took);
+  };
   http::Limits limits;
   limits.max_connections = cfg.api.max_connections;
   limits.max_connections_per_client = cfg.api.max_connections_per_client;
@@ -584,14 +640,16 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
   if (auto l = p->server->listen_tls(where->host, where->port, *tls); !l) return std::unexpected(l.error());
   auto peers = p->peers;
-  if (auto l = p->admin_server->listen_unix(cfg.admin.socket, 0660, gid, [peers](const http::Peer& peer) { return peers->allowed(peer); });
+  if (auto l = p->admin_server->listen_unix(cfg.admin.socket, 0660, gid,
+                                            [peers](const http::Peer& peer) { return peers->allowed(peer); });
       !l) {
     return std::unexpected(l.error());
   }
   if (!cfg.metrics.listen.empty()) {
     const auto m = config::parse_listen(cfg.metrics.listen);  // checked when the config was loaded
     if (!m) return std::unexpected(fmt::format("metrics.listen: {}", m.error()));
-    if (auto l = p->server->listen_plain(m->host, m->port); !l) return std::unexpected(fmt::format("metrics.listen: {}", l.error()));
+    if (auto l = p->server->listen_plain(m->host, m->port); !l)
+      return std::unexpected(fmt::format("metrics.listen: {}", l.error()));
   }
 
   if (*central) {
@@ -602,21 +660,26 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
     ro.state_db = std::filesystem::path(cfg.state.dir) / "state.db";
     ro.tls = *central;
     ro.heartbeat_interval = cfg.central.heartbeat_interval;
-    ro.facts = [raw] { return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()}; };
+    ro.facts = [raw] {
+      return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()};
+    };
     ro.log = sink;
     auto reporter = report::Reporter::start(std::move(ro));
     if (!reporter) return std::unexpected(reporter.error());
     p->reporter = std::move(*reporter);
   } else {
-    p->say(LogLevel::info, "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
+    p->say(LogLevel::info,
+           "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
   }
 
   p->core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
   if (auto u = UeventMonitor::open(p->core)) {
     p->uevents = std::move(*u);
   } else {
-    p->say(LogLevel::info, fmt::format("kernel device events are not available ({}): rescanning every {} s only", u.error(),
-                                       std::chrono::duration_cast<std::chrono::seconds>(cfg.discovery.rescan_interval).count()));
+    p->say(
+        LogLevel::info,
+        fmt::format("kernel device events are not available ({}): rescanning every {} s only", u.error(),
+                    std::chrono::duration_cast<std::chrono::seconds>(cfg.discovery.rescan_interval).count()));
   }
   asio::post(p->core, [raw] {
     if (raw->uevents) raw->uevents->watch([raw](const UeventNotice& n) { raw->on_uevent(n); });
@@ -631,9 +694,11 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
 
 int Daemon::run(bool signals) {
   auto& p = *p_;
-  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}{}", p.opt.version, p.cfg.node.id, p.cfg.api.listen,
-                                    p.cfg.admin.socket,
-                                    p.cfg.metrics.listen.empty() ? std::string() : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
+  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}{}", p.opt.version,
+                                    p.cfg.node.id, p.cfg.api.listen, p.cfg.admin.socket,
+                                    p.cfg.metrics.listen.empty()
+                                        ? std::string()
+                                        : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
   sd_notify("READY=1");
   asio::post(p_->slow, [] { ::malloc_trim(0); });  // what start-up freed goes back to the kernel
   if (auto interval = sd_watchdog_interval()) p.arm_watchdog(*interval);
@@ -644,13 +709,15 @@ int Daemon::run(bool signals) {
     p.wait_signal();
   }
   run_guarded(p.net, p.log, "network");  // a stop() before run() has queued the drain that ends it
-  p.stopped_serving = true;                // the admin socket's drain, queued by stop() too, ends its thread
+  p.stopped_serving = true;              // the admin socket's drain, queued by stop() too, ends its thread
   p.join_threads();
   p.say(LogLevel::info, "stopped");
   return 0;
 }
 
-void Daemon::stop() { p_->stop(); }
+void Daemon::stop() {
+  p_->stop();
+}
 
 void Daemon::reload() {
   asio::post(p_->slow, [p = p_.get()] {
@@ -662,7 +729,9 @@ void Daemon::reload() {
   });
 }
 
-ReloadOutcome Daemon::reload_now() { return p_->reload_now(); }
+ReloadOutcome Daemon::reload_now() {
+  return p_->reload_now();
+}
 
 void Daemon::submit(service::ApiRequest request, Respond respond) {
   asio::post(p_->core, [p = p_.get(), request = std::move(request), respond = std::move(respond)]() mutable {
@@ -670,6 +739,8 @@ void Daemon::submit(service::ApiRequest request, Respond respond) {
   });
 }
 
-std::uint16_t Daemon::tls_port() const { return p_->server->tls_port(); }
+std::uint16_t Daemon::tls_port() const {
+  return p_->server->tls_port();
+}
 
 }  // namespace gpunode::daemon

@@ -1,11 +1,11 @@
 #include "gpunode/daemon/driver.hpp"
 
+#include <fmt/format.h>
+
+#include <boost/asio/post.hpp>
 #include <exception>
 #include <utility>
 #include <variant>
-
-#include <boost/asio/post.hpp>
-#include <fmt/format.h>
 
 namespace gpunode::daemon {
 namespace asio = boost::asio;
@@ -22,7 +22,9 @@ struct Overloaded : F... {
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;  // clang before 17 has no aggregate deduction (P1816)
 
-ApiResponse internal_error() { return service::problem(500, "internal", "the request could not be handled"); }
+ApiResponse internal_error() {
+  return service::problem(500, "internal", "the request could not be handled");
+}
 
 std::string what_of(std::exception_ptr e) {
   try {
@@ -39,7 +41,8 @@ std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list_safely(vmctl::Hyp
   try {
     return hv.list();
   } catch (...) {
-    return std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "listing threw: " + what_of(std::current_exception())});
+    return std::unexpected(
+        vmctl::VmError{vmctl::VmError::Kind::failed, "listing threw: " + what_of(std::current_exception())});
   }
 }
 
@@ -63,11 +66,12 @@ struct Driver::Parked {
   ApiRequest request;
   std::shared_ptr<Answer> answer;
   asio::steady_timer timer;
-  Parked(ApiRequest q, std::shared_ptr<Answer> a, asio::io_context& io) : request(std::move(q)), answer(std::move(a)), timer(io) {}
+  Parked(ApiRequest q, std::shared_ptr<Answer> a, asio::io_context& io)
+      : request(std::move(q)), answer(std::move(a)), timer(io) {}
 };
 
-Driver::Driver(asio::io_context& core, service::NodeService& node, std::shared_ptr<vmctl::Hypervisor> hypervisor, Options options,
-               service::LogSink log)
+Driver::Driver(asio::io_context& core, service::NodeService& node,
+               std::shared_ptr<vmctl::Hypervisor> hypervisor, Options options, service::LogSink log)
     : core_(core),
       node_(node),
       hypervisor_(std::move(hypervisor)),
@@ -101,41 +105,45 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
     out = node_.handle(request, held);
   } catch (...) {
     node_.write_held(held);
-    say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id, request.method, request.path,
-                                     what_of(std::current_exception())));
+    say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id,
+                                     request.method, request.path, what_of(std::current_exception())));
     (*answer)(internal_error(), *this);
     return;
   }
   if (!std::holds_alternative<ApiResponse>(out)) node_.write_held(held);
-  std::visit(Overloaded{
-                 [&](ApiResponse& r) {
-                   (*answer)(std::move(r), *this);
-                   node_.write_held(held);
-                 },
-                 [&](service::NeedsWorkloads& need) {
-                   if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
-                     say(LogLevel::error, fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
-                     (*answer)(internal_error(), *this);
-                     return;
-                   }
-                   if (view_ && need.max_age.count() > 0 && hypervisor_->watching() &&
-                       std::chrono::steady_clock::now() - view_at_ <= need.max_age) {
-                     request.workloads = view_;
-                     return dispatch(std::move(request), std::move(answer));
-                   }
-                   list_then_dispatch(std::move(request), std::move(answer));
-                 },
-                 [&](service::RunBatch& b) { run_batch(std::move(b.work), std::move(answer)); },
-                 [&](service::Park& p) { park(std::move(request), std::move(answer), p.deadline); },
-             },
-             out);
+  std::visit(
+      Overloaded{
+          [&](ApiResponse& r) {
+            (*answer)(std::move(r), *this);
+            node_.write_held(held);
+          },
+          [&](service::NeedsWorkloads& need) {
+            if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
+              say(LogLevel::error,
+                  fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
+              (*answer)(internal_error(), *this);
+              return;
+            }
+            if (view_ && need.max_age.count() > 0 && hypervisor_->watching() &&
+                std::chrono::steady_clock::now() - view_at_ <= need.max_age) {
+              request.workloads = view_;
+              return dispatch(std::move(request), std::move(answer));
+            }
+            list_then_dispatch(std::move(request), std::move(answer));
+          },
+          [&](service::RunBatch& b) { run_batch(std::move(b.work), std::move(answer)); },
+          [&](service::Park& p) { park(std::move(request), std::move(answer), p.deadline); },
+      },
+      out);
 }
 
 void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   asio::post(opt_.lists, [this, request = std::move(request), answer = std::move(answer)]() mutable {
     const auto started = std::chrono::steady_clock::now();
-    auto listing = std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
-    asio::post(core_, [this, request = std::move(request), answer = std::move(answer), listing = std::move(listing), started]() mutable {
+    auto listing =
+        std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
+    asio::post(core_, [this, request = std::move(request), answer = std::move(answer),
+                       listing = std::move(listing), started]() mutable {
       keep_view(listing, started);
       request.workloads = std::move(listing);
       dispatch(std::move(request), std::move(answer));
@@ -147,7 +155,8 @@ void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answ
 void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
   asio::post(opt_.terminations, [this, work = std::move(work), answer = std::move(answer)]() mutable {
     std::vector<vmctl::TerminationOutcome> outcomes;
-    std::expected<std::vector<vmctl::Domain>, vmctl::VmError> after = std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
+    std::expected<std::vector<vmctl::Domain>, vmctl::VmError> after =
+        std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
     if (hypervisor_) {
       try {
         outcomes = vmctl::terminate_spot_all(*hypervisor_, work.jobs, opt_.sleeper);
@@ -155,17 +164,21 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
         // Nothing is known of these domains: they stay pending, finished by a later refresh.
         const std::string why = "termination threw: " + what_of(std::current_exception());
         outcomes.clear();
-        for (const auto& j : work.jobs) outcomes.push_back({j.domain.uuid, std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, why})});
+        for (const auto& j : work.jobs)
+          outcomes.push_back(
+              {j.domain.uuid, std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, why})});
       }
       after = list_safely(*hypervisor_);
     }
-    asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after), answer = std::move(answer)]() mutable {
+    asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after),
+                       answer = std::move(answer)]() mutable {
       view_.reset();  // domains were stopped: the next request that needs them lists them
       ApiResponse r;
       try {
         r = node_.finish(batch, std::move(outcomes), after);
       } catch (...) {
-        say(LogLevel::error, fmt::format("internal error recording termination batch {}: {}", batch, what_of(std::current_exception())));
+        say(LogLevel::error, fmt::format("internal error recording termination batch {}: {}", batch,
+                                         what_of(std::current_exception())));
         r = internal_error();
       }
       if (answer) (*answer)(std::move(r), *this);
@@ -177,20 +190,24 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
   });
 }
 
-void Driver::park(ApiRequest request, std::shared_ptr<Answer> answer, std::chrono::steady_clock::time_point deadline) {
+void Driver::park(ApiRequest request, std::shared_ptr<Answer> answer,
+                  std::chrono::steady_clock::time_point deadline) {
   if (stopping_) {  // answered now, as its wait had ended
     request.wait_over = true;
     dispatch(std::move(request), std::move(answer));
     return;
   }
   if (parked_.size() >= opt_.max_parked) {
-    auto busy = service::problem(503, "too-many-waiters", fmt::format("{} long polls are waiting already; retry shortly", parked_.size()));
+    auto busy =
+        service::problem(503, "too-many-waiters",
+                         fmt::format("{} long polls are waiting already; retry shortly", parked_.size()));
     busy.headers.emplace_back("Retry-After", "1");
     (*answer)(std::move(busy), *this);
     return;
   }
   const std::uint64_t id = next_parked_++;
-  auto& p = *parked_.emplace(id, std::make_unique<Parked>(std::move(request), std::move(answer), core_)).first->second;
+  auto& p = *parked_.emplace(id, std::make_unique<Parked>(std::move(request), std::move(answer), core_))
+                 .first->second;
   p.timer.expires_at(deadline);
   // Whether it fired or was cancelled, the poll is answered here only if it is still parked: a
   // change that woke it took it out of parked_ first, so it is never answered twice.
@@ -252,7 +269,8 @@ void Driver::after_refresh_failed() {
 
 // A list is kept only when it succeeded, and only if no event came since it started (an event
 // meanwhile may be a domain the list missed): `listed_at` is when the listing began.
-void Driver::keep_view(std::shared_ptr<const service::WorkloadListing> listing, std::chrono::steady_clock::time_point listed_at) {
+void Driver::keep_view(std::shared_ptr<const service::WorkloadListing> listing,
+                       std::chrono::steady_clock::time_point listed_at) {
   if (!listing->domains || listed_at < last_event_) {
     view_.reset();
     return;

@@ -23,7 +23,8 @@ bool sd_notify(std::string_view state) {
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return false;
   const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
-  const ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&addr), addr_len);
+  const ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT,
+                                reinterpret_cast<const sockaddr*>(&addr), addr_len);
   ::close(fd);
   return sent == static_cast<ssize_t>(state.size());
 }
@@ -41,7 +42,8 @@ std::optional<std::chrono::microseconds> sd_watchdog_interval() {
   if (!usec || *usec == 0) return std::nullopt;
   if (const char* pid = std::getenv("WATCHDOG_PID"); pid != nullptr && *pid != '\0') {
     auto p = number(pid);
-    if (!p || *p != static_cast<unsigned long long>(::getpid())) return std::nullopt;  // meant for another process
+    if (!p || *p != static_cast<unsigned long long>(::getpid()))
+      return std::nullopt;  // meant for another process
   }
   return std::chrono::microseconds(*usec);
 }

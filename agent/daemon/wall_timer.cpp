@@ -1,13 +1,12 @@
 #include "gpunode/daemon/wall_timer.hpp"
 
+#include <fmt/format.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
-
-#include <boost/asio/post.hpp>
-#include <fmt/format.h>
 
 namespace gpunode::daemon {
 
@@ -26,7 +25,8 @@ void WallTimer::wait_until(std::chrono::system_clock::time_point when, std::func
   // it has passed all the same, and fires at once.
   spec.it_value.tv_sec = ns > 0 ? static_cast<time_t>(ns / 1'000'000'000) : 0;
   spec.it_value.tv_nsec = ns > 0 ? static_cast<long>(ns % 1'000'000'000) : 1;
-  if (::timerfd_settime(fd_.native_handle(), TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &spec, nullptr) != 0) {
+  if (::timerfd_settime(fd_.native_handle(), TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &spec, nullptr) !=
+      0) {
     // Cannot happen with a valid descriptor and value; fire now rather than never.
     boost::asio::post(fd_.get_executor(), [this, g = generation_] {
       if (g == generation_ && fired_) std::exchange(fired_, {})(Woken::due);
@@ -44,19 +44,20 @@ void WallTimer::cancel() {
 }
 
 void WallTimer::wait(std::uint64_t generation) {
-  fd_.async_wait(boost::asio::posix::stream_descriptor::wait_read, [this, generation](const boost::system::error_code& ec) {
-    if (ec || generation != generation_) return;  // cancelled, or replaced by a newer wait
-    std::uint64_t expirations = 0;
-    const auto n = ::read(fd_.native_handle(), &expirations, sizeof expirations);
-    Woken why = Woken::due;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return wait(generation);  // woken for nothing
-      // ECANCELED: the clock was set. Anything else cannot happen on a timerfd; the caller looks
-      // at the terms all the same and arms again.
-      why = errno == ECANCELED ? Woken::clock_set : Woken::due;
-    }
-    if (auto f = std::exchange(fired_, {})) f(why);
-  });
+  fd_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                 [this, generation](const boost::system::error_code& ec) {
+                   if (ec || generation != generation_) return;  // cancelled, or replaced by a newer wait
+                   std::uint64_t expirations = 0;
+                   const auto n = ::read(fd_.native_handle(), &expirations, sizeof expirations);
+                   Woken why = Woken::due;
+                   if (n < 0) {
+                     if (errno == EAGAIN || errno == EINTR) return wait(generation);  // woken for nothing
+                     // ECANCELED: the clock was set. Anything else cannot happen on a timerfd; the caller
+                     // looks at the terms all the same and arms again.
+                     why = errno == ECANCELED ? Woken::clock_set : Woken::due;
+                   }
+                   if (auto f = std::exchange(fired_, {})) f(why);
+                 });
 }
 
 }  // namespace gpunode::daemon

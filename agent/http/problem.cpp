@@ -1,13 +1,14 @@
 // problem+json bodies, request ids, Request::header.
+#include "gpunode/json/problem.hpp"
+
+#include <fmt/format.h>
 #include <openssl/rand.h>
 
 #include <array>
 #include <boost/json.hpp>
-#include <fmt/format.h>
 #include <random>
 
 #include "gpunode/http/server.hpp"
-#include "gpunode/json/problem.hpp"
 
 namespace gpunode::http {
 

@@ -1,5 +1,6 @@
 // The server's and the reporting client's TLS contexts (CONTRACT §7: TLS 1.2 and 1.3, ECDHE + AEAD
 // suites, no renegotiation).
+#include <fmt/format.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
@@ -8,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <fmt/format.h>
 
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
@@ -22,7 +22,8 @@ constexpr const char* kTls12Ciphers =
     "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
-constexpr const char* kTls13Suites = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+constexpr const char* kTls13Suites =
+    "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
 constexpr const char* kGroups = "X25519:P-256:P-384";
 
 // Drains OpenSSL's error queue; the first entry is the most specific one.
@@ -48,7 +49,8 @@ std::optional<std::string> unreadable(const std::string& path) {
 
 // What both sides share: protocol versions, suites, groups, no renegotiation or compression.
 std::expected<void, std::string> harden(SSL_CTX* h) {
-  if (SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION) != 1 || SSL_CTX_set_max_proto_version(h, TLS1_3_VERSION) != 1) {
+  if (SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION) != 1 ||
+      SSL_CTX_set_max_proto_version(h, TLS1_3_VERSION) != 1) {
     return std::unexpected(fmt::format("TLS: cannot set protocol versions: {}", ssl_reason()));
   }
   SSL_CTX_set_options(h, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
@@ -63,8 +65,10 @@ std::expected<void, std::string> harden(SSL_CTX* h) {
 }
 
 // The certificate chain and its key, checked to match. `what` names them in errors ("TLS").
-std::expected<void, std::string> load_identity(SSL_CTX* h, const std::string& cert, const std::string& key, std::string_view what) {
-  if (auto why = unreadable(cert)) return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, *why));
+std::expected<void, std::string> load_identity(SSL_CTX* h, const std::string& cert, const std::string& key,
+                                               std::string_view what) {
+  if (auto why = unreadable(cert))
+    return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, *why));
   if (SSL_CTX_use_certificate_chain_file(h, cert.c_str()) != 1) {
     return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, ssl_reason()));
   }
@@ -73,7 +77,8 @@ std::expected<void, std::string> load_identity(SSL_CTX* h, const std::string& ce
     return std::unexpected(fmt::format("{} key {}: {}", what, key, ssl_reason()));
   }
   if (SSL_CTX_check_private_key(h) != 1) {
-    return std::unexpected(fmt::format("{} key {} does not match certificate {}: {}", what, key, cert, ssl_reason()));
+    return std::unexpected(
+        fmt::format("{} key {} does not match certificate {}: {}", what, key, cert, ssl_reason()));
   }
   return {};
 }
@@ -89,7 +94,8 @@ std::expected<void, std::string> load_ca(SSL_CTX* h, const std::string& ca, std:
 
 }  // namespace
 
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files) {
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(
+    const TlsFiles& files) {
   namespace ssl = boost::asio::ssl;
   ERR_clear_error();
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
@@ -102,7 +108,8 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_
     if (auto ca = load_ca(h, files.client_ca, "TLS client CA"); !ca) return std::unexpected(ca.error());
     STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.client_ca.c_str());
     if (names == nullptr) {
-      return std::unexpected(fmt::format("TLS client CA {}: no certificate in it ({})", files.client_ca, ssl_reason()));
+      return std::unexpected(
+          fmt::format("TLS client CA {}: no certificate in it ({})", files.client_ca, ssl_reason()));
     }
     SSL_CTX_set_client_CA_list(h, names);  // takes ownership
     SSL_CTX_set_verify(h, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
@@ -111,14 +118,16 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_
   return ctx;
 }
 
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(const ClientTlsFiles& files) {
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(
+    const ClientTlsFiles& files) {
   namespace ssl = boost::asio::ssl;
   ERR_clear_error();
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   SSL_CTX* h = ctx->native_handle();
   if (auto hard = harden(h); !hard) return std::unexpected(hard.error());
   if (auto ca = load_ca(h, files.ca, "central CA"); !ca) return std::unexpected(ca.error());
-  if (auto id = load_identity(h, files.cert, files.key, "central client"); !id) return std::unexpected(id.error());
+  if (auto id = load_identity(h, files.cert, files.key, "central client"); !id)
+    return std::unexpected(id.error());
   SSL_CTX_set_verify(h, SSL_VERIFY_PEER, nullptr);
   ERR_clear_error();
   return ctx;
@@ -131,9 +140,15 @@ std::expected<void, std::string> check_tls_file(const std::string& path, TlsFile
   if (auto why = unreadable(path)) return std::unexpected(*why);
   int ok = 0;
   switch (kind) {
-    case TlsFileKind::certificate_chain: ok = SSL_CTX_use_certificate_chain_file(h, path.c_str()); break;
-    case TlsFileKind::private_key: ok = SSL_CTX_use_PrivateKey_file(h, path.c_str(), SSL_FILETYPE_PEM); break;
-    case TlsFileKind::ca_certificates: ok = SSL_CTX_load_verify_locations(h, path.c_str(), nullptr); break;
+    case TlsFileKind::certificate_chain:
+      ok = SSL_CTX_use_certificate_chain_file(h, path.c_str());
+      break;
+    case TlsFileKind::private_key:
+      ok = SSL_CTX_use_PrivateKey_file(h, path.c_str(), SSL_FILETYPE_PEM);
+      break;
+    case TlsFileKind::ca_certificates:
+      ok = SSL_CTX_load_verify_locations(h, path.c_str(), nullptr);
+      break;
   }
   if (ok != 1) {
     const char* what = kind == TlsFileKind::private_key ? "a PEM private key" : "PEM certificates";

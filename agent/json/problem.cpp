@@ -5,8 +5,8 @@
 
 namespace gpunode::json {
 
-boost::json::object problem_body(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
-                                 const std::vector<FieldError>& errors) {
+boost::json::object problem_body(unsigned status, std::string_view code, std::string_view title,
+                                 std::string_view detail, const std::vector<FieldError>& errors) {
   boost::json::object o;
   o["type"] = "urn:gpunode:problem:" + std::string(code);
   o["title"] = title;
@@ -14,7 +14,8 @@ boost::json::object problem_body(unsigned status, std::string_view code, std::st
   o["detail"] = detail;
   o["code"] = code;
   boost::json::array list;
-  for (const auto& e : errors) list.emplace_back(boost::json::object{{"field", e.field}, {"message", e.message}});
+  for (const auto& e : errors)
+    list.emplace_back(boost::json::object{{"field", e.field}, {"message", e.message}});
   o["errors"] = std::move(list);
   return o;
 }

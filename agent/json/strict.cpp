@@ -1,16 +1,16 @@
 #include "gpunode/json/strict.hpp"
 
-#include "gpunode/json/utf8.hpp"
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <boost/json/basic_parser_impl.hpp>
+#include <boost/json/parse.hpp>
 #include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <boost/json/basic_parser_impl.hpp>
-#include <boost/json/parse.hpp>
-#include <fmt/format.h>
+#include "gpunode/json/utf8.hpp"
 
 namespace gpunode::json {
 namespace {
@@ -63,7 +63,8 @@ class Checker {
   bool on_uint64(std::uint64_t, bj::string_view, bj::error_code&) { return true; }
   bool on_double(double d, bj::string_view text, bj::error_code& ec) {
     const std::string_view t(text.data(), text.size());
-    if (t.find_first_of(".eE") == std::string_view::npos) return fail(ec, fmt::format("the integer {} is out of range", t));
+    if (t.find_first_of(".eE") == std::string_view::npos)
+      return fail(ec, fmt::format("the integer {} is out of range", t));
     if (!std::isfinite(d)) return fail(ec, fmt::format("the number {} is out of range", t));
     return true;
   }
@@ -86,9 +87,11 @@ std::string describe(const bj::error_code& ec) {
   using E = bj::error;
   if (ec == E::exponent_overflow) return "a number is out of range";
   if (ec == E::too_deep) return "nesting is too deep";
-  if (ec == E::syntax || ec == E::extra_data) return ec == E::extra_data ? "text after the JSON value" : "syntax error";
+  if (ec == E::syntax || ec == E::extra_data)
+    return ec == E::extra_data ? "text after the JSON value" : "syntax error";
   if (ec == E::incomplete) return "the text ends inside a value";
-  if (ec == E::illegal_leading_surrogate || ec == E::illegal_trailing_surrogate) return "a lone surrogate escape (\\uD800-\\uDFFF)";
+  if (ec == E::illegal_leading_surrogate || ec == E::illegal_trailing_surrogate)
+    return "a lone surrogate escape (\\uD800-\\uDFFF)";
   if (ec == E::expected_hex_digit) return "an invalid escape in a string";
   return ec.message();
 }
@@ -111,7 +114,10 @@ int hex4(std::string_view s, std::size_t at) {
   int v = 0;
   for (std::size_t k = at; k < at + 4; ++k) {
     const char c = s[k];
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
     if (d < 0) return -1;
     v = v * 16 + d;
   }
@@ -136,7 +142,8 @@ std::size_t lone_surrogate(std::string_view t) {
         const int h = hex4(t, i + 2);
         if (h >= 0xDC00 && h <= 0xDFFF) return i;
         if (h >= 0xD800 && h <= 0xDBFF) {
-          const bool paired = i + 7 < t.size() && t[i + 6] == '\\' && t[i + 7] == 'u' && hex4(t, i + 8) >= 0xDC00 && hex4(t, i + 8) <= 0xDFFF;
+          const bool paired = i + 7 < t.size() && t[i + 6] == '\\' && t[i + 7] == 'u' &&
+                              hex4(t, i + 8) >= 0xDC00 && hex4(t, i + 8) <= 0xDFFF;
           if (!paired) return i;
           i += 6;
         }
@@ -153,10 +160,13 @@ constexpr const char* kLone = "a lone surrogate escape (\\uD800-\\uDFFF without 
 
 }  // namespace
 
-std::string TextError::to_string() const { return fmt::format("line {}, column {} (byte {}): {}", line, column, offset, what); }
+std::string TextError::to_string() const {
+  return fmt::format("line {}, column {} (byte {}): {}", line, column, offset, what);
+}
 
 std::expected<bj::value, TextError> parse_strict(std::string_view text, std::size_t max_depth) {
-  if (auto bad = invalid_utf8(text); bad != std::string_view::npos) return std::unexpected(at(text, bad, "invalid UTF-8"));
+  if (auto bad = invalid_utf8(text); bad != std::string_view::npos)
+    return std::unexpected(at(text, bad, "invalid UTF-8"));
   bj::parse_options opt;
   opt.max_depth = max_depth;
   {
@@ -165,11 +175,14 @@ std::expected<bj::value, TextError> parse_strict(std::string_view text, std::siz
     const std::size_t used = scanner.write_some(false, text.data(), text.size(), ec);
     if (ec && scanner.handler().problem.empty()) {
       // Boost.JSON calls a lone leading surrogate before a closing quote a syntax error: say what it is.
-      if (auto lone = lone_surrogate(text.substr(0, std::min(text.size(), used + 1))); lone != std::string_view::npos) {
+      if (auto lone = lone_surrogate(text.substr(0, std::min(text.size(), used + 1)));
+          lone != std::string_view::npos) {
         return std::unexpected(at(text, lone, kLone));
       }
     }
-    if (ec) return std::unexpected(at(text, used, scanner.handler().problem.empty() ? describe(ec) : scanner.handler().problem));
+    if (ec)
+      return std::unexpected(
+          at(text, used, scanner.handler().problem.empty() ? describe(ec) : scanner.handler().problem));
     if (used != text.size()) return std::unexpected(at(text, used, "text after the JSON value"));
   }
   if (auto lone = lone_surrogate(text); lone != std::string_view::npos) {

@@ -1,8 +1,8 @@
 #include "gpunode/metrics/exposition.hpp"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace gpunode::metrics {
 
@@ -11,10 +11,17 @@ std::string escape_label_value(std::string_view value) {
   out.reserve(value.size());
   for (char c : value) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -31,9 +38,12 @@ namespace {
 std::string escape_help(std::string_view text) {
   std::string out;
   for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -44,7 +54,8 @@ void Writer::family(std::string_view name, std::string_view type, std::string_vi
   out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
 }
 
-void Writer::series(std::string_view name, const Labels& labels, std::string_view extra_name, std::string_view extra_value) {
+void Writer::series(std::string_view name, const Labels& labels, std::string_view extra_name,
+                    std::string_view extra_value) {
   out_ += name;
   if (labels.empty() && extra_name.empty()) return;
   out_ += '{';

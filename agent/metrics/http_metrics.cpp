@@ -1,10 +1,10 @@
 #include "gpunode/metrics/http_metrics.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace gpunode::metrics {
 
@@ -27,11 +27,11 @@ constexpr std::string_view kOther = "other";
 
 std::string_view node_route(const std::vector<std::string_view>& s) {
   // s: v1 nodes {nodeId} ...
-  static constexpr std::array<std::string_view, 8> kLeaves = {"units", "reservations", "audit", "state",
-                                                             "workloads", "capacity", "admission", "terminate-spot"};
+  static constexpr std::array<std::string_view, 8> kLeaves = {
+      "units", "reservations", "audit", "state", "workloads", "capacity", "admission", "terminate-spot"};
   static constexpr std::array<std::string_view, 8> kLeafRoutes = {
-      "/v1/nodes/{nodeId}/units",     "/v1/nodes/{nodeId}/reservations", "/v1/nodes/{nodeId}/audit",
-      "/v1/nodes/{nodeId}/state",     "/v1/nodes/{nodeId}/workloads",    "/v1/nodes/{nodeId}/capacity",
+      "/v1/nodes/{nodeId}/units",     "/v1/nodes/{nodeId}/reservations",  "/v1/nodes/{nodeId}/audit",
+      "/v1/nodes/{nodeId}/state",     "/v1/nodes/{nodeId}/workloads",     "/v1/nodes/{nodeId}/capacity",
       "/v1/nodes/{nodeId}/admission", "/v1/nodes/{nodeId}/terminate-spot"};
   if (s.size() == 4) {
     for (std::size_t i = 0; i < kLeaves.size(); ++i) {
@@ -60,24 +60,28 @@ std::string_view route_template(std::string_view path) {
   if (path == "/v1/admin/unentitled") return "/v1/admin/unentitled";
   const auto s = split(path);
   if (s.size() < 4 || s[0] != "v1" || s[2].empty()) return kOther;
-  if (s[1] == "orgs") return s.size() == 4 && s[3] == "reserved-capacity" ? "/v1/orgs/{orgId}/reserved-capacity" : kOther;
+  if (s[1] == "orgs")
+    return s.size() == 4 && s[3] == "reserved-capacity" ? "/v1/orgs/{orgId}/reserved-capacity" : kOther;
   if (s[1] == "nodes" && s.size() <= 6) return node_route(s);
   return kOther;
 }
 
 std::string_view method_label(std::string_view method) {
-  static constexpr std::array<std::string_view, 7> kMethods = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+  static constexpr std::array<std::string_view, 7> kMethods = {"GET",   "HEAD",   "POST",   "PUT",
+                                                               "PATCH", "DELETE", "OPTIONS"};
   for (auto m : kMethods) {
     if (m == method) return m;
   }
   return kOther;
 }
 
-void HttpMetrics::record(std::string_view method, std::string_view path, unsigned status, std::chrono::nanoseconds took) {
+void HttpMetrics::record(std::string_view method, std::string_view path, unsigned status,
+                         std::chrono::nanoseconds took) {
   const auto route = route_template(path);
   const auto m = method_label(method);
   const unsigned code = status >= 100 && status <= 599 ? status : 0;  // 0: "other"
-  const double seconds = std::chrono::duration<double>(std::max(took, std::chrono::nanoseconds::zero())).count();
+  const double seconds =
+      std::chrono::duration<double>(std::max(took, std::chrono::nanoseconds::zero())).count();
   const auto bucket = static_cast<std::size_t>(
       std::lower_bound(kDurationBuckets.begin(), kDurationBuckets.end(), seconds) - kDurationBuckets.begin());
   std::lock_guard lock(mu_);
@@ -90,7 +94,8 @@ void HttpMetrics::record(std::string_view method, std::string_view path, unsigne
 void HttpMetrics::write(Writer& w) const {
   std::lock_guard lock(mu_);
   w.family("gpunode_http_requests_total", "counter",
-           "HTTP requests answered, by route template, method and status code (HTTPS, admin socket and metrics.listen)");
+           "HTTP requests answered, by route template, method and status code (HTTPS, admin socket and "
+           "metrics.listen)");
   for (const auto& [key, n] : counts_) {
     const auto& [route, method, code] = key;
     const std::string c = code ? std::to_string(code) : std::string(kOther);
@@ -99,8 +104,8 @@ void HttpMetrics::write(Writer& w) const {
   w.family("gpunode_http_request_duration_seconds", "histogram",
            "Time from a request read whole to its answer queued for writing, by route template and method");
   for (const auto& [key, h] : durations_) {
-    w.histogram("gpunode_http_request_duration_seconds", {{"route", key.first}, {"method", key.second}}, kDurationBuckets,
-                h.counts, h.sum);
+    w.histogram("gpunode_http_request_duration_seconds", {{"route", key.first}, {"method", key.second}},
+                kDurationBuckets, h.counts, h.sum);
   }
 }
 

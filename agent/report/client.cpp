@@ -3,8 +3,7 @@
 // every operation.
 #include "client.hpp"
 
-#include "gpunode/report/policy.hpp"
-
+#include <fmt/format.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 
@@ -16,7 +15,8 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/url/parse.hpp>
-#include <fmt/format.h>
+
+#include "gpunode/report/policy.hpp"
 
 namespace gpunode::report::detail {
 namespace asio = boost::asio;
@@ -33,7 +33,8 @@ std::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
   Endpoint e;
   e.host = u->host_address();
   if (e.host.empty()) return std::unexpected(fmt::format("central.url {}: no host", url));
-  e.ip_literal = u->host_type() == boost::urls::host_type::ipv4 || u->host_type() == boost::urls::host_type::ipv6;
+  e.ip_literal =
+      u->host_type() == boost::urls::host_type::ipv4 || u->host_type() == boost::urls::host_type::ipv6;
   e.port = u->has_port() ? std::string(u->port()) : "443";
   e.host_header = std::string(u->encoded_host_and_port());
   e.base_path = std::string(u->encoded_path());
@@ -80,7 +81,8 @@ void Client::close() {
   }
 }
 
-asio::awaitable<std::expected<void, std::string>> Client::connect(std::chrono::steady_clock::time_point deadline) {
+asio::awaitable<std::expected<void, std::string>> Client::connect(
+    std::chrono::steady_clock::time_point deadline) {
   drop();
   auto [ctx, generation] = tls_.get();
   error_code ec;
@@ -89,7 +91,8 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(std::chrono::s
   resolve_guard_.async_wait([this](const error_code& e) {
     if (!e) resolver_.cancel();
   });
-  const auto found = co_await resolver_.async_resolve(endpoint_.host, endpoint_.port, redirect_error(use_awaitable, ec));
+  const auto found =
+      co_await resolver_.async_resolve(endpoint_.host, endpoint_.port, redirect_error(use_awaitable, ec));
   resolve_guard_.cancel();
   if (ec) co_return std::unexpected(fmt::format("resolving {}: {}", endpoint_.host, describe(ec)));
 
@@ -102,7 +105,8 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(std::chrono::s
     if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), endpoint_.host.c_str()) != 1) {
       co_return std::unexpected(fmt::format("TLS: cannot verify against address {}", endpoint_.host));
     }
-  } else if (SSL_ctrl(ssl, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, endpoint_.host.data()) != 1 ||
+  } else if (SSL_ctrl(ssl, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, endpoint_.host.data()) !=
+                 1 ||
              SSL_set1_host(ssl, endpoint_.host.c_str()) != 1) {
     // SNI (SSL_ctrl is what the SSL_set_tlsext_host_name macro expands to, less its C cast) and
     // the host name the certificate must carry.
@@ -112,19 +116,23 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(std::chrono::s
   auto& tcp = beast::get_lowest_layer(*stream_);
   tcp.expires_at(std::min(deadline, std::chrono::steady_clock::now() + connect_timeout_));
   co_await tcp.async_connect(found, redirect_error(use_awaitable, ec));
-  if (ec) co_return std::unexpected(fmt::format("connecting to {}:{}: {}", endpoint_.host, endpoint_.port, describe(ec)));
+  if (ec)
+    co_return std::unexpected(
+        fmt::format("connecting to {}:{}: {}", endpoint_.host, endpoint_.port, describe(ec)));
   tcp.expires_at(deadline);
   co_await stream_->async_handshake(asio::ssl::stream_base::client, redirect_error(use_awaitable, ec));
   if (ec) {
     const long verify = SSL_get_verify_result(stream_->native_handle());
     std::string why = describe(ec);
     if (verify != X509_V_OK) why += fmt::format(" ({})", X509_verify_cert_error_string(verify));
-    co_return std::unexpected(fmt::format("TLS handshake with {}:{}: {}", endpoint_.host, endpoint_.port, why));
+    co_return std::unexpected(
+        fmt::format("TLS handshake with {}:{}: {}", endpoint_.host, endpoint_.port, why));
   }
   co_return std::expected<void, std::string>{};
 }
 
-asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string path, std::string body, std::chrono::milliseconds timeout) {
+asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string path, std::string body,
+                                                                 std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bhttp::request<bhttp::string_body> req{bhttp::verb::post, endpoint_.base_path + path, 11};
   req.set(bhttp::field::host, endpoint_.host_header);
@@ -168,7 +176,8 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
     auto& res = parser.get();
     Answer a;
     a.status = res.result_int();
-    if (auto it = res.find(bhttp::field::retry_after); it != res.end()) a.retry_after = std::string(it->value());
+    if (auto it = res.find(bhttp::field::retry_after); it != res.end())
+      a.retry_after = std::string(it->value());
     a.body = std::move(res.body());
     if (!res.keep_alive()) drop();
     co_return a;

@@ -8,6 +8,13 @@
 // server dropped an idle connection; nothing was answered, and events are deduplicated by seq).
 #pragma once
 
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -16,14 +23,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl/context.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/ssl/ssl_stream.hpp>
 
 namespace gpunode::report::detail {
 
@@ -74,14 +73,15 @@ class Client {
   // POSTs `body` (application/json) to base_path + `path`. An error is a transport failure
   // (resolve, connect, TLS, write, read, a timeout, an answer over the size limit) and says which.
   boost::asio::awaitable<std::expected<Answer, std::string>> post(std::string path, std::string body,
-                                                                 std::chrono::milliseconds timeout);
+                                                                  std::chrono::milliseconds timeout);
   // Closes the connection for good: a request in flight ends with an error, and so does every
   // later one (the reporter is stopping). On the io_context's thread.
   void close();
 
  private:
   using Stream = boost::beast::ssl_stream<boost::beast::tcp_stream>;
-  boost::asio::awaitable<std::expected<void, std::string>> connect(std::chrono::steady_clock::time_point deadline);
+  boost::asio::awaitable<std::expected<void, std::string>> connect(
+      std::chrono::steady_clock::time_point deadline);
   void drop();
 
   boost::asio::io_context& io_;

@@ -44,15 +44,19 @@ std::expected<Outbox::Read, std::string> Outbox::read_batch(std::int64_t after, 
   // LIMIT bounds what SQLite hands over; the builder stops earlier on bytes.
   auto st = db_.prepare("SELECT seq, event FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2");
   if (!st) return std::unexpected(st.error().to_string());
-  if (auto b = st->bind_all(after, static_cast<std::int64_t>(Limits::kBatchEvents)); !b) return std::unexpected(b.error().to_string());
+  if (auto b = st->bind_all(after, static_cast<std::int64_t>(Limits::kBatchEvents)); !b)
+    return std::unexpected(b.error().to_string());
   for (;;) {
     auto step = st->step();
     if (!step) return std::unexpected(step.error().to_string());
     if (*step == store::Statement::Step::done) return Read{};
     switch (batch.add(st->column_int64(0), st->column_text(1))) {
-      case BatchBuilder::Add::taken: continue;
-      case BatchBuilder::Add::full: return Read{};
-      case BatchBuilder::Add::bad: return Read{true};
+      case BatchBuilder::Add::taken:
+        continue;
+      case BatchBuilder::Add::full:
+        return Read{};
+      case BatchBuilder::Add::bad:
+        return Read{true};
     }
   }
 }

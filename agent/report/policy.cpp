@@ -2,21 +2,24 @@
 #include "gpunode/report/policy.hpp"
 
 #include <algorithm>
-#include <charconv>
-
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
+#include <charconv>
 
 namespace gpunode::report {
 namespace json = boost::json;
 
 std::string_view label(Failure f) {
   switch (f) {
-    case Failure::transport: return "transport";
-    case Failure::server_error: return "5xx";
-    case Failure::rate_limited: return "429";
-    case Failure::rejected: return "4xx";
+    case Failure::transport:
+      return "transport";
+    case Failure::server_error:
+      return "5xx";
+    case Failure::rate_limited:
+      return "429";
+    case Failure::rejected:
+      return "4xx";
   }
   return "transport";
 }
@@ -50,7 +53,8 @@ milliseconds full_jitter(unsigned attempt, std::uint64_t random) {
   return milliseconds(static_cast<std::int64_t>(random % (ceiling + 1)));
 }
 
-milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds> retry_after, std::uint64_t random) {
+milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds> retry_after,
+                         std::uint64_t random) {
   if (retry_after) return std::min(*retry_after, Limits::kRetryAfterCap);
   if (f == Failure::rejected) return Limits::kHold;
   return full_jitter(attempt, random);
@@ -64,7 +68,8 @@ std::expected<std::int64_t, std::string> parse_ack(std::string_view body) {
   if (o == nullptr) return std::unexpected(std::string("the answer is not a JSON object"));
   const json::value* acked = o->if_contains("ackedSeq");
   if (acked == nullptr) return std::unexpected(std::string("the answer has no ackedSeq"));
-  if (!acked->is_int64() && !acked->is_uint64()) return std::unexpected(std::string("ackedSeq is not an integer"));
+  if (!acked->is_int64() && !acked->is_uint64())
+    return std::unexpected(std::string("ackedSeq is not an integer"));
   const auto n = acked->to_number<std::int64_t>(ec);
   if (ec || n < 0) return std::unexpected(std::string("ackedSeq is out of range"));
   return n;
@@ -80,7 +85,8 @@ AckVerdict judge_ack(std::int64_t base, std::int64_t last, std::int64_t acked) {
 
 BatchBuilder::BatchBuilder(std::string_view node_id, std::size_t max_events, std::size_t max_bytes)
     : max_events_(std::max<std::size_t>(1, max_events)), max_bytes_(max_bytes) {
-  body_ = "{\"nodeId\":" + json::serialize(json::value(json::string_view(node_id.data(), node_id.size()))) + ",\"events\":[";
+  body_ = "{\"nodeId\":" + json::serialize(json::value(json::string_view(node_id.data(), node_id.size()))) +
+          ",\"events\":[";
 }
 
 BatchBuilder::Add BatchBuilder::add(std::int64_t seq, std::string_view event) {
@@ -128,7 +134,8 @@ std::string heartbeat_body(const Heartbeat& h) {
   o["version"] = h.version;
   o["revision"] = h.revision;
   o["outboxDepth"] = h.outbox_depth;
-  o["oldestUndeliveredAt"] = h.oldest_undelivered_at ? json::value(*h.oldest_undelivered_at) : json::value(nullptr);
+  o["oldestUndeliveredAt"] =
+      h.oldest_undelivered_at ? json::value(*h.oldest_undelivered_at) : json::value(nullptr);
   o["libvirt"] = h.libvirt_connected ? "connected" : "disconnected";
   return json::serialize(o);
 }

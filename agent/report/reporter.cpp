@@ -1,17 +1,17 @@
 // The Reporter: the delivery and heartbeat loops on a thread of their own (see reporter.hpp).
 #include "gpunode/report/reporter.hpp"
 
-#include <atomic>
-#include <future>
-#include <mutex>
-#include <random>
-#include <thread>
+#include <fmt/format.h>
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
 
 #include "client.hpp"
 #include "gpunode/report/outbox.hpp"
@@ -26,8 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kIdlePoll = std::chrono::seconds(5);          // the safety net under notify()
-constexpr auto kStaleWarning = std::chrono::minutes(10);     // CONTRACT §6
+constexpr auto kIdlePoll = std::chrono::seconds(5);           // the safety net under notify()
+constexpr auto kStaleWarning = std::chrono::minutes(10);      // CONTRACT §6
 constexpr auto kStaleWarningEvery = std::chrono::minutes(5);  // CONTRACT §6
 constexpr auto kSameFailureLogEvery = std::chrono::minutes(1);
 constexpr auto kRestartAfterCrash = std::chrono::seconds(1);
@@ -42,7 +42,9 @@ std::string snippet(std::string_view body) {
   return out;
 }
 
-std::string seconds_text(std::chrono::milliseconds d) { return fmt::format("{:.1f}s", static_cast<double>(d.count()) / 1000.0); }
+std::string seconds_text(std::chrono::milliseconds d) {
+  return fmt::format("{:.1f}s", static_cast<double>(d.count()) / 1000.0);
+}
 
 std::string what_of(const std::exception_ptr& e) {
   try {
@@ -70,7 +72,7 @@ struct Reporter::Impl {
   std::mt19937_64 rng{std::random_device{}()};
   bool idle = false;
   bool delivered_once = false;
-  std::optional<Clock::time_point> outage_since;  // first failure of the current outage
+  std::optional<Clock::time_point> outage_since;        // first failure of the current outage
   std::optional<std::chrono::milliseconds> recovering;  // the outage's length, while its backlog drains
   std::uint64_t recovered_events = 0;
   std::optional<Clock::time_point> last_stale_warning;
@@ -145,9 +147,11 @@ struct Reporter::Impl {
     if (age < kStaleWarning || (last_stale_warning && now - *last_stale_warning < kStaleWarningEvery)) return;
     last_stale_warning = now;
     say(LogLevel::warning,
-        fmt::format("central: the oldest undelivered event (seq {}, at {}) is {} minutes old; {} events wait in the outbox and are "
+        fmt::format("central: the oldest undelivered event (seq {}, at {}) is {} minutes old; {} events wait "
+                    "in the outbox and are "
                     "kept until the central API acknowledges them",
-                    s->first_seq, *s->oldest_at, std::chrono::duration_cast<std::chrono::minutes>(age).count(), s->depth));
+                    s->first_seq, *s->oldest_at,
+                    std::chrono::duration_cast<std::chrono::minutes>(age).count(), s->depth));
   }
 
   // One line per failure class at most every minute (a refused request: every time, as an error).
@@ -164,15 +168,17 @@ struct Reporter::Impl {
     }
     if (!oldest) return;
     const auto waited = std::chrono::system_clock::now() - *oldest;
-    if (waited > std::chrono::seconds(0)) *outage_since -= std::chrono::duration_cast<Clock::duration>(waited);
+    if (waited > std::chrono::seconds(0))
+      *outage_since -= std::chrono::duration_cast<Clock::duration>(waited);
   }
 
   void log_failure(Failure f, const std::string& why, std::chrono::milliseconds wait, unsigned attempt) {
     begin_outage();
     with_status([&](Status& st) { ++st.failures[static_cast<std::size_t>(f)]; });
     if (f == Failure::rejected) {
-      say(LogLevel::error, fmt::format("central: events seq {}.. refused ({}): {}; holding them and trying again in {}", base + 1,
-                                       label(f), why, seconds_text(wait)));
+      say(LogLevel::error,
+          fmt::format("central: events seq {}.. refused ({}): {}; holding them and trying again in {}",
+                      base + 1, label(f), why, seconds_text(wait)));
       return;
     }
     auto& t = throttles[static_cast<std::size_t>(f)];
@@ -183,8 +189,9 @@ struct Reporter::Impl {
     }
     const std::string quiet = t.quiet ? fmt::format(" ({} more like it since the last line)", t.quiet) : "";
     t = Throttle{now, 0};
-    say(LogLevel::warning, fmt::format("central: event delivery failed ({}): {}; retrying in {} (attempt {}){}", label(f), why,
-                                       seconds_text(wait), attempt, quiet));
+    say(LogLevel::warning,
+        fmt::format("central: event delivery failed ({}): {}; retrying in {} (attempt {}){}", label(f), why,
+                    seconds_text(wait), attempt, quiet));
   }
 
   void protocol_error(const std::string& why) {
@@ -198,7 +205,9 @@ struct Reporter::Impl {
     if (auto d = outbox.delete_through(acked); !d) {
       // The rows stay until a delete succeeds; after a restart they are sent again (the central
       // API dedups by seq).
-      say(LogLevel::error, fmt::format("central: acknowledged through seq {} but cannot delete it from the outbox: {}", acked, d.error()));
+      say(LogLevel::error,
+          fmt::format("central: acknowledged through seq {} but cannot delete it from the outbox: {}", acked,
+                      d.error()));
       undeleted = acked;
     } else {
       undeleted.reset();
@@ -210,10 +219,13 @@ struct Reporter::Impl {
     });
     if (!delivered_once) {
       delivered_once = true;
-      say(LogLevel::info, fmt::format("central: first delivery: events seq {}..{} acknowledged", first, acked));
+      say(LogLevel::info,
+          fmt::format("central: first delivery: events seq {}..{} acknowledged", first, acked));
     }
     if (acked < sent_last) {
-      say(LogLevel::info, fmt::format("central: partial acknowledgement: seq {}..{} of {}..{}; sending the rest", first, acked, first, sent_last));
+      say(LogLevel::info,
+          fmt::format("central: partial acknowledgement: seq {}..{} of {}..{}; sending the rest", first,
+                      acked, first, sent_last));
     }
     if (outage_since) {
       recovering = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - *outage_since);
@@ -225,15 +237,19 @@ struct Reporter::Impl {
   }
 
   void retry_delete() {
-    if (!undeleted || !outbox.delete_through(*undeleted)) return;  // its failure was logged when it first failed
-    say(LogLevel::info, fmt::format("central: the acknowledged events through seq {} are deleted from the outbox now", *undeleted));
+    if (!undeleted || !outbox.delete_through(*undeleted))
+      return;  // its failure was logged when it first failed
+    say(LogLevel::info,
+        fmt::format("central: the acknowledged events through seq {} are deleted from the outbox now",
+                    *undeleted));
     undeleted.reset();
   }
 
   // The outbox is drained: an outage's recovery is over.
   void caught_up() {
     if (!recovering) return;
-    say(LogLevel::info, fmt::format("central: delivered {} events after an outage of {}", recovered_events, seconds_text(*recovering)));
+    say(LogLevel::info, fmt::format("central: delivered {} events after an outage of {}", recovered_events,
+                                    seconds_text(*recovering)));
     recovering.reset();
   }
 
@@ -258,7 +274,8 @@ struct Reporter::Impl {
       }
       if (batch.count() == 0) {
         if (read->bad) {
-          protocol_error(batch.error() + "; delivery is held there (nothing after it is sent) until the row is repaired");
+          protocol_error(batch.error() +
+                         "; delivery is held there (nothing after it is sent) until the row is repaired");
           co_await sleep(backoff, Limits::kHold);
           continue;
         }
@@ -286,8 +303,8 @@ struct Reporter::Impl {
         why = fmt::format("HTTP {} for {} events (seq {}..{}){}", answer->status, count, first, last,
                           answer->body.empty() ? "" : ": " + snippet(answer->body));
       } else if (auto acked = parse_ack(answer->body); !acked) {
-        protocol_error(fmt::format("the answer to seq {}..{} is unusable ({}): {}; trying again in {}", first, last, acked.error(),
-                                   snippet(answer->body), seconds_text(Limits::kHold)));
+        protocol_error(fmt::format("the answer to seq {}..{} is unusable ({}): {}; trying again in {}", first,
+                                   last, acked.error(), snippet(answer->body), seconds_text(Limits::kHold)));
         wait = Limits::kHold;
       } else {
         const AckVerdict v = judge_ack(base, last, *acked);
@@ -303,20 +320,23 @@ struct Reporter::Impl {
             const auto now = Clock::now();
             if (!nothing_throttle.last || now - *nothing_throttle.last >= kSameFailureLogEvery) {
               nothing_throttle = Throttle{now, 0};
-              say(LogLevel::warning, fmt::format("central: acknowledged none of seq {}..{} (ackedSeq {}); trying again in {}", first, last,
-                                                 v.acked, seconds_text(wait)));
+              say(LogLevel::warning,
+                  fmt::format("central: acknowledged none of seq {}..{} (ackedSeq {}); trying again in {}",
+                              first, last, v.acked, seconds_text(wait)));
             }
             break;
           }
           case AckVerdict::Kind::beyond:
-            protocol_error(fmt::format("ackedSeq {} is beyond the last event sent ({}); nothing is deleted; trying again in {} "
-                                       "(was the state directory reset while the central API kept this node's events?)",
-                                       v.acked, last, seconds_text(Limits::kHold)));
+            protocol_error(fmt::format(
+                "ackedSeq {} is beyond the last event sent ({}); nothing is deleted; trying again in {} "
+                "(was the state directory reset while the central API kept this node's events?)",
+                v.acked, last, seconds_text(Limits::kHold)));
             wait = Limits::kHold;
             break;
           case AckVerdict::Kind::backwards:
-            protocol_error(fmt::format("ackedSeq {} goes back from {} acknowledged before; nothing is deleted; trying again in {}", v.acked,
-                                       base, seconds_text(Limits::kHold)));
+            protocol_error(fmt::format(
+                "ackedSeq {} goes back from {} acknowledged before; nothing is deleted; trying again in {}",
+                v.acked, base, seconds_text(Limits::kHold)));
             wait = Limits::kHold;
             break;
         }
@@ -338,7 +358,8 @@ struct Reporter::Impl {
       if (opt.facts) facts = opt.facts();  // read now: never a stale revision
       Heartbeat h;
       h.node_id = opt.node_id;
-      h.at = reservations::format_time(std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
+      h.at = reservations::format_time(
+          std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
       h.version = opt.version;
       h.revision = facts.revision;
       h.libvirt_connected = facts.libvirt_connected;
@@ -362,9 +383,10 @@ struct Reporter::Impl {
         if (!t.last || now - *t.last >= kSameFailureLogEvery) {
           const std::string quiet = t.quiet ? fmt::format(" ({} more since the last line)", t.quiet) : "";
           t = Throttle{now, 0};
-          say(LogLevel::warning, fmt::format("central: heartbeat failed: {} (not retried; the next one in {}){}",
-                                             answer ? fmt::format("HTTP {}", answer->status) : answer.error(),
-                                             seconds_text(opt.heartbeat_interval), quiet));
+          say(LogLevel::warning,
+              fmt::format("central: heartbeat failed: {} (not retried; the next one in {}){}",
+                          answer ? fmt::format("HTTP {}", answer->status) : answer.error(),
+                          seconds_text(opt.heartbeat_interval), quiet));
         } else {
           ++t.quiet;
         }
@@ -382,7 +404,8 @@ struct Reporter::Impl {
   void spawn(asio::awaitable<void> (Impl::*loop)(), const char* name) {
     asio::co_spawn(io, (this->*loop)(), [this, loop, name](const std::exception_ptr& e) {
       if (!e || stopping) return;
-      say(LogLevel::error, fmt::format("internal error in the reporter's {} loop: {}; restarting it", name, what_of(e)));
+      say(LogLevel::error,
+          fmt::format("internal error in the reporter's {} loop: {}; restarting it", name, what_of(e)));
       restart.expires_after(kRestartAfterCrash);
       restart.async_wait([this, loop, name](const boost::system::error_code& ec) {
         if (!ec && !stopping) spawn(loop, name);
@@ -406,13 +429,16 @@ struct Reporter::Impl {
 
 Reporter::Reporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Reporter::~Reporter() { stop(); }
+Reporter::~Reporter() {
+  stop();
+}
 
 std::expected<std::unique_ptr<Reporter>, std::string> Reporter::start(Options options) {
   auto endpoint = detail::parse_endpoint(options.url);
   if (!endpoint) return std::unexpected(endpoint.error());
   if (!options.tls) return std::unexpected(std::string("central: no TLS context"));
-  if (options.heartbeat_interval.count() <= 0) return std::unexpected(std::string("central: the heartbeat interval must be positive"));
+  if (options.heartbeat_interval.count() <= 0)
+    return std::unexpected(std::string("central: the heartbeat interval must be positive"));
   auto outbox = Outbox::open(options.state_db);
   if (!outbox) return std::unexpected("central: the outbox: " + outbox.error());
   auto acked = outbox->acknowledged();
@@ -421,8 +447,9 @@ std::expected<std::unique_ptr<Reporter>, std::string> Reporter::start(Options op
   Impl* p = impl.get();
   p->base = *acked;
   p->status.acked_seq = *acked;
-  p->say(LogLevel::info, fmt::format("central: reporting to {} as node {}: events after seq {}, heartbeats every {}", p->opt.url,
-                                     p->opt.node_id, *acked, seconds_text(p->opt.heartbeat_interval)));
+  p->say(LogLevel::info,
+         fmt::format("central: reporting to {} as node {}: events after seq {}, heartbeats every {}",
+                     p->opt.url, p->opt.node_id, *acked, seconds_text(p->opt.heartbeat_interval)));
   p->spawn(&Impl::deliver_loop, "delivery");
   p->spawn(&Impl::heartbeat_loop, "heartbeat");
   p->thread = std::thread([p] {

@@ -1,9 +1,9 @@
 #include "gpunode/reservations/model.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
-
-#include <fmt/format.h>
 
 namespace gpunode::reservations {
 namespace {
@@ -41,8 +41,8 @@ std::optional<Time> parse_time(std::string_view s) {
     ++pos;
   } else if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
     int oh = 0, om = 0;
-    if (!digits(s, pos + 1, 2, oh) || pos + 3 >= s.size() || s[pos + 3] != ':' || !digits(s, pos + 4, 2, om) ||
-        oh > 23 || om > 59) {
+    if (!digits(s, pos + 1, 2, oh) || pos + 3 >= s.size() || s[pos + 3] != ':' ||
+        !digits(s, pos + 4, 2, om) || oh > 23 || om > 59) {
       return std::nullopt;
     }
     offset_minutes = (s[pos] == '+' ? 1 : -1) * (oh * 60 + om);
@@ -67,15 +67,18 @@ std::string format_time(Time t) {
   const year_month_day ymd{day};
   const hh_mm_ss hms{t - day};
   return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", static_cast<int>(ymd.year()),
-                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), hms.hours().count(),
-                     hms.minutes().count(), hms.seconds().count());
+                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
+                     hms.hours().count(), hms.minutes().count(), hms.seconds().count());
 }
 
 std::string_view to_string(State state) {
   switch (state) {
-    case State::scheduled: return "scheduled";
-    case State::active: return "active";
-    case State::ended: return "ended";
+    case State::scheduled:
+      return "scheduled";
+    case State::active:
+      return "active";
+    case State::ended:
+      return "ended";
   }
   return "ended";
 }
@@ -95,7 +98,9 @@ bool Reservation::holds_unit(std::string_view unit_id) const {
   return std::find(unit_ids.begin(), unit_ids.end(), unit_id) != unit_ids.end();
 }
 
-bool Caller::admin() const { return std::find(roles.begin(), roles.end(), "platform-admin") != roles.end(); }
+bool Caller::admin() const {
+  return std::find(roles.begin(), roles.end(), "platform-admin") != roles.end();
+}
 
 bool Caller::operator_role() const {
   return std::find(roles.begin(), roles.end(), "platform-operator") != roles.end();

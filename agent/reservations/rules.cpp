@@ -1,10 +1,10 @@
 // Reservation rules (CONTRACT §4, §7). Pure: no I/O, the clock is an argument.
 #include "gpunode/reservations/rules.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
-
-#include <fmt/format.h>
 
 namespace gpunode::reservations {
 namespace {
@@ -15,16 +15,20 @@ bool contains(const std::vector<std::string>& list, std::string_view value) {
 
 }  // namespace
 
-bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end) { return a_start < b_end && b_start < a_end; }
+bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end) {
+  return a_start < b_end && b_start < a_end;
+}
 
-std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing) {
+std::vector<std::string> blocking_reservations(const Reservation& candidate,
+                                               const std::vector<Reservation>& existing) {
   std::vector<const Reservation*> all;
   all.reserve(existing.size());
   for (const auto& r : existing) all.push_back(&r);
   return blocking_reservations(candidate, std::span<const Reservation* const>(all));
 }
 
-std::vector<std::string> blocking_reservations(const Reservation& candidate, std::span<const Reservation* const> existing) {
+std::vector<std::string> blocking_reservations(const Reservation& candidate,
+                                               std::span<const Reservation* const> existing) {
   std::vector<std::string> out;
   for (const auto* p : existing) {
     const Reservation& r = *p;
@@ -44,7 +48,8 @@ std::vector<Transition> due_transitions(const std::vector<Reservation>& reservat
     if (r.state == State::scheduled && r.starts_at <= now) {
       out.push_back({Transition::Kind::activate, r.id, r.starts_at});
     }
-    if (r.state != State::ended && r.ends_at <= now) out.push_back({Transition::Kind::expire, r.id, r.ends_at});
+    if (r.state != State::ended && r.ends_at <= now)
+      out.push_back({Transition::Kind::expire, r.id, r.ends_at});
   }
   std::sort(out.begin(), out.end(), [](const Transition& a, const Transition& b) {
     if (a.at != b.at) return a.at < b.at;
@@ -91,17 +96,23 @@ std::vector<FieldError> validate_create(const CreateRequest& q, Time now) {
     if (q.starts_at && *q.ends_at <= starts) errors.push_back({"endsAt", "must be after startsAt"});
     if (*q.ends_at <= now) errors.push_back({"endsAt", "must be in the future"});
   }
-  if (code_points(q.note) > kMaxNote) errors.push_back({"note", fmt::format("must be at most {} characters", kMaxNote)});
+  if (code_points(q.note) > kMaxNote)
+    errors.push_back({"note", fmt::format("must be at most {} characters", kMaxNote)});
   return errors;
 }
 
 std::size_t code_points(std::string_view utf8) {
-  return static_cast<std::size_t>(std::count_if(utf8.begin(), utf8.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  return static_cast<std::size_t>(std::count_if(
+      utf8.begin(), utf8.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
-bool is_owner(const Caller& caller, const NodeView& node) { return caller.org && *caller.org == node.owner_org; }
+bool is_owner(const Caller& caller, const NodeView& node) {
+  return caller.org && *caller.org == node.owner_org;
+}
 
-bool manages(const Caller& caller, const Reservation& r) { return caller.org && contains(r.managing_org_ids, *caller.org); }
+bool manages(const Caller& caller, const Reservation& r) {
+  return caller.org && contains(r.managing_org_ids, *caller.org);
+}
 
 bool in_audience(const Caller& caller, const Reservation& r) {
   return caller.org && contains(r.audience_org_ids, *caller.org);
@@ -114,7 +125,8 @@ bool sees_node(const Caller& caller, const NodeView& node, const std::vector<Res
   });
 }
 
-bool may_list_units(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations) {
+bool may_list_units(const Caller& caller, const NodeView& node,
+                    const std::vector<Reservation>& reservations) {
   if (caller.admin() || caller.operator_role() || is_owner(caller, node)) return true;
   return std::any_of(reservations.begin(), reservations.end(),
                      [&](const Reservation& r) { return !r.ended() && manages(caller, r); });
@@ -136,7 +148,8 @@ std::vector<std::string> visible_reservation_ids(const Caller& caller, const Nod
   return out;
 }
 
-std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations,
+std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node,
+                                      const std::vector<Reservation>& reservations,
                                       const std::vector<std::string>& node_units) {
   if (caller.admin() || is_owner(caller, node)) return {node_units.begin(), node_units.end()};
   std::set<std::string> out;
@@ -149,8 +162,11 @@ std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node
 }
 
 // ---- the spot market -----------------------------------------------------------------------
-ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named, const std::set<std::string>& occupied) {
-  auto has = [](const std::vector<std::string>& v, const std::string& u) { return std::find(v.begin(), v.end(), u) != v.end(); };
+ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named,
+                          const std::set<std::string>& occupied) {
+  auto has = [](const std::vector<std::string>& v, const std::string& u) {
+    return std::find(v.begin(), v.end(), u) != v.end();
+  };
   ReclaimMove move;
   const auto released_before = r.released_unit_ids, reclaiming_before = r.reclaiming_unit_ids;
   for (const auto& u : named) {

@@ -26,7 +26,8 @@ class AdmittedDomains {
     std::chrono::system_clock::time_point at;
   };
 
-  void admit(vmctl::Domain domain, std::vector<std::string> unit_ids, std::chrono::system_clock::time_point now) {
+  void admit(vmctl::Domain domain, std::vector<std::string> unit_ids,
+             std::chrono::system_clock::time_point now) {
     domain.state = "starting";
     const std::string uuid = domain.uuid;
     entries_.insert_or_assign(uuid, Entry{std::move(domain), std::move(unit_ids), now});

@@ -2,11 +2,11 @@
 
 #include <boost/json.hpp>
 #include <boost/url/encoding_opts.hpp>
-
-#include "gpunode/json/problem.hpp"
 #include <boost/url/parse_path.hpp>
 #include <boost/url/parse_query.hpp>
 #include <boost/url/segments_encoded_view.hpp>
+
+#include "gpunode/json/problem.hpp"
 
 namespace gpunode::service {
 std::optional<std::string_view> ApiRequest::header(std::string_view lower_name) const {
@@ -31,8 +31,10 @@ std::optional<std::string> ApiRequest::query_param(std::string_view name) const 
 }
 
 std::optional<std::string> ApiRequest::target_error() const {
-  if (auto p = boost::urls::parse_path(path); !p) return "the path is not a valid URL path: " + p.error().message();
-  if (auto q = boost::urls::parse_query(query); !q) return "the query is not a valid URL query: " + q.error().message();
+  if (auto p = boost::urls::parse_path(path); !p)
+    return "the path is not a valid URL path: " + p.error().message();
+  if (auto q = boost::urls::parse_query(query); !q)
+    return "the query is not a valid URL query: " + q.error().message();
   return std::nullopt;
 }
 
@@ -67,21 +69,36 @@ bool etag_matches(std::string_view header, std::string_view etag) {
 
 std::string_view status_title(unsigned status) {
   switch (status) {
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 412: return "Precondition Failed";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Content";
-    case 428: return "Precondition Required";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Error";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 412:
+      return "Precondition Failed";
+    case 413:
+      return "Content Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Content";
+    case 428:
+      return "Precondition Required";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
   }
 }
 

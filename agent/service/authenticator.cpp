@@ -20,10 +20,12 @@ std::chrono::system_clock::time_point until_of(const auth::Claims& c) {
 
 }  // namespace
 
-std::expected<Authenticated, ApiResponse> Authenticator::authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
-                                                                              std::string& why) {
+std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
+    const ApiRequest& q, std::chrono::system_clock::time_point now, std::string& why) {
   if (q.via == ApiRequest::Via::admin_socket) {
-    return Authenticated{{fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"}, std::nullopt};
+    return Authenticated{
+        {fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
+        std::nullopt};
   }
   const std::string header(q.header("authorization").value_or(""));
   const bool sent = !header.empty();
@@ -41,10 +43,13 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(const ApiR
   auto claims = verifier_->verify(header, now);
   if (!claims) {
     why = fmt::format("{} ({})", auth::to_string(claims.error().why), claims.error().detail);
-    if (claims.error().why == auth::Rejection::missing && !sent) return std::unexpected(unauthenticated("a bearer token is required", false));
-    return std::unexpected(unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
+    if (claims.error().why == auth::Rejection::missing && !sent)
+      return std::unexpected(unauthenticated("a bearer token is required", false));
+    return std::unexpected(
+        unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
   }
-  if (capacity_ == 0) return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, until_of(*claims)};
+  if (capacity_ == 0)
+    return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, until_of(*claims)};
   while (cache_.size() >= capacity_) {  // the least recently used token goes, never the whole cache
     cache_.erase(order_.back());
     order_.pop_back();

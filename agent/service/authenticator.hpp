@@ -32,14 +32,16 @@ struct Authenticated {
 class Authenticator {
  public:
   static constexpr std::size_t kDefaultCapacity = 4096;
-  explicit Authenticator(std::shared_ptr<const auth::TokenVerifier> verifier, std::size_t capacity = kDefaultCapacity)
+  explicit Authenticator(std::shared_ptr<const auth::TokenVerifier> verifier,
+                         std::size_t capacity = kDefaultCapacity)
       : verifier_(std::move(verifier)), capacity_(capacity) {}
 
   // The caller, or the 401 to answer (WWW-Authenticate: `Bearer` when no token was sent, with
   // error="invalid_token" when one was and it is refused; RFC 6750 §3.1). `why` receives the
   // reason of a refusal, for the log.
-  std::expected<Authenticated, ApiResponse> authenticate(const ApiRequest& q, std::chrono::system_clock::time_point now,
-                                                                std::string& why);
+  std::expected<Authenticated, ApiResponse> authenticate(const ApiRequest& q,
+                                                         std::chrono::system_clock::time_point now,
+                                                         std::string& why);
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   [[nodiscard]] std::size_t cached() const { return cache_.size(); }
 

@@ -10,13 +10,15 @@
 //   spot_routes.cpp         the spot market: reclaim, terminate-spot and their termination batches
 #pragma once
 
+#include <fmt/format.h>
+
+#include <boost/json.hpp>
 #include <map>
 #include <set>
 #include <string_view>
 
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
+#include "admitted.hpp"
+#include "authenticator.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/live_index.hpp"
@@ -24,8 +26,6 @@
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/shared_reads.hpp"
 #include "gpunode/service/spot_plan.hpp"
-#include "admitted.hpp"
-#include "authenticator.hpp"
 #include "inventory.hpp"
 #include "state_store.hpp"
 #include "termination_ledger.hpp"
@@ -40,9 +40,13 @@ inline r::Time to_time(std::chrono::system_clock::time_point t) {
   return std::chrono::time_point_cast<std::chrono::seconds>(t);
 }
 
-inline Caller agent_caller() { return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}}; }
+inline Caller agent_caller() {
+  return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}};
+}
 
-inline ApiResponse forbidden(std::string_view detail) { return problem(403, "forbidden", detail); }
+inline ApiResponse forbidden(std::string_view detail) {
+  return problem(403, "forbidden", detail);
+}
 
 // 503 storage-unavailable for a store error: `what` failed because of its kind ("disk full",
 // "busy", "corrupt", ...: store::DbError::kind, which names no file or statement), then `after`.
@@ -52,10 +56,12 @@ inline ApiResponse storage_problem(const store::DbError& e, std::string_view wha
 }
 
 // 422 unknown-unit naming each of `ids` that `current` does not hold (release, reclaim).
-inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current, const std::vector<std::string>& ids) {
+inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current,
+                                                 const std::vector<std::string>& ids) {
   std::vector<FieldProblem> unknown;
   for (const auto& u : ids) {
-    if (!current.holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
+    if (!current.holds_unit(u))
+      unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
   }
   if (unknown.empty()) return std::nullopt;
   return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
@@ -66,7 +72,9 @@ inline ApiResponse with_header(ApiResponse resp, std::string name, std::string v
   return resp;
 }
 
-inline std::string etag_of_version(std::int64_t version) { return fmt::format("\"{}\"", version); }
+inline std::string etag_of_version(std::int64_t version) {
+  return fmt::format("\"{}\"", version);
+}
 
 }  // namespace detail
 
@@ -131,8 +139,10 @@ struct NodeService::Impl {
 
   HeldLog* held_log = nullptr;  // the current request's, while handle(request, held) runs
   void say(LogLevel level, const std::string& text) const {
-    if (held_log != nullptr) held_log->lines.emplace_back(level, text);
-    else if (log) log(level, text);
+    if (held_log != nullptr)
+      held_log->lines.emplace_back(level, text);
+    else if (log)
+      log(level, text);
   }
 
   // ---- node_state.cpp ----------------------------------------------------------------------------
@@ -180,7 +190,8 @@ struct NodeService::Impl {
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
   static std::string caller_key(const Caller& c);
-  std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft);
+  std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c,
+                                               std::optional<IdempotencyDraft>& draft);
   ApiResponse commit_response(Change& c, ApiResponse resp);
   void purge_idempotency();
   r::Time last_purge{};
@@ -212,11 +223,13 @@ struct NodeService::Impl {
   // is a check at the moment of the change; the hook's admission closes the start race).
   static constexpr std::chrono::milliseconds kOccupancyListAge{5000};
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
-  static json::value opt_str(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
+  static json::value opt_str(const std::optional<std::string>& s) {
+    return s ? json::value(*s) : json::value(nullptr);
+  }
   static json::object workload_json(const Workload& w);
   Outcome workloads(const Caller& c);
-  std::optional<Outcome> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
-                                             json::array& spot);
+  std::optional<Outcome> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked,
+                                         r::Time t, json::array& spot);
 
   // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
@@ -233,9 +246,11 @@ struct NodeService::Impl {
   void judge_workloads(const std::vector<Workload>& ws);
   ApiResponse unentitled_route() const;
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
-  static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason);
+  static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids,
+                                std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
-  Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace, const std::optional<std::string>& reason);
+  Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace,
+                      const std::optional<std::string>& reason);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts) const;
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
@@ -246,7 +261,8 @@ struct NodeService::Impl {
 };
 
 template <class Build>
-ApiResponse NodeService::Impl::cached_read(std::string_view route, const ApiRequest& q, const Caller& c, Build&& build) {
+ApiResponse NodeService::Impl::cached_read(std::string_view route, const ApiRequest& q, const Caller& c,
+                                           Build&& build) {
   if (const auto rev = store.revision(); rev != read_cache_revision) {
     read_cache.clear();
     read_cache_revision = rev;

@@ -12,7 +12,8 @@ namespace gpunode::service::detail {
 namespace json = boost::json;
 
 const discovery::Unit* Inventory::find(std::string_view id) const {
-  auto it = std::lower_bound(present_.begin(), present_.end(), id, [](const discovery::Unit& u, std::string_view k) { return u.id < k; });
+  auto it = std::lower_bound(present_.begin(), present_.end(), id,
+                             [](const discovery::Unit& u, std::string_view k) { return u.id < k; });
   return it != present_.end() && it->id == id ? &*it : nullptr;
 }
 
@@ -50,7 +51,8 @@ std::map<std::string, std::string> Inventory::unit_of_address() const {
     const auto* ds = doc.if_contains("devices");
     if (ds == nullptr || !ds->is_array()) continue;
     for (const auto& d : ds->get_array()) {
-      if (const auto* a = d.is_object() ? d.get_object().if_contains("pciAddress") : nullptr; a && a->is_string()) {
+      if (const auto* a = d.is_object() ? d.get_object().if_contains("pciAddress") : nullptr;
+          a && a->is_string()) {
         out.emplace(std::string(a->get_string()), id);
       }
     }
@@ -58,8 +60,9 @@ std::map<std::string, std::string> Inventory::unit_of_address() const {
   return out;
 }
 
-InventoryScan Inventory::scan(std::vector<discovery::Unit> fresh, const std::vector<std::string>& stored_present,
-                               const std::function<std::optional<json::object>(const std::string&)>& stored_doc) const {
+InventoryScan Inventory::scan(
+    std::vector<discovery::Unit> fresh, const std::vector<std::string>& stored_present,
+    const std::function<std::optional<json::object>(const std::string&)>& stored_doc) const {
   InventoryScan out;
   std::set<std::string> fresh_ids;
   for (const auto& u : fresh) fresh_ids.insert(u.id);
@@ -78,7 +81,8 @@ InventoryScan Inventory::scan(std::vector<discovery::Unit> fresh, const std::vec
     if (doc.empty()) continue;
     auto& reasons = doc["notReservableReasons"];
     if (!reasons.is_array()) reasons = json::array{};
-    reasons.get_array().emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
+    reasons.get_array().emplace_back(
+        json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
     doc["reservable"] = false;
     doc["sellable"] = false;
     out.newly_absent.emplace(id, std::move(doc));

@@ -4,14 +4,13 @@
 // the change.
 #pragma once
 
+#include <boost/json.hpp>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <boost/json.hpp>
 
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/reservations/entitlement.hpp"
@@ -22,7 +21,7 @@ struct InventoryScan;
 
 class Inventory {
  public:
-  const std::vector<discovery::Unit>& present() const { return present_; }             // sorted by id
+  const std::vector<discovery::Unit>& present() const { return present_; }  // sorted by id
   using AbsentMap = std::map<std::string, boost::json::object, std::less<>>;
   const AbsentMap& absent() const { return absent_; }  // last seen JSON, `absent` applied
 
@@ -35,13 +34,16 @@ class Inventory {
   // Every unit's member PCI addresses, present and absent units alike: address -> unit id.
   std::map<std::string, std::string> unit_of_address() const;
 
-  void set_absent(const std::map<std::string, boost::json::object>& absent) { absent_ = AbsentMap(absent.begin(), absent.end()); }
+  void set_absent(const std::map<std::string, boost::json::object>& absent) {
+    absent_ = AbsentMap(absent.begin(), absent.end());
+  }
 
   // What a discovery pass changes. `fresh` is what discovery reads now; `stored_present` the
   // units the store holds as present (read on the first scan after a start: a unit gone while
   // the agent was down becomes absent too); `stored_doc` a stored unit's JSON.
-  InventoryScan scan(std::vector<discovery::Unit> fresh, const std::vector<std::string>& stored_present,
-                     const std::function<std::optional<boost::json::object>(const std::string&)>& stored_doc) const;
+  InventoryScan scan(
+      std::vector<discovery::Unit> fresh, const std::vector<std::string>& stored_present,
+      const std::function<std::optional<boost::json::object>(const std::string&)>& stored_doc) const;
 
  private:
   std::vector<discovery::Unit> present_;
@@ -53,7 +55,9 @@ struct InventoryScan {
   std::map<std::string, boost::json::object> newly_absent;
   std::vector<std::string> back;  // absent units present again
   std::string digest;             // of the full answer (present and absent), canonical
-  bool changed(std::string_view stored_digest) const { return digest != stored_digest || !newly_absent.empty() || !back.empty(); }
+  bool changed(std::string_view stored_digest) const {
+    return digest != stored_digest || !newly_absent.empty() || !back.empty();
+  }
 };
 
 }  // namespace gpunode::service::detail

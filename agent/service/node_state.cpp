@@ -1,4 +1,5 @@
-// NodeService::Impl's state: loading, migrations, commit, units and scan, terms, request plumbing; NodeService.
+// NodeService::Impl's state: loading, migrations, commit, units and scan, terms, request plumbing;
+// NodeService.
 #include <algorithm>
 
 #include "gpunode/discovery/json.hpp"
@@ -39,7 +40,8 @@ void NodeService::Impl::load() {
     queue_term(x);
   }
   if (const auto n = terminations.pending().size(); n > 0) {
-    say(LogLevel::warning, fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
+    say(LogLevel::warning,
+        fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
   }
 }
 
@@ -63,8 +65,10 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
     for (const auto& x : c.upserts) {
       auto at = std::lower_bound(list_cache.begin(), list_cache.end(), x.id,
                                  [](const r::Reservation& a, const std::string& id) { return a.id < id; });
-      if (at != list_cache.end() && at->id == x.id) *at = x;
-      else list_cache.insert(at, x);
+      if (at != list_cache.end() && at->id == x.id)
+        *at = x;
+      else
+        list_cache.insert(at, x);
     }
   }
   for (const auto& row : c.terminations) {
@@ -81,8 +85,10 @@ json::object NodeService::Impl::unit_view(const discovery::Unit& u, const Caller
   return discovery::unit_to_json(u, r::visible_reservation_ids(caller.who, node(), all_reservations(), u.id));
 }
 
-json::object NodeService::Impl::absent_view(const std::string& id, json::object doc, const Caller& caller) const {
-  doc["reservationIds"] = strings_json(r::visible_reservation_ids(caller.who, node(), all_reservations(), id));
+json::object NodeService::Impl::absent_view(const std::string& id, json::object doc,
+                                            const Caller& caller) const {
+  doc["reservationIds"] =
+      strings_json(r::visible_reservation_ids(caller.who, node(), all_reservations(), id));
   return doc;
 }
 
@@ -115,9 +121,11 @@ void NodeService::Impl::scan(bool first) {
   Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
   for (const auto& [id, doc] : next.newly_absent) {
     c.units.push_back({id, {json::serialize(doc), true}});
-    c.audits.push_back(AuditDraft{"unit.absent", std::nullopt, {id}, {}, "ok", "the unit is no longer on the host"});
+    c.audits.push_back(
+        AuditDraft{"unit.absent", std::nullopt, {id}, {}, "ok", "the unit is no longer on the host"});
   }
-  for (const auto& u : next.next.present()) c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
+  for (const auto& u : next.next.present())
+    c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
   Caller admin{r::Caller{"gpunode-agent", std::nullopt, {"platform-admin"}, "agent"}};
   c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin, next.next)}}});
   c.inventory_digest = next.digest;
@@ -128,7 +136,8 @@ void NodeService::Impl::scan(bool first) {
   }
   inventory = std::move(next.next);
   scanned_fingerprint = std::move(fingerprint);
-  say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent", inventory.present().size(), inventory.absent().size()));
+  say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent",
+                                  inventory.present().size(), inventory.absent().size()));
 }
 
 void NodeService::Impl::backstop_scan() {
@@ -148,7 +157,8 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
     if (inventory.find(id)) continue;
     const auto* cls = doc.if_contains("class");
     const auto* res = doc.if_contains("reservable");
-    unit(cls && cls->is_string() ? std::string_view(cls->get_string()) : std::string_view("none"), res && res->is_bool() && res->get_bool());
+    unit(cls && cls->is_string() ? std::string_view(cls->get_string()) : std::string_view("none"),
+         res && res->is_bool() && res->get_bool());
   }
   for (const auto& [id, x] : reservations) {
     if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(x.state))) ++g.reservations[*i];
@@ -174,7 +184,8 @@ void NodeService::Impl::queue_term(const r::Reservation& x) {
 std::optional<r::Time> NodeService::Impl::apply_terms() {
   const r::Time t = now();
   std::vector<r::Reservation> due;
-  for (auto it = term_queue.begin(); it != term_queue.end() && it->first <= t; ++it) due.push_back(reservations.at(it->second));
+  for (auto it = term_queue.begin(); it != term_queue.end() && it->first <= t; ++it)
+    due.push_back(reservations.at(it->second));
   for (const auto& tr : r::due_transitions(due, t)) {
     r::Reservation x = reservations.at(tr.reservation_id);
     r::apply(x, tr);
@@ -182,8 +193,13 @@ std::optional<r::Time> NodeService::Impl::apply_terms() {
     x.version += 1;
     const bool activate = tr.kind == r::Transition::Kind::activate;
     Change c{agent_caller(), std::nullopt, t, {x}, {}, {}, {}, {}, {}, {}};
-    c.audits.push_back(AuditDraft{activate ? "reservation.activate" : "reservation.expire", x.id, x.unit_ids, {}, "ok",
-                                  fmt::format("term {} at {}", activate ? "started" : "ended", r::format_time(tr.at))});
+    c.audits.push_back(
+        AuditDraft{activate ? "reservation.activate" : "reservation.expire",
+                   x.id,
+                   x.unit_ids,
+                   {},
+                   "ok",
+                   fmt::format("term {} at {}", activate ? "started" : "ended", r::format_time(tr.at))});
     c.events.push_back(EventDraft{activate ? "reservation.activated" : "reservation.expired",
                                   json::object{{"reservation", to_json(x)}}});
     if (!commit(c)) break;  // next_term() says to retry in a second
@@ -204,7 +220,8 @@ std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequ
   std::string why;
   auto who = authenticator.authenticate(q, clock(), why);
   if (!who) {
-    say(LogLevel::info, fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
+    say(LogLevel::info,
+        fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
     return std::unexpected(std::move(who.error()));
   }
   return Caller{std::move(who->who), who->until};
@@ -222,20 +239,27 @@ std::string NodeService::Impl::caller_key(const Caller& c) {
 }
 
 // Idempotency-Key: a stored response to replay, a 422, or nothing (go on).
-std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest& q, const Caller& c, std::optional<IdempotencyDraft>& draft) {
+std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest& q, const Caller& c,
+                                                                std::optional<IdempotencyDraft>& draft) {
   auto key = q.header("idempotency-key");
   if (!key) return std::nullopt;
-  if (key->empty() || key->size() > 256) return problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters", {{"Idempotency-Key", "must be 1 to 256 characters"}});
+  if (key->empty() || key->size() > 256)
+    return problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters",
+                   {{"Idempotency-Key", "must be 1 to 256 characters"}});
   auto fp = store::sha256_hex(q.method + " " + q.path + "\n" + q.body);
   IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
   // A call with this key still running (terminations waiting out their grace): its answer is not
   // stored yet, and a second call must neither start again nor overwrite it.
   if (terminations.running_key(d.caller, d.key)) {
-    return with_header(problem(409, "idempotency-key-in-use", "a request with this Idempotency-Key is still running; retry to get its answer"),
-                       "Retry-After", "1");
+    return with_header(
+        problem(409, "idempotency-key-in-use",
+                "a request with this Idempotency-Key is still running; retry to get its answer"),
+        "Retry-After", "1");
   }
-  if (auto kept = store.idempotent_answer(d.caller, d.key); kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindowSeconds) {
-    if (kept->fingerprint != d.fingerprint) return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");
+  if (auto kept = store.idempotent_answer(d.caller, d.key);
+      kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindowSeconds) {
+    if (kept->fingerprint != d.fingerprint)
+      return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");
     kept->response.headers.emplace_back("Idempotent-Replayed", "true");
     return std::move(kept->response);
   }
@@ -250,12 +274,14 @@ void NodeService::Impl::purge_idempotency() {
   if (t - last_purge < std::chrono::minutes(1)) return;
   last_purge = t;
   const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindowSeconds;
-  if (auto purged = store.purge_idempotency(cutoff); !purged) say(LogLevel::warning, "idempotency retention: " + purged.error().to_string());
+  if (auto purged = store.purge_idempotency(cutoff); !purged)
+    say(LogLevel::warning, "idempotency retention: " + purged.error().to_string());
 }
 
 ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
   if (c.idempotency) c.idempotency->response = resp;
-  if (auto ok = commit(c); !ok) return storage_problem(ok.error(), "the change could not be stored", "nothing was changed");
+  if (auto ok = commit(c); !ok)
+    return storage_problem(ok.error(), "the change could not be stored", "nothing was changed");
   return resp;
 }
 
@@ -263,10 +289,9 @@ ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
 NodeService::NodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NodeService::~NodeService() = default;
 
-std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(ServiceOptions options,
-                                                                           std::shared_ptr<const auth::TokenVerifier> verifier,
-                                                                           const discovery::PciIds* names, Clock clock,
-                                                                           LogSink log) {
+std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(
+    ServiceOptions options, std::shared_ptr<const auth::TokenVerifier> verifier,
+    const discovery::PciIds* names, Clock clock, LogSink log) {
   auto stored = detail::StateStore::open(options.state_dir / "state.db", options.node_id);
   if (!stored) return std::unexpected(stored.error().to_string());
   auto impl = std::make_unique<Impl>(std::move(options), std::move(*stored));
@@ -275,7 +300,8 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(Servi
   impl->clock = std::move(clock);
   impl->log = std::move(log);
   if (auto z = impl->store.preallocate_wal(); !z) {
-    impl->say(LogLevel::warning, fmt::format("the WAL is not preallocated ({}): commits extend it as they go", z.error().to_string()));
+    impl->say(LogLevel::warning, fmt::format("the WAL is not preallocated ({}): commits extend it as they go",
+                                             z.error().to_string()));
   }
   impl->load();
   impl->apply_terms();  // terms that came while the agent was down, in time order, before serving
@@ -315,9 +341,15 @@ std::optional<reservations::Time> NodeService::tick() {
   impl_->purge_idempotency();
   return impl_->apply_terms();
 }
-void NodeService::rescan() { impl_->scan(false); }
-void NodeService::rescan_if_changed() { impl_->backstop_scan(); }
-void NodeService::set_has_hypervisor(bool has) { impl_->has_hypervisor = has; }
+void NodeService::rescan() {
+  impl_->scan(false);
+}
+void NodeService::rescan_if_changed() {
+  impl_->backstop_scan();
+}
+void NodeService::set_has_hypervisor(bool has) {
+  impl_->has_hypervisor = has;
+}
 void NodeService::set_enforcement(config::EnforcementMode mode) {
   impl_->shared_reads.withdraw_all();
   impl_->opt.enforcement = mode;
@@ -332,16 +364,26 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->reader.reset();
   impl_->scan(false);
 }
-std::int64_t NodeService::revision() const { return impl_->store.revision(); }
-std::optional<reservations::Time> NodeService::next_term() const { return impl_->next_term(); }
-const SharedReads& NodeService::shared_reads() const { return impl_->shared_reads; }
-metrics::NodeGauges NodeService::gauges() const { return impl_->gauges(); }
+std::int64_t NodeService::revision() const {
+  return impl_->store.revision();
+}
+std::optional<reservations::Time> NodeService::next_term() const {
+  return impl_->next_term();
+}
+const SharedReads& NodeService::shared_reads() const {
+  return impl_->shared_reads;
+}
+metrics::NodeGauges NodeService::gauges() const {
+  return impl_->gauges();
+}
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   return impl_->finish(batch, std::move(outcomes), after);
 }
 
-std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Domain>& domains) { return impl_->observe(domains); }
+std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Domain>& domains) {
+  return impl_->observe(domains);
+}
 
 }  // namespace gpunode::service

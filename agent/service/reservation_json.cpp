@@ -1,7 +1,8 @@
 #include "gpunode/service/reservation_json.hpp"
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+
+#include <boost/json.hpp>
 
 #include "gpunode/json/strict.hpp"
 
@@ -47,7 +48,8 @@ boost::json::object to_json(const r::Reservation& x) {
   o["endsAt"] = r::format_time(x.ends_at);
   o["state"] = r::to_string(x.state);
   o["endedAt"] = opt_time(x.ended_at);
-  o["endReason"] = x.end_reason ? boost::json::value(r::to_string(*x.end_reason)) : boost::json::value(nullptr);
+  o["endReason"] =
+      x.end_reason ? boost::json::value(r::to_string(*x.end_reason)) : boost::json::value(nullptr);
   o["releasedUnitIds"] = strings_json(x.released_unit_ids);
   o["reclaimingUnitIds"] = strings_json(x.reclaiming_unit_ids);
   o["note"] = x.note;
@@ -109,7 +111,9 @@ std::expected<r::Reservation, std::string> reservation_from_json(const boost::js
 }
 
 std::expected<boost::json::object, ApiResponse> parse_object(const std::string& body, bool empty_ok) {
-  auto bad = [](const std::string& what) { return std::unexpected(problem(400, "invalid-request", "the body " + what, {{"body", what}})); };
+  auto bad = [](const std::string& what) {
+    return std::unexpected(problem(400, "invalid-request", "the body " + what, {{"body", what}}));
+  };
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) {
     if (empty_ok) return boost::json::object{};
     return bad("must be a JSON object; it is empty");

@@ -1,8 +1,9 @@
-// NodeService::Impl's routes: dispatch, units, reservations, audit, state, reserved capacity, conditional GETs.
+// NodeService::Impl's routes: dispatch, units, reservations, audit, state, reserved capacity, conditional
+// GETs.
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <charconv>
-
-#include <fmt/ranges.h>
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/service/reservation_json.hpp"
@@ -25,7 +26,9 @@ ApiResponse not_found() {
 // rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
 bool is_reservation_id(std::string_view s) {
   if (s.size() != 30 || !s.starts_with("rsv_")) return false;
-  return std::all_of(s.begin() + 4, s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u'); });
+  return std::all_of(s.begin() + 4, s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u');
+  });
 }
 
 }  // namespace
@@ -37,7 +40,8 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
     // nodes by, no version to pick exploits by); the admin socket's peers are admins.
     if (q.via != ApiRequest::Via::admin_socket) return json_response(json::object{{"status", "ok"}});
-    return json_response(json::object{{"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", store.revision()}});
+    return json_response(json::object{
+        {"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", store.revision()}});
   }
   if (auto bad = q.target_error()) return problem(400, "invalid-request", *bad);
   auto caller = authenticate(q);
@@ -68,7 +72,8 @@ ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
   return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
 }
 
-Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg) {
+Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
+                                      const std::vector<std::string>& seg) {
   if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
   const std::size_t n = seg.size();
   if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(q, c) : method_not_allowed("GET");
@@ -76,8 +81,10 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, cons
   if (n == 4 && seg[3] == "state") return q.method == "GET" ? state(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "capacity") return q.method == "GET" ? capacity(q, c) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "admission") return q.method == "POST" ? admission(q, c) : method_not_allowed("POST");
-  if (n == 4 && seg[3] == "terminate-spot") return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
+  if (n == 4 && seg[3] == "admission")
+    return q.method == "POST" ? admission(q, c) : method_not_allowed("POST");
+  if (n == 4 && seg[3] == "terminate-spot")
+    return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
   if (n == 4 && seg[3] == "reservations") {
     if (q.method == "GET") return list_reservations(q, c);
     if (q.method == "POST") return create(q, c);
@@ -87,13 +94,17 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c, cons
     auto it = reservations.find(seg[4]);
     if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) return not_found();
     if (n == 5) {
-      if (q.method == "GET") return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
+      if (q.method == "GET")
+        return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
       if (q.method == "PATCH") return amend(q, c, it->second);
       return method_not_allowed("GET, PATCH");
     }
-    if (n == 6 && seg[5] == "end") return q.method == "POST" ? end(q, c, it->second) : method_not_allowed("POST");
-    if (n == 6 && seg[5] == "release") return q.method == "POST" ? release(q, c, it->second) : method_not_allowed("POST");
-    if (n == 6 && seg[5] == "reclaim") return q.method == "POST" ? reclaim(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "end")
+      return q.method == "POST" ? end(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "release")
+      return q.method == "POST" ? release(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "reclaim")
+      return q.method == "POST" ? reclaim(q, c, it->second) : method_not_allowed("POST");
   }
   return not_found();
 }
@@ -102,17 +113,21 @@ ApiResponse NodeService::Impl::list_units(const ApiRequest& q, const Caller& c) 
   // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
   // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
   if (!r::may_list_units(c.who, node(), all_reservations())) return not_found();
-  return cached_read("units", q, c, [&] { return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}}); });
+  return cached_read("units", q, c, [&] {
+    return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
+  });
 }
 
 // limit and pageToken; pageToken is the last id of the previous page.
-std::expected<std::pair<std::size_t, std::string>, ApiResponse> NodeService::Impl::paging(const ApiRequest& q) const {
+std::expected<std::pair<std::size_t, std::string>, ApiResponse> NodeService::Impl::paging(
+    const ApiRequest& q) const {
   std::size_t limit = kDefaultLimit;
   if (auto l = q.query_param("limit")) {
     std::size_t v = 0;
     auto [p, ec] = std::from_chars(l->data(), l->data() + l->size(), v);
     if (ec != std::errc{} || p != l->data() + l->size() || v < 1 || v > kMaxLimit) {
-      return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500", {{"limit", "must be an integer from 1 to 500"}}));
+      return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500",
+                                     {{"limit", "must be an integer from 1 to 500"}}));
     }
     limit = v;
   }
@@ -123,19 +138,23 @@ ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Call
   std::optional<r::State> state;
   if (auto s = q.query_param("state"); s && !s->empty()) {
     state = r::parse_state(*s);
-    if (!state) return problem(400, "invalid-request", "state must be scheduled, active or ended", {{"state", "must be scheduled, active or ended"}});
+    if (!state)
+      return problem(400, "invalid-request", "state must be scheduled, active or ended",
+                     {{"state", "must be scheduled, active or ended"}});
   }
   auto page = paging(q);
   if (!page) return page.error();
   const auto& [limit, token] = *page;
   if (!token.empty() && !is_reservation_id(token)) {
-    return problem(400, "invalid-request", "pageToken is not one this node gave: pass the nextPageToken of the previous page",
+    return problem(400, "invalid-request",
+                   "pageToken is not one this node gave: pass the nextPageToken of the previous page",
                    {{"pageToken", "must be a nextPageToken from this list"}});
   }
   json::array list;
   std::string last;
   bool more = false;
-  for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token); it != reservations.end(); ++it) {
+  for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token);
+       it != reservations.end(); ++it) {
     const auto& x = it->second;
     if (!r::sees_reservation(c.who, node(), x) || (state && x.state != *state)) continue;
     if (list.size() == limit) {
@@ -145,7 +164,8 @@ ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Call
     list.emplace_back(to_json(x));
     last = x.id;
   }
-  return json_response(json::object{{"reservations", std::move(list)}, {"nextPageToken", more ? json::value(last) : json::value(nullptr)}});
+  return json_response(json::object{{"reservations", std::move(list)},
+                                    {"nextPageToken", more ? json::value(last) : json::value(nullptr)}});
 }
 
 // Units named in a request: 422 unknown-unit, 409 unit-not-reservable.
@@ -161,13 +181,18 @@ std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std:
     }
     json::array reasons;
     if (u != nullptr) {
-      for (const auto& rs : u->reasons) reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
+      for (const auto& rs : u->reasons)
+        reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
     } else {
       // Stored JSON: read without throwing or inserting; an absent unit is never reservable.
-      if (const auto* rs = absent->if_contains("notReservableReasons"); rs != nullptr && rs->is_array()) reasons = rs->get_array();
-      if (reasons.empty()) reasons.emplace_back(json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
+      if (const auto* rs = absent->if_contains("notReservableReasons"); rs != nullptr && rs->is_array())
+        reasons = rs->get_array();
+      if (reasons.empty())
+        reasons.emplace_back(
+            json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
     }
-    if (!reasons.empty()) not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
+    if (!reasons.empty())
+      not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
   }
   if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
   if (!not_reservable.empty()) {
@@ -187,7 +212,8 @@ std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"blockingReservationIds", strings_json(blockers)}};
   return problem(409, "reservation-overlap",
-                 fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {}, &extra);
+                 fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {},
+                 &extra);
 }
 
 Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
@@ -207,11 +233,13 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   const r::Time t = now();
   auto problems = std::move(f.problems());
   for (auto& e : r::validate_create(req, t)) {
-    if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+    if (std::none_of(problems.begin(), problems.end(),
+                     [&](const FieldProblem& p) { return p.field == e.field; })) {
       problems.push_back({e.field, e.message});
     }
   }
-  if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid reservation request", problems);
+  if (!problems.empty())
+    return problem(400, "invalid-request", "the body is not a valid reservation request", problems);
   if (auto bad = check_units(req.unit_ids)) return *bad;
 
   r::Reservation x;
@@ -239,7 +267,9 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", opt.node_id, x.id));
   resp.headers.emplace_back("ETag", etag_of_version(x.version));
   auto out = commit_response(ch, std::move(resp));
-  if (out.status == 201) say(LogLevel::info, fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub, fmt::join(x.unit_ids, ",")));
+  if (out.status == 201)
+    say(LogLevel::info,
+        fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub, fmt::join(x.unit_ids, ",")));
   return out;
 }
 
@@ -278,11 +308,13 @@ Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::
   r::CreateRequest check{x.unit_ids, x.audience_org_ids, x.managing_org_ids, x.starts_at, x.ends_at, x.note};
   for (auto& e : r::validate_create(check, t)) {
     if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
-    if (std::none_of(problems.begin(), problems.end(), [&](const FieldProblem& p) { return p.field == e.field; })) {
+    if (std::none_of(problems.begin(), problems.end(),
+                     [&](const FieldProblem& p) { return p.field == e.field; })) {
       problems.push_back({e.field, e.message});
     }
   }
-  if (!problems.empty()) return problem(400, "invalid-request", "the body is not a valid amendment", problems);
+  if (!problems.empty())
+    return problem(400, "invalid-request", "the body is not a valid amendment", problems);
   std::vector<std::string> added;
   for (const auto& u : x.unit_ids) {
     if (!current.holds_unit(u)) added.push_back(u);
@@ -319,7 +351,8 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
   if (!body) return body.error();
   Fields f(*body, {"reason"});
   auto reason = f.string("reason", true);
-  if (reason && r::code_points(*reason) > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (reason && r::code_points(*reason) > r::kMaxNote)
+    f.problems().push_back({"reason", "must be at most 1024 characters"});
   if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not valid", f.problems());
   if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
   const r::Time t = now();
@@ -342,13 +375,15 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
 // arrived): the driver handles it again when the revision moves, or at the deadline with
 // wait_over, which makes it a 304.
 Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role())) return forbidden("the node's state is for platform admins and operators");
+  if (!(c.who.admin() || c.who.operator_role()))
+    return forbidden("the node's state is for platform admins and operators");
   std::optional<std::int64_t> after;
   if (auto a = q.query_param("after")) {
     std::int64_t v = 0;
     auto [p, ec] = std::from_chars(a->data(), a->data() + a->size(), v);
     if (ec != std::errc{} || p != a->data() + a->size() || v < 0) {
-      return problem(400, "invalid-request", "after must be a revision (a non-negative integer)", {{"after", "must be a non-negative integer"}});
+      return problem(400, "invalid-request", "after must be a revision (a non-negative integer)",
+                     {{"after", "must be a non-negative integer"}});
     }
     after = v;
   }
@@ -356,7 +391,8 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
   if (auto w = q.query_param("wait")) {
     auto d = config::parse_duration(*w);
     if (!d || *d > std::chrono::seconds(120)) {
-      return problem(400, "invalid-request", "wait must be a duration of at most 120s, e.g. 30s", {{"wait", d ? "must be at most 120s" : d.error()}});
+      return problem(400, "invalid-request", "wait must be a duration of at most 120s, e.g. 30s",
+                     {{"wait", d ? "must be at most 120s" : d.error()}});
     }
     wait = *d;
   }
@@ -378,28 +414,36 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
   return cached_read("state", q, c, [&] {
     json::array rs;
     for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
-    return with_header(json_response(json::object{{"nodeId", opt.node_id}, {"revision", revision}, {"units", units_json(c)},
-                                                  {"reservations", std::move(rs)}, {"workloads", observed_workloads}}),
+    return with_header(json_response(json::object{{"nodeId", opt.node_id},
+                                                  {"revision", revision},
+                                                  {"units", units_json(c)},
+                                                  {"reservations", std::move(rs)},
+                                                  {"workloads", observed_workloads}}),
                        "ETag", etag);
   });
 }
 
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("the audit log is for operators and the owner");
+  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node())))
+    return forbidden("the audit log is for operators and the owner");
   auto page = paging(q);
   if (!page) return page.error();
   const auto& [limit, token] = *page;
   std::int64_t after = 0;
-  for (const auto& [name, cursor] : {std::pair{"after", q.query_param("after").value_or("")}, std::pair{"pageToken", token}}) {
+  for (const auto& [name, cursor] :
+       {std::pair{"after", q.query_param("after").value_or("")}, std::pair{"pageToken", token}}) {
     if (cursor.empty()) continue;
     auto seq = store::parse_audit_id(cursor);
-    if (!seq) return problem(400, "invalid-request", fmt::format("{} must be an audit id such as aud_12", name), {{name, "must be an audit id such as aud_12"}});
+    if (!seq)
+      return problem(400, "invalid-request", fmt::format("{} must be an audit id such as aud_12", name),
+                     {{name, "must be an audit id such as aud_12"}});
     after = std::max(after, static_cast<std::int64_t>(*seq));
   }
   auto rows = store.audit_after(after, limit + 1);
   if (!rows) {
     say(LogLevel::error, "audit log read: " + rows.error().to_string());
-    return storage_problem(rows.error(), "the audit log cannot be read", "try again once the agent's log says it can");
+    return storage_problem(rows.error(), "the audit log cannot be read",
+                           "try again once the agent's log says it can");
   }
   const bool more = rows->size() > limit;
   if (more) rows->resize(limit);
@@ -407,15 +451,21 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
   for (const auto& [seq, text] : *rows) {
     boost::system::error_code ec;
     auto v = json::parse(text, ec);
-    if (ec) return problem(500, "internal", fmt::format("audit record {} is not JSON", store::format_audit_id(static_cast<std::uint64_t>(seq))));
+    if (ec)
+      return problem(500, "internal",
+                     fmt::format("audit record {} is not JSON",
+                                 store::format_audit_id(static_cast<std::uint64_t>(seq))));
     records.emplace_back(std::move(v));
   }
   const std::int64_t last = rows->empty() ? 0 : rows->back().first;
-  return json_response(json::object{{"records", std::move(records)},
-                                    {"nextPageToken", more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
+  return json_response(json::object{
+      {"records", std::move(records)},
+      {"nextPageToken",
+       more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
 }
 
-ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org) {
+ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c,
+                                                 const std::string& org) {
   if (q.method != "GET") {
     if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
     return method_not_allowed("GET");
@@ -424,7 +474,9 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
   json::array entries;
   std::int64_t total_units = 0, total_gpus = 0;
   for (const auto& [id, x] : reservations) {
-    if (x.ended() || std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), org) == x.audience_org_ids.end()) continue;
+    if (x.ended() ||
+        std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), org) == x.audience_org_ids.end())
+      continue;
     json::array units_out;
     std::int64_t gpus = 0;
     for (const auto& uid : x.unit_ids) {
@@ -438,17 +490,24 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
     }
     total_units += static_cast<std::int64_t>(x.unit_ids.size());
     total_gpus += gpus;
-    entries.emplace_back(json::object{{"reservationId", x.id}, {"state", r::to_string(x.state)},
-                                      {"startsAt", r::format_time(x.starts_at)}, {"endsAt", r::format_time(x.ends_at)},
-                                      {"unitIds", strings_json(x.unit_ids)}, {"releasedUnitIds", strings_json(x.released_unit_ids)},
-                                      {"gpuCount", gpus}, {"units", std::move(units_out)}});
+    entries.emplace_back(json::object{{"reservationId", x.id},
+                                      {"state", r::to_string(x.state)},
+                                      {"startsAt", r::format_time(x.starts_at)},
+                                      {"endsAt", r::format_time(x.ends_at)},
+                                      {"unitIds", strings_json(x.unit_ids)},
+                                      {"releasedUnitIds", strings_json(x.released_unit_ids)},
+                                      {"gpuCount", gpus},
+                                      {"units", std::move(units_out)}});
   }
   // CONTRACT §10: the node's id only to an org that sees the node (its owner, or a manager or the
   // audience of a non-ended reservation here), whoever asks: no org learns a node id from this route.
   r::Caller as_org;
   as_org.org = org;
-  const json::value node_id = r::sees_node(as_org, node(), all_reservations()) ? json::value(opt.node_id) : json::value(nullptr);
-  return json_response(json::object{{"orgId", org}, {"nodeId", node_id}, {"reservations", std::move(entries)},
+  const json::value node_id =
+      r::sees_node(as_org, node(), all_reservations()) ? json::value(opt.node_id) : json::value(nullptr);
+  return json_response(json::object{{"orgId", org},
+                                    {"nodeId", node_id},
+                                    {"reservations", std::move(entries)},
                                     {"totals", json::object{{"units", total_units}, {"gpus", total_gpus}}}});
 }
 

@@ -6,16 +6,21 @@
 namespace gpunode::service::spot {
 namespace {
 
-bool is_spot(const vmctl::Domain& d) { return d.label && d.label->tier == vmctl::Tier::spot; }
+bool is_spot(const vmctl::Domain& d) {
+  return d.label && d.label->tier == vmctl::Tier::spot;
+}
 
 }  // namespace
 
-Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets, const std::set<std::string>& reach,
-          bool whole_node) {
+Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets,
+          const std::set<std::string>& reach, bool whole_node) {
   Plan out;
   for (const auto& vm : vms) {
     if (!vm.domain.active()) continue;
-    if (!(whole_node && vm.unit_ids.empty()) && std::none_of(vm.unit_ids.begin(), vm.unit_ids.end(), [&](const std::string& u) { return targets.contains(u); })) continue;
+    if (!(whole_node && vm.unit_ids.empty()) &&
+        std::none_of(vm.unit_ids.begin(), vm.unit_ids.end(),
+                     [&](const std::string& u) { return targets.contains(u); }))
+      continue;
     std::vector<std::string> reached;
     for (const auto& u : vm.unit_ids) {
       if (reach.contains(u)) reached.push_back(u);

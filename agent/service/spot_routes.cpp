@@ -1,7 +1,7 @@
 // NodeService::Impl's spot market: reclaim, terminate-spot, termination batches, finish, observe, vacate.
-#include <algorithm>
-
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/store/audit_chain.hpp"
@@ -19,7 +19,9 @@ void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
   std::string digest = json::serialize(a);
   if (digest == observed_digest) return;
   if (auto bumped = store.bump_revision(); !bumped) {
-    say(LogLevel::warning, "workloads changed but the revision could not be stored (tried again with the next list): " + bumped.error().to_string());
+    say(LogLevel::warning,
+        "workloads changed but the revision could not be stored (tried again with the next list): " +
+            bumped.error().to_string());
     return;
   }
   observed_workloads = std::move(a);
@@ -34,7 +36,8 @@ std::optional<std::string> NodeService::Impl::holder_of(const std::vector<std::s
   return std::nullopt;
 }
 
-json::object NodeService::Impl::left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids, std::string_view reason) {
+json::object NodeService::Impl::left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids,
+                                          std::string_view reason) {
   return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
                       {"domainUuid", d.uuid},
                       {"name", d.name},
@@ -54,15 +57,18 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
     x.version += 1;
     x.updated_at = ch.at;
     ch.upserts.push_back(x);
-    ch.audits.push_back(AuditDraft{"units.reclaim", x.id, vacated, {}, "ok", "reclaim complete: no spot workload is left on the units"});
+    ch.audits.push_back(AuditDraft{
+        "units.reclaim", x.id, vacated, {}, "ok", "reclaim complete: no spot workload is left on the units"});
   }
 }
 
 // Writes the terminations ahead (each one's audit record, whose id goes into the domain's
 // termination record, and its pending row) together with `base` (a reclaim's change), then
 // hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
-Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in, std::chrono::seconds grace, const std::optional<std::string>& reason) {
-  for (const auto& l : plan_in.left_running) b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
+Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in,
+                                       std::chrono::seconds grace, const std::optional<std::string>& reason) {
+  for (const auto& l : plan_in.left_running)
+    b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
   // A domain whose termination another call (or the agent) has already started is not started
   // again: it is listed as `terminating`, and that other termination reports it.
   spot::Plan plan = plan_in;
@@ -70,8 +76,11 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
   std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
     if (!underway.contains(vm->domain.uuid)) return false;
     const auto& d = vm->domain;
-    b.terminating.emplace_back(json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)}, {"domainUuid", d.uuid},
-                                            {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}});
+    b.terminating.emplace_back(
+        json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+                     {"domainUuid", d.uuid},
+                     {"name", d.name},
+                     {"unitIds", strings_json(vm->unit_ids)}});
     return true;
   });
   if (plan.terminate.empty()) {
@@ -86,23 +95,32 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
     const auto& d = vm->domain;
     audit_of.push_back(base.audits.size());
     // Written ahead: `pending` (CONTRACT §7); the second record of the same vmIds gives the outcome.
-    base.audits.push_back(AuditDraft{"workload.terminate", holder_of(vm->unit_ids), vm->unit_ids, {d.label->vm_id}, "pending",
-                                     fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
-                                                 d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
-    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)}, {"by", b.caller.by()},
-                     {"at", at}, {"grace", grace.count()}};
+    base.audits.push_back(AuditDraft{
+        "workload.terminate",
+        holder_of(vm->unit_ids),
+        vm->unit_ids,
+        {d.label->vm_id},
+        "pending",
+        fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
+                    d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
+    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)},
+                     {"by", b.caller.by()},    {"at", at},       {"grace", grace.count()}};
     base.terminations.push_back(TerminationRow{0, d.uuid, json::serialize(doc), "pending", audit_of.back()});
   }
   auto committed = commit(base);
-  if (!committed) return storage_problem(committed.error(), "the change could not be stored", "nothing was changed or stopped");
+  if (!committed)
+    return storage_problem(committed.error(), "the change could not be stored",
+                           "nothing was changed or stopped");
   // The audit ids the store assigned go into each domain's termination record.
   for (std::size_t i = 0; i < plan.terminate.size(); ++i) {
     const auto* vm = plan.terminate[i];
     const std::int64_t seq = committed->audit_seqs[audit_of[i]];
-    vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(), store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(),
+                                    store::format_audit_id(static_cast<std::uint64_t>(seq))};
     b.vms.push_back(BatchVm{seq, vm->domain, vm->unit_ids, std::move(record), grace});
   }
-  say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"), b.vms.size(), b.caller.by()));
+  say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"),
+                                  b.vms.size(), b.caller.by()));
   return RunBatch{*terminations.work(terminations.start(std::move(b)))};
 }
 
@@ -112,7 +130,8 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
   if (!b.terminating.empty()) out["terminating"] = b.terminating;  // only then: the contract's keys otherwise
   if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
     // The reservation as the answer's commit leaves it: from `upserts` when it changes there.
-    auto changed = std::find_if(upserts.begin(), upserts.end(), [&](const r::Reservation& u) { return u.id == *b.reservation_id; });
+    auto changed = std::find_if(upserts.begin(), upserts.end(),
+                                [&](const r::Reservation& u) { return u.id == *b.reservation_id; });
     const auto& x = changed != upserts.end() ? *changed : reservations.at(*b.reservation_id);
     out["reservation"] = to_json(x);
     return with_header(json_response(out), "ETag", etag_of_version(x.version));
@@ -120,13 +139,23 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
   return json_response(out);
 }
 
-ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
-                                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
+ApiResponse NodeService::Impl::finish(
+    std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
+    const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   auto taken = terminations.take(id);
   if (!taken) return problem(500, "internal", "unknown termination batch");
   Batch b = std::move(*taken);
   const bool agent = b.kind == Batch::Kind::agent;
-  Change ch{agent ? agent_caller() : b.caller, agent ? std::nullopt : b.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
+  Change ch{agent ? agent_caller() : b.caller,
+            agent ? std::nullopt : b.request_id,
+            now(),
+            {},
+            {},
+            {},
+            {},
+            {},
+            {},
+            {}};
   json::array terminated, left = b.left_running;
   std::optional<std::string> unavailable;
   std::uint64_t ok = 0, failed = 0;  // outcomes recorded by this commit (gpunode_terminations_total)
@@ -136,35 +165,53 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
     const std::string vm_id = d.label ? d.label->vm_id : std::string();
     const auto result = i < outcomes.size() && outcomes[i].uuid == d.uuid
                             ? outcomes[i].result
-                            : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
+                            : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(
+                                  vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
     const auto holder = holder_of(vm.unit_ids);
     auto row = terminations.row_of(vm);
     const std::string who = agent ? "finished by the agent: " : "";
     if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
       unavailable = result.error().message;  // stays pending: finished once libvirt answers again
-      say(LogLevel::warning, fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to finish: {}", vm_id, d.uuid,
-                                         result.error().message));
+      say(LogLevel::warning,
+          fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to finish: {}",
+                      vm_id, d.uuid, result.error().message));
       continue;
     }
     if (result && result->terminated) {
-      ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "ok",
-                                     fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
-      ch.events.push_back(EventDraft{"workload.terminated",
-                                     json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"unitIds", strings_json(vm.unit_ids)},
-                                                  {"reservationId", opt_str(holder)}, {"by", vm.record.by},
-                                                  {"auditId", vm.record.audit_id}, {"reason", "capacity-reclaim"}}});
+      ch.audits.push_back(AuditDraft{
+          "workload.terminate",
+          holder,
+          vm.unit_ids,
+          {vm_id},
+          "ok",
+          fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
+      ch.events.push_back(
+          EventDraft{"workload.terminated", json::object{{"vmId", vm_id},
+                                                         {"domainUuid", d.uuid},
+                                                         {"unitIds", strings_json(vm.unit_ids)},
+                                                         {"reservationId", opt_str(holder)},
+                                                         {"by", vm.record.by},
+                                                         {"auditId", vm.record.audit_id},
+                                                         {"reason", "capacity-reclaim"}}});
       row.state = "done";
       ++ok;
-      terminated.emplace_back(json::object{{"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
-      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id, d.uuid, vm.record.by, who,
-                                      result->detail));
+      terminated.emplace_back(json::object{
+          {"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
+      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id,
+                                      d.uuid, vm.record.by, who, result->detail));
     } else {
       const std::string why = result ? result->detail : result.error().message;
-      ch.audits.push_back(AuditDraft{"workload.terminate", holder, vm.unit_ids, {vm_id}, "failed",
-                                     fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
+      ch.audits.push_back(
+          AuditDraft{"workload.terminate",
+                     holder,
+                     vm.unit_ids,
+                     {vm_id},
+                     "failed",
+                     fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
       row.state = "failed";
       ++failed;
-      if (result || result.error().kind != vmctl::VmError::Kind::not_found) left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
+      if (result || result.error().kind != vmctl::VmError::Kind::not_found)
+        left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
       say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
     }
     ch.terminations.push_back(std::move(row));
@@ -182,20 +229,25 @@ ApiResponse NodeService::Impl::finish(std::uint64_t id, std::vector<vmctl::Termi
   if (unavailable) {  // not a final answer: not kept for Idempotency-Key replays
     if (changes) {
       if (auto stored = commit(ch); !stored) {
-        return storage_problem(stored.error(), "the outcome could not be stored", "the agent records it once it can");
+        return storage_problem(stored.error(), "the outcome could not be stored",
+                               "the agent records it once it can");
       }
     }
     counted_outcomes();
     json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
     return problem(503, "hypervisor-unavailable",
-                   fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are finished by the agent once it answers", *unavailable),
+                   fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are "
+                               "finished by the agent once it answers",
+                               *unavailable),
                    {}, &extra);
   }
   ApiResponse out = answer_batch(b, std::move(terminated), std::move(left), ch.upserts);
   ch.idempotency = std::move(b.idempotency);
   if (!changes && !ch.idempotency) return out;
   if (ch.idempotency) ch.idempotency->response = out;  // the outcome and its idempotent answer: one commit
-  if (auto stored = commit(ch); !stored) return storage_problem(stored.error(), "the outcome could not be stored", "the agent records it once it can");
+  if (auto stored = commit(ch); !stored)
+    return storage_problem(stored.error(), "the outcome could not be stored",
+                           "the agent records it once it can");
   counted_outcomes();
   return out;
 }
@@ -217,37 +269,49 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
     auto doc = json::parse(row.doc, ec);
     const json::object empty;
     const json::object& o = !ec && doc.is_object() ? doc.get_object() : empty;
-    auto str = [&](const char* k) { return o.contains(k) && o.at(k).is_string() ? std::string(o.at(k).get_string()) : std::string(); };
+    auto str = [&](const char* k) {
+      return o.contains(k) && o.at(k).is_string() ? std::string(o.at(k).get_string()) : std::string();
+    };
     std::vector<std::string> unit_ids;
     if (const auto* a = o.if_contains("unitIds"); a && a->is_array()) {
       for (const auto& u : a->get_array()) {
         if (u.is_string()) unit_ids.emplace_back(u.get_string());
       }
     }
-    const auto grace = std::chrono::seconds(o.contains("grace") && o.at("grace").is_int64() ? o.at("grace").get_int64() : 0);
-    vmctl::TerminationRecord record{"capacity-reclaim", str("at"), str("by"), store::format_audit_id(static_cast<std::uint64_t>(seq))};
-    auto found = std::find_if(domains.begin(), domains.end(), [&](const vmctl::Domain& d) { return d.uuid == row.domain_uuid; });
+    const auto grace =
+        std::chrono::seconds(o.contains("grace") && o.at("grace").is_int64() ? o.at("grace").get_int64() : 0);
+    vmctl::TerminationRecord record{"capacity-reclaim", str("at"), str("by"),
+                                    store::format_audit_id(static_cast<std::uint64_t>(seq))};
+    auto found = std::find_if(domains.begin(), domains.end(),
+                              [&](const vmctl::Domain& d) { return d.uuid == row.domain_uuid; });
     if (found == domains.end() || !found->active()) {
       vmctl::Domain d = found == domains.end() ? vmctl::Domain{} : *found;
       d.uuid = row.domain_uuid;
       if (d.name.empty()) d.name = str("name");
       if (!d.label) d.label = vmctl::WorkloadLabel{str("vmId"), "", vmctl::Tier::spot};
       gone.vms.push_back(BatchVm{seq, d, unit_ids, record, grace});
-      gone_outcomes.push_back(vmctl::TerminationOutcome{row.domain_uuid, vmctl::TerminateResult{true, found == domains.end() ? "the domain is gone" : "the domain is " + found->state}});
+      gone_outcomes.push_back(vmctl::TerminationOutcome{
+          row.domain_uuid,
+          vmctl::TerminateResult{
+              true, found == domains.end() ? "the domain is gone" : "the domain is " + found->state}});
       continue;
     }
-    run.vms.push_back(BatchVm{seq, *found, unit_ids, record, grace});  // terminate_spot_all refuses it if no longer spot
+    run.vms.push_back(
+        BatchVm{seq, *found, unit_ids, record, grace});  // terminate_spot_all refuses it if no longer spot
   }
   if (!gone.vms.empty()) {
     const auto id = terminations.start(std::move(gone));
-    (void)finish(id, std::move(gone_outcomes), std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "not listed"}));
+    (void)finish(id, std::move(gone_outcomes),
+                 std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "not listed"}));
   }
   if (run.vms.empty()) return std::nullopt;
   return terminations.work(terminations.start(std::move(run)));
 }
 
 Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
-  const bool manager = std::any_of(reservations.begin(), reservations.end(), [&](const auto& kv) { return !kv.second.ended() && r::manages(c.who, kv.second); });
+  const bool manager = std::any_of(reservations.begin(), reservations.end(), [&](const auto& kv) {
+    return !kv.second.ended() && r::manages(c.who, kv.second);
+  });
   if (!(c.who.admin() || r::is_owner(c.who, node()) || manager)) {
     return forbidden("spot workloads are terminated by platform admins, the node's owner and managing orgs");
   }
@@ -257,12 +321,15 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   if (!body) return body.error();
   Fields f(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason"});
   auto ids = f.strings("unitIds");
-  if (f.has("unitIds") && ids && ids->empty()) f.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
+  if (f.has("unitIds") && ids && ids->empty())
+    f.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
   auto rid = f.string("reservationId");
   auto grace_s = f.integer("gracePeriodSeconds", 0, 300);
   auto reason = f.string("reason");
-  if (reason && r::code_points(*reason) > r::kMaxNote) f.problems().push_back({"reason", "must be at most 1024 characters"});
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
+  if (reason && r::code_points(*reason) > r::kMaxNote)
+    f.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
   const auto grace = grace_s ? std::chrono::seconds(*grace_s) : opt.shutdown_grace;
 
   const auto reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
@@ -270,7 +337,8 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   if (rid) {
     auto it = reservations.find(*rid);
     if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) {
-      return problem(422, "unknown-reservation", fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
+      return problem(422, "unknown-reservation",
+                     fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
                      {{"reservationId", "is not a reservation of this node"}});
     }
     rx = &it->second;
@@ -279,12 +347,20 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   if (ids) {
     std::vector<FieldProblem> unknown, outside;
     for (const auto& u : *ids) {
-      if (!inventory.known(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
-      else if (rx && !rx->holds_unit(u)) unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, rx->id)});
-      else if (!reach.contains(u)) outside.push_back({"unitIds", fmt::format("{} is outside your reach", u)});
+      if (!inventory.known(u))
+        unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
+      else if (rx && !rx->holds_unit(u))
+        unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, rx->id)});
+      else if (!reach.contains(u))
+        outside.push_back({"unitIds", fmt::format("{} is outside your reach", u)});
     }
-    if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
-    if (!outside.empty()) return problem(403, "out-of-reach", "some units are outside your reach: a managing org reaches only the released and reclaiming units of its active reservations", outside);
+    if (!unknown.empty())
+      return problem(422, "unknown-unit", "some units are not units of this node", unknown);
+    if (!outside.empty())
+      return problem(403, "out-of-reach",
+                     "some units are outside your reach: a managing org reaches only the released and "
+                     "reclaiming units of its active reservations",
+                     outside);
     targets.insert(ids->begin(), ids->end());
   } else {
     for (const auto& u : reach) {
@@ -300,11 +376,13 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   b.idempotency = std::move(idem);
   Change base{c, q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
   const bool whole_node = (c.who.admin() || r::is_owner(c.who, node())) && !ids && !rx;
-  return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace, reason);
+  return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace,
+                     reason);
 }
 
 Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!(c.who.admin() || r::manages(c.who, current))) return forbidden("only a platform admin or a managing org reclaims units");
+  if (!(c.who.admin() || r::manages(c.who, current)))
+    return forbidden("only a platform admin or a managing org reclaims units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
@@ -313,12 +391,15 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
   auto ids = f.strings("unitIds");
   const bool terminate = f.boolean("terminateSpot").value_or(false);
   if (!ids || ids->empty()) {
-    if (std::none_of(f.problems().begin(), f.problems().end(), [](const FieldProblem& p) { return p.field == "unitIds"; })) {
+    if (std::none_of(f.problems().begin(), f.problems().end(),
+                     [](const FieldProblem& p) { return p.field == "unitIds"; })) {
       f.problems().push_back({"unitIds", "must name at least one unit"});
     }
   }
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid reclaim request", f.problems());
-  if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are reclaimed only in an active reservation");
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid reclaim request", f.problems());
+  if (current.state != r::State::active)
+    return problem(409, "reservation-not-active", "units are reclaimed only in an active reservation");
   if (auto unknown = units_not_held(current, *ids)) return *unknown;
   // Without a list of the workloads, every reclaimed unit is taken to carry spot workloads: it
   // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
@@ -336,11 +417,18 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
     x.updated_at = t;
     base.upserts.push_back(x);
     const auto& newly = move.newly_reclaimed;
-    base.audits.push_back(AuditDraft{"units.reclaim", x.id, newly.empty() ? std::vector<std::string>(named.begin(), named.end()) : newly, {}, "ok",
-                                     move.still_occupied.empty()
-                                         ? std::optional<std::string>()
-                                         : fmt::format("spot workloads still run on {}", fmt::join(move.still_occupied, ", "))});
-    if (!newly.empty()) base.events.push_back(EventDraft{"units.reclaimed", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
+    base.audits.push_back(AuditDraft{
+        "units.reclaim",
+        x.id,
+        newly.empty() ? std::vector<std::string>(named.begin(), named.end()) : newly,
+        {},
+        "ok",
+        move.still_occupied.empty()
+            ? std::optional<std::string>()
+            : fmt::format("spot workloads still run on {}", fmt::join(move.still_occupied, ", "))});
+    if (!newly.empty())
+      base.events.push_back(EventDraft{
+          "units.reclaimed", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
   }
   Batch b;
   b.kind = Batch::Kind::reclaim;
@@ -350,7 +438,8 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
   b.idempotency = std::move(idem);
   spot::Plan p;
   if (terminate) {
-    std::set<std::string> targets, reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
+    std::set<std::string> targets,
+        reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
     for (const auto& u : x.reclaiming_unit_ids) {
       if (named.contains(u)) targets.insert(u);
     }

@@ -1,10 +1,10 @@
 // StateStore: migrations, loading, the one commit, and the store's reads (idempotency, audit).
 #include "state_store.hpp"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <random>
-
-#include <fmt/format.h>
 
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/store/audit_chain.hpp"
@@ -17,9 +17,8 @@ using store::DbError;
 namespace {
 
 const std::vector<store::Migration>& migrations() {
-  static const std::vector<store::Migration> list{
-      {1, "initial",
-       R"sql(
+  static const std::vector<store::Migration> list{{1, "initial",
+                                                   R"sql(
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 INSERT INTO meta (key, value) VALUES ('revision', '0'), ('audit_seq', '0'), ('event_seq', '0'),
                                      ('audit_last_hash', '0000000000000000000000000000000000000000000000000000000000000000'),
@@ -32,8 +31,8 @@ CREATE TABLE idempotency (caller TEXT NOT NULL, key TEXT NOT NULL, fingerprint T
                           status INTEGER NOT NULL, headers TEXT NOT NULL, body TEXT NOT NULL,
                           created_at INTEGER NOT NULL, PRIMARY KEY (caller, key)) WITHOUT ROWID;
 )sql"},
-      {2, "terminations",
-       R"sql(
+                                                  {2, "terminations",
+                                                   R"sql(
 CREATE TABLE terminations (audit_seq INTEGER PRIMARY KEY, domain_uuid TEXT NOT NULL, doc TEXT NOT NULL,
                            state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed')));
 CREATE INDEX terminations_pending ON terminations (state) WHERE state = 'pending';
@@ -41,7 +40,9 @@ CREATE INDEX terminations_pending ON terminations (state) WHERE state = 'pending
   return list;
 }
 
-json::value opt_json(const std::optional<std::string>& s) { return s ? json::value(*s) : json::value(nullptr); }
+json::value opt_json(const std::optional<std::string>& s) {
+  return s ? json::value(*s) : json::value(nullptr);
+}
 
 // Steps `st` to the end, calling `row` on each; the first error stops it.
 template <class Row>
@@ -85,7 +86,8 @@ std::expected<void, DbError> StateStore::load() {
     auto number = [&](std::int64_t& out) -> std::expected<void, DbError> {
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
       if (ec != std::errc{} || p != value.data() + value.size() || out < 0) {
-        return std::unexpected(DbError::corrupt(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value)));
+        return std::unexpected(
+            DbError::corrupt(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value)));
       }
       return {};
     };
@@ -103,12 +105,15 @@ std::expected<void, DbError> StateStore::load() {
   if (!last) return std::unexpected(last.error());
   auto head = each_row(*last, [&](store::Statement& st) -> std::expected<void, DbError> {
     const std::int64_t seq = st.column_int64(0);
-    if (seq < audit_seq_) return std::unexpected(DbError::corrupt(fmt::format("{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_)));
+    if (seq < audit_seq_)
+      return std::unexpected(DbError::corrupt(fmt::format(
+          "{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_)));
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     const auto* o = ec ? nullptr : v.if_object();
     const auto* h = o ? o->if_contains("hash") : nullptr;
-    if (h == nullptr || !h->is_string()) return std::unexpected(DbError::corrupt(fmt::format("{}: audit record aud_{} has no hash", file, seq)));
+    if (h == nullptr || !h->is_string())
+      return std::unexpected(DbError::corrupt(fmt::format("{}: audit record aud_{} has no hash", file, seq)));
     audit_seq_ = seq;
     audit_last_hash_ = std::string(h->get_string());
     return {};
@@ -121,7 +126,9 @@ std::expected<void, DbError> StateStore::load() {
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
-    if (!x) return std::unexpected(DbError::corrupt(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error())));
+    if (!x)
+      return std::unexpected(
+          DbError::corrupt(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error())));
     loaded_.reservations.emplace(x->id, std::move(*x));
     return {};
   });
@@ -158,7 +165,8 @@ std::expected<store::Statement*, DbError> StateStore::cached(std::string_view sq
   return &it->second;
 }
 
-std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chrono::system_clock::time_point wall) {
+std::expected<Committed, DbError> StateStore::commit(const Change& c,
+                                                     std::chrono::system_clock::time_point wall) {
   const bool moves = c.moves_state();
   std::int64_t seq = audit_seq_, ev = event_seq_;
   std::string last_hash = audit_last_hash_;
@@ -173,8 +181,9 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chron
   };
   auto result = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
     for (const auto& x : c.upserts) {
-      if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc", x.id,
-                         json::serialize(to_json(x)));
+      if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET "
+                         "doc = excluded.doc",
+                         x.id, json::serialize(to_json(x)));
           !w) {
         return w;
       }
@@ -204,7 +213,8 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chron
         return std::unexpected(DbError{0, "audit record: " + sealed.error()});
       }
       last_hash = std::string(rec["hash"].get_string());
-      if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", seq, json::serialize(rec)); !w) return w;
+      if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", seq, json::serialize(rec)); !w)
+        return w;
       out.audit_seqs.push_back(seq);
     }
     for (const auto& e : c.events) {
@@ -214,19 +224,25 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chron
       evt["type"] = e.type;
       evt["at"] = r::format_time(c.at);
       evt["data"] = e.data;
-      if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", ev, json::serialize(evt)); !w) return w;
+      if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", ev, json::serialize(evt)); !w)
+        return w;
     }
     if (c.idempotency) {
       const auto& i = *c.idempotency;
       json::array headers;
-      for (const auto& [k, v] : i.response.headers) headers.emplace_back(json::array{json::value(k), json::value(v)});
+      for (const auto& [k, v] : i.response.headers)
+        headers.emplace_back(json::array{json::value(k), json::value(v)});
       // The first answer stays for its 24 hours; only an expired row is replaced.
-      if (auto w = write("INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) "
-                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(caller, key) DO UPDATE SET fingerprint = excluded.fingerprint, "
-                         "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at = excluded.created_at "
-                         "WHERE idempotency.created_at <= excluded.created_at - 86400",
-                         i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status), json::serialize(headers),
-                         i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
+      if (auto w =
+              write("INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) "
+                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(caller, key) DO UPDATE SET fingerprint "
+                    "= excluded.fingerprint, "
+                    "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at "
+                    "= excluded.created_at "
+                    "WHERE idempotency.created_at <= excluded.created_at - 86400",
+                    i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
+                    json::serialize(headers), i.response.body,
+                    static_cast<std::int64_t>(c.at.time_since_epoch().count()));
           !w) {
         return w;
       }
@@ -234,12 +250,14 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c, std::chron
     for (const auto& row : c.terminations) {
       std::int64_t key = row.audit_seq;
       if (row.audit_index) {
-        if (*row.audit_index >= out.audit_seqs.size()) return std::unexpected(DbError{0, "termination row names no audit record of its change"});
+        if (*row.audit_index >= out.audit_seqs.size())
+          return std::unexpected(DbError{0, "termination row names no audit record of its change"});
         key = out.audit_seqs[*row.audit_index];
       }
-      if (auto w = write("INSERT INTO terminations (audit_seq, domain_uuid, doc, state) VALUES (?1, ?2, ?3, ?4) "
-                         "ON CONFLICT(audit_seq) DO UPDATE SET state = excluded.state",
-                         key, row.domain_uuid, row.doc, row.state);
+      if (auto w =
+              write("INSERT INTO terminations (audit_seq, domain_uuid, doc, state) VALUES (?1, ?2, ?3, ?4) "
+                    "ON CONFLICT(audit_seq) DO UPDATE SET state = excluded.state",
+                    key, row.domain_uuid, row.doc, row.state);
           !w) {
         return w;
       }
@@ -276,7 +294,8 @@ std::expected<void, DbError> StateStore::bump_revision() {
   auto bumped = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
     auto meta = cached("UPDATE meta SET value = ?2 WHERE key = ?1");
     if (!meta) return std::unexpected(meta.error());
-    if (auto b = (*meta)->bind_all("revision", std::to_string(revision_ + 1)); !b) return std::unexpected(b.error());
+    if (auto b = (*meta)->bind_all("revision", std::to_string(revision_ + 1)); !b)
+      return std::unexpected(b.error());
     return (*meta)->run();
   });
   if (!bumped) return std::unexpected(bumped.error());
@@ -298,7 +317,9 @@ std::vector<std::string> StateStore::present_unit_ids() {
 
 std::optional<json::object> StateStore::unit_doc(const std::string& id) {
   auto st = db_.prepare("SELECT doc FROM units WHERE id = ?1");
-  if (!st || !st->bind_all(id) || st->step().value_or(store::Statement::Step::done) != store::Statement::Step::row) return std::nullopt;
+  if (!st || !st->bind_all(id) ||
+      st->step().value_or(store::Statement::Step::done) != store::Statement::Step::row)
+    return std::nullopt;
   boost::system::error_code ec;
   auto v = json::parse(st->column_text(0), ec);
   if (ec || !v.is_object()) return std::nullopt;
@@ -306,8 +327,11 @@ std::optional<json::object> StateStore::unit_doc(const std::string& id) {
 }
 
 std::optional<StoredAnswer> StateStore::idempotent_answer(const std::string& caller, const std::string& key) {
-  auto st = cached("SELECT fingerprint, status, headers, body, created_at FROM idempotency WHERE caller = ?1 AND key = ?2");
-  if (!st || !(*st)->bind_all(caller, key) || (*st)->step().value_or(store::Statement::Step::done) != store::Statement::Step::row) {
+  auto st = cached(
+      "SELECT fingerprint, status, headers, body, created_at FROM idempotency WHERE caller = ?1 AND key = "
+      "?2");
+  if (!st || !(*st)->bind_all(caller, key) ||
+      (*st)->step().value_or(store::Statement::Step::done) != store::Statement::Step::row) {
     return std::nullopt;
   }
   store::Statement& row = **st;
@@ -322,7 +346,8 @@ std::optional<StoredAnswer> StateStore::idempotent_answer(const std::string& cal
     for (const auto& h : hs.get_array()) {
       const auto* pair = h.if_array();
       if (pair && pair->size() == 2 && (*pair)[0].is_string() && (*pair)[1].is_string()) {
-        out.response.headers.emplace_back(std::string((*pair)[0].get_string()), std::string((*pair)[1].get_string()));
+        out.response.headers.emplace_back(std::string((*pair)[0].get_string()),
+                                          std::string((*pair)[1].get_string()));
       }
     }
   }
@@ -338,12 +363,13 @@ std::expected<void, DbError> StateStore::purge_idempotency(std::int64_t cutoff) 
   return {};
 }
 
-std::expected<std::vector<std::pair<std::int64_t, std::string>>, DbError> StateStore::audit_after(std::int64_t after_seq,
-                                                                                                          std::size_t limit) {
+std::expected<std::vector<std::pair<std::int64_t, std::string>>, DbError> StateStore::audit_after(
+    std::int64_t after_seq, std::size_t limit) {
   std::vector<std::pair<std::int64_t, std::string>> out;
   auto st = db_.prepare("SELECT seq, record FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2");
   if (!st) return std::unexpected(st.error());
-  if (auto b = st->bind_all(after_seq, static_cast<std::int64_t>(limit)); !b) return std::unexpected(b.error());
+  if (auto b = st->bind_all(after_seq, static_cast<std::int64_t>(limit)); !b)
+    return std::unexpected(b.error());
   auto read = each_row(*st, [&](store::Statement& s) -> std::expected<void, DbError> {
     out.emplace_back(s.column_int64(0), s.column_text(1));
     return {};

@@ -7,6 +7,7 @@
 // inventory digest) move only after the transaction committed.
 #pragma once
 
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -16,8 +17,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <boost/json.hpp>
 
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/service/api.hpp"
@@ -91,8 +90,8 @@ struct Change {
 
   // Whether committing it moves the node's revision (an idempotency row alone does not).
   bool moves_state() const {
-    return !upserts.empty() || !units.empty() || !audits.empty() || !events.empty() || inventory_digest.has_value() ||
-           !terminations.empty();
+    return !upserts.empty() || !units.empty() || !audits.empty() || !events.empty() ||
+           inventory_digest.has_value() || !terminations.empty();
   }
 };
 
@@ -105,8 +104,8 @@ struct Committed {
 // What the store holds beyond its counters, read once at open.
 struct Loaded {
   std::map<std::string, reservations::Reservation, std::less<>> reservations;
-  std::map<std::int64_t, TerminationRow> pending;                // terminations cut short, by audit seq
-  std::map<std::string, boost::json::object> absent_units;       // last seen JSON, `absent` applied
+  std::map<std::int64_t, TerminationRow> pending;           // terminations cut short, by audit seq
+  std::map<std::string, boost::json::object> absent_units;  // last seen JSON, `absent` applied
 };
 
 // An answer kept for an Idempotency-Key.
@@ -120,7 +119,8 @@ class StateStore {
  public:
   // Opens (creating) `file`, runs the migrations, reads the counters and what `loaded()` returns.
   // `node_id` goes into every audit record.
-  static std::expected<StateStore, store::DbError> open(const std::filesystem::path& file, std::string node_id);
+  static std::expected<StateStore, store::DbError> open(const std::filesystem::path& file,
+                                                        std::string node_id);
 
   StateStore(StateStore&&) noexcept = default;
   StateStore& operator=(StateStore&&) noexcept = default;
@@ -134,7 +134,8 @@ class StateStore {
 
   // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed,
   // SQLite's code kept (a full disk, a busy or a corrupt database are told apart).
-  std::expected<Committed, store::DbError> commit(const Change& c, std::chrono::system_clock::time_point wall);
+  std::expected<Committed, store::DbError> commit(const Change& c,
+                                                  std::chrono::system_clock::time_point wall);
   // Moves the revision alone (the workloads' list changed: not a stored change of its own).
   std::expected<void, store::DbError> bump_revision();
 
@@ -155,7 +156,8 @@ class StateStore {
   std::expected<void, store::DbError> purge_idempotency(std::int64_t cutoff);
 
   // Up to `limit` audit records after `after_seq`, as (seq, stored JSON text).
-  std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> audit_after(std::int64_t after_seq, std::size_t limit);
+  std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> audit_after(
+      std::int64_t after_seq, std::size_t limit);
 
  private:
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}

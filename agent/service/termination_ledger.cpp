@@ -42,7 +42,8 @@ std::optional<Work> TerminationLedger::work(std::uint64_t id) const {
   auto it = batches_.find(id);
   if (it == batches_.end()) return std::nullopt;
   Work w{id, {}};
-  for (const auto& vm : it->second.vms) w.jobs.push_back(vmctl::TerminationJob{vm.domain, vm.record, vm.grace});
+  for (const auto& vm : it->second.vms)
+    w.jobs.push_back(vmctl::TerminationJob{vm.domain, vm.record, vm.grace});
   return w;
 }
 

@@ -4,6 +4,7 @@
 // follows are the ones the store committed.
 #pragma once
 
+#include <boost/json/array.hpp>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -11,8 +12,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <boost/json/array.hpp>
 
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/vmctl/vmctl.hpp"

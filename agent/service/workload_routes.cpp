@@ -1,7 +1,7 @@
 // NodeService::Impl's workload routes: workloads, occupancy, entitlement (capacity, admission), release.
-#include <algorithm>
-
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/service/reservation_json.hpp"
@@ -11,13 +11,18 @@ namespace gpunode::service {
 using namespace detail;
 
 // ---- workloads (CONTRACT §5, §7 Occupancy) -----------------------------------------------------
-std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now(std::chrono::milliseconds max_age) {
-  if (!has_hypervisor) return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
-  if (listing == nullptr) return std::unexpected(NeedsWorkloads{max_age});  // listed off this thread, then handled again
+std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now(
+    std::chrono::milliseconds max_age) {
+  if (!has_hypervisor)
+    return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
+  if (listing == nullptr)
+    return std::unexpected(NeedsWorkloads{max_age});  // listed off this thread, then handled again
   const auto& list = listing->domains;
   if (!list) {
     say(LogLevel::warning, "hypervisor: " + list.error().message);
-    return std::unexpected(problem(503, "hypervisor-unavailable", fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
+    return std::unexpected(
+        problem(503, "hypervisor-unavailable",
+                fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
   }
   auto ws = occupants(*list);
   note_workloads(ws);
@@ -35,24 +40,27 @@ std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vecto
     }
     out.push_back(Workload{std::move(d), std::vector<std::string>(ids.begin(), ids.end())});
   }
-  std::sort(out.begin(), out.end(), [](const Workload& a, const Workload& b) { return a.domain.name < b.domain.name; });
+  std::sort(out.begin(), out.end(),
+            [](const Workload& a, const Workload& b) { return a.domain.name < b.domain.name; });
   return out;
 }
 
 json::object NodeService::Impl::workload_json(const Workload& w) {
   const auto& d = w.domain;
-  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-                      {"domainUuid", d.uuid},
-                      {"name", d.name},
-                      {"org", d.label ? json::value(d.label->org) : json::value(nullptr)},
-                      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
-                      {"state", d.state},
-                      {"unitIds", strings_json(w.unit_ids)},
-                      {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
+  return json::object{
+      {"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+      {"domainUuid", d.uuid},
+      {"name", d.name},
+      {"org", d.label ? json::value(d.label->org) : json::value(nullptr)},
+      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
+      {"state", d.state},
+      {"unitIds", strings_json(w.unit_ids)},
+      {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
 }
 
 Outcome NodeService::Impl::workloads(const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node()))) return forbidden("workloads are listed for operators and the owner");
+  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node())))
+    return forbidden("workloads are listed for operators and the owner");
   auto ws = workloads_now();
   if (!ws) return ws.error();
   json::array list;
@@ -63,8 +71,9 @@ Outcome NodeService::Impl::workloads(const Caller& c) {
 // Occupancy of `checked` units once the term has started: a workload that is not spot, of an
 // org outside the audience (or unlabelled), blocks (409 unit-occupied); spot workloads are
 // allowed and listed.
-std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked, r::Time t,
-                                                              json::array& spot) {
+std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& x,
+                                                          const std::vector<std::string>& checked, r::Time t,
+                                                          json::array& spot) {
   if (x.starts_at > t || checked.empty()) return std::nullopt;
   auto ws = workloads_now(kOccupancyListAge);
   if (!ws) return ws.error();
@@ -87,17 +96,24 @@ std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& 
     }
     const auto& label = w.domain.label;
     if (label && label->tier == vmctl::Tier::spot) {
-      spot.emplace_back(json::object{{"vmId", label->vm_id}, {"domainUuid", w.domain.uuid}, {"name", w.domain.name},
-                                     {"org", label->org}, {"unitIds", strings_json(w.unit_ids)}});
+      spot.emplace_back(json::object{{"vmId", label->vm_id},
+                                     {"domainUuid", w.domain.uuid},
+                                     {"name", w.domain.name},
+                                     {"org", label->org},
+                                     {"unitIds", strings_json(w.unit_ids)}});
       continue;
     }
-    if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) != x.audience_org_ids.end()) continue;
+    if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) !=
+                     x.audience_org_ids.end())
+      continue;
     blockers.emplace_back(json::object{{"vmId", label ? json::value(label->vm_id) : json::value(nullptr)},
-                                       {"domainUuid", w.domain.uuid}, {"name", w.domain.name}});
+                                       {"domainUuid", w.domain.uuid},
+                                       {"name", w.domain.name}});
   }
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"workloads", blockers}};
-  return problem(409, "unit-occupied", "workloads of orgs outside the audience are running on the units", {}, &extra);
+  return problem(409, "unit-occupied", "workloads of orgs outside the audience are running on the units", {},
+                 &extra);
 }
 
 // ---- entitlement (CONTRACT §4 capacity and admission): the rule is reservations::entitled ----
@@ -130,7 +146,9 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
       if (e.allowed()) continue;
       if (tier == vmctl::Tier::spot) {
         const auto* holder = r::active_holder(all_reservations(), u);
-        if (holder != nullptr && std::find(holder->reclaiming_unit_ids.begin(), holder->reclaiming_unit_ids.end(), u) != holder->reclaiming_unit_ids.end()) {
+        if (holder != nullptr &&
+            std::find(holder->reclaiming_unit_ids.begin(), holder->reclaiming_unit_ids.end(), u) !=
+                holder->reclaiming_unit_ids.end()) {
           continue;
         }
       }
@@ -148,11 +166,14 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
       std::vector<std::string> why;
       for (const auto& rv : reasons) {
         const auto& o = rv.get_object();
-        why.push_back(fmt::format("{}: {}", std::string(o.at("unitId").get_string()), std::string(o.at("code").get_string())));
+        why.push_back(fmt::format("{}: {}", std::string(o.at("unitId").get_string()),
+                                  std::string(o.at("code").get_string())));
       }
-      say(LogLevel::warning, fmt::format("DOMAIN={} {} ({} {}) runs on units it is not entitled to, which the hook never saw it start on; "
+      say(LogLevel::warning, fmt::format("DOMAIN={} {} ({} {}) runs on units it is not entitled to, which "
+                                         "the hook never saw it start on; "
                                          "the agent leaves it running: {}",
-                                         d.name, d.uuid, vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
+                                         d.name, d.uuid, vmctl::to_string(tier),
+                                         org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
       ch.events.push_back(EventDraft{"workload.unentitled", data});
       fresh.push_back(d.uuid);
     }
@@ -171,21 +192,27 @@ ApiResponse NodeService::Impl::unentitled_route() const {
   return json_response(json::object{{"workloads", std::move(out)}});
 }
 
-r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const {
+r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier,
+                                           const std::string& unit_id) const {
   return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
 }
 
 ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role())) return forbidden("capacity is answered for platform admins and operators");
+  if (!(c.who.admin() || c.who.operator_role()))
+    return forbidden("capacity is answered for platform admins and operators");
   auto org = q.query_param("org");
-  if (!org || org->empty()) return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
+  if (!org || org->empty())
+    return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
   json::array entries;
   for (const auto& u : inventory.present()) {
     for (auto tier : {vmctl::Tier::reserved, vmctl::Tier::spot, vmctl::Tier::on_demand}) {
       auto e = entitled(*org, tier, u.id);
       if (!e.allowed()) continue;
-      entries.emplace_back(json::object{{"unitId", u.id}, {"class", discovery::to_string(u.cls)}, {"gpuCount", u.gpu_count()},
-                                        {"tier", vmctl::to_string(tier)}, {"reservationId", opt_str(e.reservation_id)}});
+      entries.emplace_back(json::object{{"unitId", u.id},
+                                        {"class", discovery::to_string(u.cls)},
+                                        {"gpuCount", u.gpu_count()},
+                                        {"tier", vmctl::to_string(tier)},
+                                        {"reservationId", opt_str(e.reservation_id)}});
       break;  // one entry per unit
     }
   }
@@ -193,7 +220,8 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
 }
 
 ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role())) return forbidden("admission is answered for platform admins and operators");
+  if (!(c.who.admin() || c.who.operator_role()))
+    return forbidden("admission is answered for platform admins and operators");
   // A POST: an Idempotency-Key replays the first answer (CONTRACT §4 Conventions), even though
   // the question changes nothing.
   std::optional<IdempotencyDraft> idem;
@@ -207,25 +235,31 @@ ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   if (!body->contains("orgId")) f.problems().push_back({"orgId", "is required"});
   if (!body->contains("tier")) f.problems().push_back({"tier", "is required"});
   if (!ids || ids->empty()) {
-    if (std::none_of(f.problems().begin(), f.problems().end(), [](const FieldProblem& p) { return p.field == "unitIds"; })) {
+    if (std::none_of(f.problems().begin(), f.problems().end(),
+                     [](const FieldProblem& p) { return p.field == "unitIds"; })) {
       f.problems().push_back({"unitIds", "must name at least one unit"});
     }
   }
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid admission request", f.problems());
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid admission request", f.problems());
   json::array reasons;
   auto parsed = vmctl::parse_tier(*tier);
   if (!parsed) {
-    reasons.emplace_back(json::object{{"code", "invalid-tier"}, {"message", fmt::format("tier must be spot, on-demand or reserved, not \"{}\"", *tier)},
-                                      {"unitId", nullptr}});
+    reasons.emplace_back(
+        json::object{{"code", "invalid-tier"},
+                     {"message", fmt::format("tier must be spot, on-demand or reserved, not \"{}\"", *tier)},
+                     {"unitId", nullptr}});
   } else {
     for (const auto& id : *ids) {
       auto e = entitled(*org, *parsed, id);
-      if (!e.allowed()) reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
+      if (!e.allowed())
+        reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
     }
   }
   auto answer = json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
   if (!idem) return answer;
-  Change keep{c, q.request_id, now(), {}, {}, {}, {}, {}, std::move(idem), {}};  // the answer alone: no revision moves
+  Change keep{c,  q.request_id, now(),           {}, {}, {},
+              {}, {},           std::move(idem), {}};  // the answer alone: no revision moves
   return commit_response(keep, std::move(answer));
 }
 
@@ -240,10 +274,12 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
   Fields f(*body, {"domainXml"});
   auto xml = f.string("domainXml");
   if (!body->contains("domainXml")) f.problems().push_back({"domainXml", "is required"});
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid domain admission request", f.problems());
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid domain admission request", f.problems());
   const auto facts = vmctl::parse_domain_xml(*xml);
   if (!facts.is_domain) {
-    return problem(400, "invalid-request", "domainXml is not a libvirt domain definition", {{"domainXml", "must be <domain> XML"}});
+    return problem(400, "invalid-request", "domainXml is not a libvirt domain definition",
+                   {{"domainXml", "must be <domain> XML"}});
   }
   const auto mode = opt.enforcement;
   const std::string org = facts.label ? facts.label->org : std::string();
@@ -251,7 +287,8 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
   std::set<std::string> unit_set;
   json::array reasons;
   auto refuse = [&](std::string code, std::string message, const std::optional<std::string>& unit) {
-    reasons.emplace_back(json::object{{"code", std::move(code)}, {"message", std::move(message)}, {"unitId", opt_str(unit)}});
+    reasons.emplace_back(
+        json::object{{"code", std::move(code)}, {"message", std::move(message)}, {"unitId", opt_str(unit)}});
   };
   const auto owner = inventory.unit_of_address();
   for (const auto& a : facts.pci_addresses) {
@@ -262,17 +299,22 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
     // Not a unit's: read what the function is (one small sysfs file, only for such hostdevs).
     const auto cls = discovery::pci_class_of(opt.host_root, a);
     if (!cls) {
-      refuse("unknown-unit", fmt::format("hostdev {} is no PCI function of node {}", a, opt.node_id), std::nullopt);
+      refuse("unknown-unit", fmt::format("hostdev {} is no PCI function of node {}", a, opt.node_id),
+             std::nullopt);
     } else if (discovery::is_gpu_class(*cls)) {
-      refuse("unknown-unit", fmt::format("hostdev {} is a GPU of no unit of node {}", a, opt.node_id), std::nullopt);
+      refuse("unknown-unit", fmt::format("hostdev {} is a GPU of no unit of node {}", a, opt.node_id),
+             std::nullopt);
     }  // else not a GPU (a NIC, a disk controller): not the agent's to decide
   }
   if (facts.unreadable_pci_hostdevs > 0) {
-    refuse("unknown-unit", fmt::format("{} PCI hostdev(s) without a readable source address", facts.unreadable_pci_hostdevs), std::nullopt);
+    refuse("unknown-unit",
+           fmt::format("{} PCI hostdev(s) without a readable source address", facts.unreadable_pci_hostdevs),
+           std::nullopt);
   }
   const std::vector<std::string> unit_ids(unit_set.begin(), unit_set.end());
   if (mode == config::EnforcementMode::off) {
-    return json_response(json::object{{"allowed", true}, {"mode", "off"}, {"unitIds", strings_json(unit_ids)}, {"reasons", json::array{}}});
+    return json_response(json::object{
+        {"allowed", true}, {"mode", "off"}, {"unitIds", strings_json(unit_ids)}, {"reasons", json::array{}}});
   }
   for (const auto& u : unit_ids) {
     if (auto e = entitled(org, tier, u); !e.allowed()) refuse(e.code, e.message, u);
@@ -287,32 +329,43 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
   if (allowed) {
     counted.count_admission(metrics::Admission::allowed);
   } else {
-    counted.count_admission(mode == config::EnforcementMode::audit ? metrics::Admission::audit_refused : metrics::Admission::refused);
+    counted.count_admission(mode == config::EnforcementMode::audit ? metrics::Admission::audit_refused
+                                                                   : metrics::Admission::refused);
     std::vector<std::string> why;
     for (const auto& rv : reasons) {
       const auto& o = rv.get_object();
-      why.push_back(fmt::format("{}: {}", o.at("unitId").is_string() ? std::string(o.at("unitId").get_string()) : std::string("-"),
-                                std::string(o.at("code").get_string())));
+      why.push_back(fmt::format(
+          "{}: {}", o.at("unitId").is_string() ? std::string(o.at("unitId").get_string()) : std::string("-"),
+          std::string(o.at("code").get_string())));
     }
-    say(LogLevel::warning, fmt::format("DOMAIN={} {} refused{} ({} {}): {}", name, facts.uuid, mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
-                                       vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
+    say(LogLevel::warning,
+        fmt::format("DOMAIN={} {} refused{} ({} {}): {}", name, facts.uuid,
+                    mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
+                    vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
     Change c{agent_caller(), q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
-    c.events.push_back(EventDraft{"workload.refused",
-                                  json::object{{"name", facts.name}, {"domainUuid", facts.uuid},
-                                               {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
-                                               {"org", org.empty() ? json::value(nullptr) : json::value(org)},
-                                               {"tier", vmctl::to_string(tier)}, {"unitIds", strings_json(unit_ids)},
-                                               {"reasons", reasons}, {"mode", config::to_string(mode)}}});
+    c.events.push_back(EventDraft{
+        "workload.refused",
+        json::object{{"name", facts.name},
+                     {"domainUuid", facts.uuid},
+                     {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
+                     {"org", org.empty() ? json::value(nullptr) : json::value(org)},
+                     {"tier", vmctl::to_string(tier)},
+                     {"unitIds", strings_json(unit_ids)},
+                     {"reasons", reasons},
+                     {"mode", config::to_string(mode)}}});
     // The refusal stands even if it cannot be stored: the event is lost, the log line is not.
     (void)commit(c);
   }
-  return json_response(json::object{{"allowed", allowed}, {"mode", config::to_string(mode)}, {"unitIds", strings_json(unit_ids)},
+  return json_response(json::object{{"allowed", allowed},
+                                    {"mode", config::to_string(mode)},
+                                    {"unitIds", strings_json(unit_ids)},
                                     {"reasons", std::move(reasons)}});
 }
 
 // ---- release (CONTRACT §4) -----------------------------------------------------------------------
 ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!(c.who.admin() || r::manages(c.who, current))) return forbidden("only a platform admin or a managing org releases units");
+  if (!(c.who.admin() || r::manages(c.who, current)))
+    return forbidden("only a platform admin or a managing org releases units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
@@ -322,20 +375,24 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
   if (!ids || ids->empty()) {
     if (f.problems().empty()) f.problems().push_back({"unitIds", "must name at least one unit"});
   }
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not a valid release request", f.problems());
-  if (current.state != r::State::active) return problem(409, "reservation-not-active", "units are released only from an active reservation");
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid release request", f.problems());
+  if (current.state != r::State::active)
+    return problem(409, "reservation-not-active", "units are released only from an active reservation");
   if (auto unknown = units_not_held(current, *ids)) return *unknown;
   r::Reservation x = current;
   std::vector<std::string> newly;
   for (const auto& u : *ids) {
-    if (std::find(x.released_unit_ids.begin(), x.released_unit_ids.end(), u) != x.released_unit_ids.end()) continue;
+    if (std::find(x.released_unit_ids.begin(), x.released_unit_ids.end(), u) != x.released_unit_ids.end())
+      continue;
     if (std::find(newly.begin(), newly.end(), u) != newly.end()) continue;
     newly.push_back(u);
     x.released_unit_ids.push_back(u);
     std::erase(x.reclaiming_unit_ids, u);
   }
   if (newly.empty()) {  // already released: a no-op, answered like a change (with its ETag)
-    auto answer = with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag", etag_of_version(current.version));
+    auto answer = with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag",
+                              etag_of_version(current.version));
     if (!idem) return answer;
     // Its Idempotency-Key keeps this answer too: a retry (after a lost answer or a crash) must
     // replay it, not release again once the units were reclaimed meanwhile. The answer alone is
@@ -349,8 +406,10 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
   x.updated_at = t;
   Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
   ch.audits.push_back(AuditDraft{"units.release", x.id, newly, {}, "ok", std::nullopt});
-  ch.events.push_back(EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
-  return commit_response(ch, with_header(json_response(json::object{{"reservation", to_json(x)}}), "ETag", etag_of_version(x.version)));
+  ch.events.push_back(
+      EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
+  return commit_response(ch, with_header(json_response(json::object{{"reservation", to_json(x)}}), "ETag",
+                                         etag_of_version(x.version)));
 }
 
 }  // namespace gpunode::service

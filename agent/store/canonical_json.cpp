@@ -1,8 +1,6 @@
 // Canonical JSON (see the header). One recursive writer; the first refusal stops it.
 #include "gpunode/store/canonical_json.hpp"
 
-#include "gpunode/json/utf8.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +11,8 @@
 #include <cstdint>
 #include <optional>
 #include <vector>
+
+#include "gpunode/json/utf8.hpp"
 
 namespace gpunode::store {
 namespace {
@@ -165,7 +165,9 @@ class Writer {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view text) { return gpunode::json::invalid_utf8(text) == std::string_view::npos; }
+bool is_valid_utf8(std::string_view text) {
+  return gpunode::json::invalid_utf8(text) == std::string_view::npos;
+}
 
 std::expected<std::string, std::string> canonical_json(const boost::json::value& value) {
   Writer w;

@@ -2,6 +2,7 @@
 #include "gpunode/store/state_lock.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -12,12 +13,12 @@
 #include <string_view>
 #include <utility>
 
-#include <fmt/format.h>
-
 namespace gpunode::store {
 namespace {
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 // The pid the holder wrote, if the file holds one ("1234\n").
 std::optional<long> read_pid(int fd) {
@@ -56,15 +57,16 @@ std::expected<StateLock, std::string> StateLock::acquire(const std::filesystem::
     const int e = errno;
     if (e == EWOULDBLOCK) {
       auto pid = read_pid(fd);
-      return std::unexpected(fmt::format("state directory {} is in use by another gpunode-agent{}", dir.string(),
-                                         pid ? fmt::format(" (pid {})", *pid) : std::string()));
+      return std::unexpected(fmt::format("state directory {} is in use by another gpunode-agent{}",
+                                         dir.string(), pid ? fmt::format(" (pid {})", *pid) : std::string()));
     }
-    return std::unexpected(fmt::format("state directory {}: cannot lock {}: {}", dir.string(), lock.file_.string(),
-                                       errno_text(e)));
+    return std::unexpected(fmt::format("state directory {}: cannot lock {}: {}", dir.string(),
+                                       lock.file_.string(), errno_text(e)));
   }
   // Ours now: say who holds it (a stale pid from a dead holder is replaced).
   const std::string pid = fmt::format("{}\n", ::getpid());
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     return std::unexpected(fmt::format("state directory {}: cannot write the pid into {}: {}", dir.string(),
                                        lock.file_.string(), errno_text(errno)));
   }
@@ -83,7 +85,9 @@ StateLock& StateLock::operator=(StateLock&& other) noexcept {
   return *this;
 }
 
-StateLock::~StateLock() { release(); }
+StateLock::~StateLock() {
+  release();
+}
 
 void StateLock::release() noexcept {
   if (fd_ >= 0) ::close(fd_);  // the lock goes with the open file description's last descriptor

@@ -520,13 +520,15 @@ TEST_SUITE("reject: claims") {
   TEST_CASE("expired beyond the leeway") {
     rejects(both(), bearer(ed_token(with(good_claims(), "exp", kNow - 61))), Rejection::expired);
     rejects(both(), bearer(ed_token(with(good_claims(), "exp", 0))), Rejection::expired);
-    rejects(both(), bearer(ed_token(with(good_claims(), "exp", INT64_MIN))), Rejection::malformed);  // before 1970
+    rejects(both(), bearer(ed_token(with(good_claims(), "exp", INT64_MIN))),
+            Rejection::malformed);  // before 1970
     // The same token, at a later now.
     const std::string t = ed_token();
     accepts(both(), bearer(t), now_tp + std::chrono::seconds(3660));
     rejects(both(), bearer(t), Rejection::expired, now_tp + std::chrono::seconds(3661));
   }
-  TEST_CASE("time claims are bounded to 1970..2199 (CONTRACT §10): nothing near INT64_MAX reaches arithmetic") {
+  TEST_CASE(
+      "time claims are bounded to 1970..2199 (CONTRACT §10): nothing near INT64_MAX reaches arithmetic") {
     accepts(both(), bearer(ed_token(with(good_claims(), "exp", 7258118399))));  // 2199-12-31T23:59:59Z
     rejects(both(), bearer(ed_token(with(good_claims(), "exp", 7258118400))), Rejection::malformed);
     rejects(both(), bearer(ed_token(with(good_claims(), "exp", INT64_MAX))), Rejection::malformed);
@@ -541,7 +543,8 @@ TEST_SUITE("reject: claims") {
   }
   TEST_CASE("nbf beyond the leeway") {
     rejects(both(), bearer(ed_token(with(good_claims(), "nbf", kNow + 61))), Rejection::not_yet_valid);
-    rejects(both(), bearer(ed_token(with(good_claims(), "nbf", kNow + 86400 * 365))), Rejection::not_yet_valid);
+    rejects(both(), bearer(ed_token(with(good_claims(), "nbf", kNow + 86400 * 365))),
+            Rejection::not_yet_valid);
     rejects(both(), bearer(ed_token(with(good_claims(), "nbf", INT64_MAX))), Rejection::malformed);
   }
   TEST_CASE("nbf not an integer") {

@@ -325,9 +325,10 @@ int run_post(const Args& a) {
     expect(st, 404, "GET " + path + "/r-api-bench-absent", ignored);
     if (i >= warmup) missing.push_back(dt);
   }
-  fmt::print(R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}}})"
-             "\n",
-             path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)));
+  fmt::print(
+      R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}}})"
+      "\n",
+      path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)));
   return 0;
 }
 

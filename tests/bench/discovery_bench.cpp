@@ -9,21 +9,20 @@
 // each as min / p50 / p90 over ITERATIONS runs after one warm-up, and the ratio lspci / agent.
 // Not a test: it asserts nothing and is never run by ctest.
 #include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/json/serialize.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <boost/json/serialize.hpp>
-#include <fmt/format.h>
 
 #include "gpunode/discovery/json.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
@@ -100,8 +99,8 @@ int main(int argc, char** argv) {
     while (auto* e = ::readdir(dir)) functions += e->d_name[0] != '.';
     ::closedir(dir);
   }
-  fmt::print("host {}: {} PCI functions, {} units, {} GPUs, {} iterations each\n", root, functions, units.size(), gpus,
-             iterations);
+  fmt::print("host {}: {} PCI functions, {} units, {} GPUs, {} iterations each\n", root, functions,
+             units.size(), gpus, iterations);
 
   std::size_t bytes = 0;
   Stats in_process = measure(iterations, [&] {
@@ -117,7 +116,7 @@ int main(int argc, char** argv) {
   print("agent", whole);
   print("lspci", lspci);
   fmt::print("JSON body {} bytes\n", bytes);
-  fmt::print("ratio lspci/agent (p50): {:.1f}x   lspci/in-process (p50): {:.1f}x\n", lspci.p50_ms / whole.p50_ms,
-             lspci.p50_ms / in_process.p50_ms);
+  fmt::print("ratio lspci/agent (p50): {:.1f}x   lspci/in-process (p50): {:.1f}x\n",
+             lspci.p50_ms / whole.p50_ms, lspci.p50_ms / in_process.p50_ms);
   return 0;
 }

@@ -8,8 +8,8 @@
 #include <openssl/ssl.h>
 #include <sqlite3.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -49,15 +49,18 @@ int main(int argc, char** argv) {
     virInitialize();
     virSetErrorFunc(nullptr, quiet);
     virEventRegisterDefaultImpl();
-    virConnectPtr conn = virConnectOpen("qemu:///system");  // fails without a libvirtd: the attempt is the cost
+    virConnectPtr conn =
+        virConnectOpen("qemu:///system");  // fails without a libvirtd: the attempt is the cost
     if (conn != nullptr) virConnectClose(conn);
     (void)ctx;
   }
-  std::printf("{\"mode\": \"%s\", \"VmRSS\": %ld, \"RssAnon\": %ld, \"RssFile\": %ld, \"Pss\": %ld}\n", mode.c_str(),
-              field("/proc/self/status", "VmRSS"), field("/proc/self/status", "RssAnon"),
+  std::printf("{\"mode\": \"%s\", \"VmRSS\": %ld, \"RssAnon\": %ld, \"RssFile\": %ld, \"Pss\": %ld}\n",
+              mode.c_str(), field("/proc/self/status", "VmRSS"), field("/proc/self/status", "RssAnon"),
               field("/proc/self/status", "RssFile"), field("/proc/self/smaps_rollup", "Pss"));
   // Referenced so that `linked` keeps every library mapped, as the agent does.
-  if (argc > 5) return static_cast<int>(reinterpret_cast<std::uintptr_t>(&virConnectOpen) ^ reinterpret_cast<std::uintptr_t>(&SSL_CTX_new) ^
-                                        reinterpret_cast<std::uintptr_t>(&sqlite3_open));
+  if (argc > 5)
+    return static_cast<int>(reinterpret_cast<std::uintptr_t>(&virConnectOpen) ^
+                            reinterpret_cast<std::uintptr_t>(&SSL_CTX_new) ^
+                            reinterpret_cast<std::uintptr_t>(&sqlite3_open));
   return 0;
 }

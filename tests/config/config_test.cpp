@@ -510,14 +510,17 @@ TEST_CASE("bad log level and format, libvirt uri, audience and central url are r
         "agent.yaml:1:16: invalid value \"https://a b\" for central.url: a URL has no spaces or control "
         "characters\n");
   CHECK(problems_of("central: {url: \"https://user:pw@c.example\"}\n") ==
-        "agent.yaml:1:16: invalid value \"https://user:pw@c.example\" for central.url: a user name or password in "
+        "agent.yaml:1:16: invalid value \"https://user:pw@c.example\" for central.url: a user name or "
+        "password in "
         "the URL is not supported\n");
-  CHECK(problems_of("central: {url: \"https://c.example/api?x=1\"}\n") ==
-        "agent.yaml:1:16: invalid value \"https://c.example/api?x=1\" for central.url: the URL has no query or "
-        "fragment\n");
-  CHECK(problems_of("central: {url: \"https://c.example:99999\"}\n") ==
-        "agent.yaml:1:16: invalid value \"https://c.example:99999\" for central.url: the port must be a number "
-        "from 1 to 65535\n");
+  CHECK(
+      problems_of("central: {url: \"https://c.example/api?x=1\"}\n") ==
+      "agent.yaml:1:16: invalid value \"https://c.example/api?x=1\" for central.url: the URL has no query or "
+      "fragment\n");
+  CHECK(
+      problems_of("central: {url: \"https://c.example:99999\"}\n") ==
+      "agent.yaml:1:16: invalid value \"https://c.example:99999\" for central.url: the port must be a number "
+      "from 1 to 65535\n");
   CHECK(problems_of("central: {url: \"https://c.example:8443/api/\"}\n") == "");
   CHECK(problems_of("central: {url: \"https://[::1]:8443\"}\n") == "");
   CHECK(problems_of("state: {dir: \"/var/lib/\\0gpunode\"}\n") ==
@@ -541,12 +544,14 @@ TEST_CASE("bad durations are reported at the value, and their ranges are checked
   CHECK(problems_of("central: {heartbeat_interval: 1h1s}\n") ==
         "agent.yaml:1:31: invalid value \"1h1s\" for central.heartbeat_interval: must be from 1s to 1h\n");
   CHECK(problems_of("central: {heartbeat_interval: 30}\n") ==
-        "agent.yaml:1:31: invalid value \"30\" for central.heartbeat_interval: duration needs a unit, e.g. 30s\n");
+        "agent.yaml:1:31: invalid value \"30\" for central.heartbeat_interval: duration needs a unit, e.g. "
+        "30s\n");
   CHECK(problems_of("enforcement: {mode: permissive, when_agent_down: maybe}\n") ==
         "agent.yaml:1:21: invalid value \"permissive\" for enforcement.mode: expected enforce, audit or off\n"
         "agent.yaml:1:50: invalid value \"maybe\" for enforcement.when_agent_down: expected deny or allow\n");
   {
-    const LoadResult e = load_string("enforcement: {mode: audit, when_agent_down: allow}\n", "agent.yaml", Purpose::discover);
+    const LoadResult e =
+        load_string("enforcement: {mode: audit, when_agent_down: allow}\n", "agent.yaml", Purpose::discover);
     REQUIRE(e.ok());
     CHECK(e.config.enforcement.mode == gpunode::config::EnforcementMode::audit);
     CHECK(e.config.enforcement.when_agent_down == gpunode::config::WhenAgentDown::allow);
@@ -560,14 +565,18 @@ TEST_CASE("metrics.listen: empty, or an address to listen on") {
   CHECK(problems_of("metrics: {listen: \"\"}\n") == "");
   CHECK(problems_of("metrics: {listen: \"127.0.0.1:9464\"}\n") == "");
   CHECK(problems_of("metrics: {listen: \"127.0.0.1\"}\n") ==
-        "agent.yaml:1:19: invalid value \"127.0.0.1\" for metrics.listen: expected HOST:PORT or [IPv6]:PORT, e.g. "
+        "agent.yaml:1:19: invalid value \"127.0.0.1\" for metrics.listen: expected HOST:PORT or [IPv6]:PORT, "
+        "e.g. "
         "0.0.0.0:8443\n");
-  CHECK(problems_of("metrics: {listne: x}\n") == "agent.yaml:1:11: unknown key \"listne\" in metrics (did you mean \"listen\"?)\n");
+  CHECK(problems_of("metrics: {listne: x}\n") ==
+        "agent.yaml:1:11: unknown key \"listne\" in metrics (did you mean \"listen\"?)\n");
   const LoadResult r = load_string("metrics: {listen: \"[::1]:9464\"}\n", "agent.yaml", Purpose::run);
   CHECK(r.config.metrics.listen == "[::1]:9464");
 }
 
-TEST_CASE("keys_needing_restart: the heartbeat interval and metrics.listen need a restart, the central files do not") {
+TEST_CASE(
+    "keys_needing_restart: the heartbeat interval and metrics.listen need a restart, the central files do "
+    "not") {
   Config a, b;
   b.central.ca = "/new/ca.crt";
   b.central.client_cert = "/new/client.crt";
@@ -575,7 +584,8 @@ TEST_CASE("keys_needing_restart: the heartbeat interval and metrics.listen need 
   CHECK(gpunode::config::keys_needing_restart(a, b).empty());
   b.central.heartbeat_interval = 10s;
   b.metrics.listen = "127.0.0.1:9464";
-  CHECK(gpunode::config::keys_needing_restart(a, b) == std::vector<std::string>{"central.heartbeat_interval", "metrics.listen"});
+  CHECK(gpunode::config::keys_needing_restart(a, b) ==
+        std::vector<std::string>{"central.heartbeat_interval", "metrics.listen"});
 }
 
 TEST_CASE("parse_duration: good and bad durations") {
@@ -765,7 +775,8 @@ using gpunode::config::NamedFile;
 std::vector<std::string> files_of(std::string_view yaml) {
   const LoadResult result = load_string(yaml, "agent.yaml", Purpose::run);
   std::vector<std::string> out;
-  for (const NamedFile& f : result.files) out.push_back(f.key + " " + f.path + " " + std::to_string(f.line) + ":" + std::to_string(f.column));
+  for (const NamedFile& f : result.files)
+    out.push_back(f.key + " " + f.path + " " + std::to_string(f.line) + ":" + std::to_string(f.column));
   return out;
 }
 
@@ -784,11 +795,9 @@ TEST_CASE("config: the files it names, each at its value's position, in file ord
       "    cert:   /t/agent.crt\n"
       "    client_ca: /t/ca.crt\n";
   CHECK(files_of(yaml) == std::vector<std::string>{
-                              "state.dir /srv/state 2:8",
-                              "auth.keys /k/a.pub 5:10",
+                              "state.dir /srv/state 2:8", "auth.keys /k/a.pub 5:10",
                               "auth.keys /k/b.pub 5:20",  // a quoted scalar starts at its quote
-                              "api.tls.key /t/agent.key 8:10",
-                              "api.tls.cert /t/agent.crt 9:13",
+                              "api.tls.key /t/agent.key 8:10", "api.tls.cert /t/agent.crt 9:13",
                               "api.tls.client_ca /t/ca.crt 10:16",
                               "discovery.host_root / 0:0",  // the default, stated nowhere
                           });
@@ -803,9 +812,12 @@ TEST_CASE("config: the files it names, each at its value's position, in file ord
 }
 
 TEST_CASE("config: the central API's files are named only when reporting is on") {
-  const std::string off = "central:\n  url: \"\"\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: /c/n.key\n";
+  const std::string off =
+      "central:\n  url: \"\"\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: /c/n.key\n";
   for (const auto& f : files_of(off)) CHECK_FALSE(f.starts_with("central."));
-  const std::string on = "central:\n  url: https://central.example\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: /c/n.key\n";
+  const std::string on =
+      "central:\n  url: https://central.example\n  ca: /c/ca.crt\n  client_cert: /c/n.crt\n  client_key: "
+      "/c/n.key\n";
   const auto files = files_of(on);
   CHECK(std::find(files.begin(), files.end(), "central.ca /c/ca.crt 3:7") != files.end());
   CHECK(std::find(files.begin(), files.end(), "central.client_cert /c/n.crt 4:16") != files.end());
@@ -813,8 +825,10 @@ TEST_CASE("config: the central API's files are named only when reporting is on")
 }
 
 TEST_CASE("config: an invalid or empty value names no file; the defaults stand for absent keys") {
-  const auto files = files_of("api:\n  tls:\n    cert: \"\"\n    key: [x]\nauth:\n  keys: [\"\", /k/ok.pub]\n");
-  CHECK(files == std::vector<std::string>{"auth.keys /k/ok.pub 6:14", "discovery.host_root / 0:0", "state.dir /var/lib/gpunode 0:0"});
+  const auto files =
+      files_of("api:\n  tls:\n    cert: \"\"\n    key: [x]\nauth:\n  keys: [\"\", /k/ok.pub]\n");
+  CHECK(files == std::vector<std::string>{"auth.keys /k/ok.pub 6:14", "discovery.host_root / 0:0",
+                                          "state.dir /var/lib/gpunode 0:0"});
 }
 
 TEST_CASE("config: metrics.listen must be loopback unless metrics.allow_remote (CONTRACT §10)") {
@@ -824,12 +838,19 @@ TEST_CASE("config: metrics.listen must be loopback unless metrics.allow_remote (
   CHECK(problems_of("metrics:\n  listen: \"localhost:9464\"\n") == "");
   CHECK(problems_of("metrics:\n  listen: \"\"\n") == "");
   CHECK(problems_of("metrics:\n  listen: \"0.0.0.0:9464\"\n") ==
-        "agent.yaml:2:11: metrics.listen \"0.0.0.0:9464\" is not a loopback address: /metrics (plain HTTP, no token) would show "
-        "this node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set metrics.allow_remote: true\n");
-  CHECK(problems_of("metrics:\n  listen: \"[::]:9464\"\n").find("is not a loopback address") != std::string::npos);
-  CHECK(problems_of("metrics:\n  listen: \"10.0.0.5:9464\"\n").find("is not a loopback address") != std::string::npos);
-  CHECK(problems_of("metrics:\n  listen: \"node7.example:9464\"\n").find("is not a loopback address") != std::string::npos);
+        "agent.yaml:2:11: metrics.listen \"0.0.0.0:9464\" is not a loopback address: /metrics (plain HTTP, "
+        "no token) would show "
+        "this node's numbers to anyone who reaches it; listen on 127.0.0.1 or [::1], or set "
+        "metrics.allow_remote: true\n");
+  CHECK(problems_of("metrics:\n  listen: \"[::]:9464\"\n").find("is not a loopback address") !=
+        std::string::npos);
+  CHECK(problems_of("metrics:\n  listen: \"10.0.0.5:9464\"\n").find("is not a loopback address") !=
+        std::string::npos);
+  CHECK(problems_of("metrics:\n  listen: \"node7.example:9464\"\n").find("is not a loopback address") !=
+        std::string::npos);
   CHECK(problems_of("metrics:\n  listen: \"0.0.0.0:9464\"\n  allow_remote: true\n") == "");
-  CHECK(problems_of("metrics:\n  allow_remote: yes\n") == "agent.yaml:2:17: invalid value \"yes\" for metrics.allow_remote: expected true or false\n");
-  CHECK(load_string("metrics:\n  allow_remote: true\n", "agent.yaml", Purpose::discover).config.metrics.allow_remote);
+  CHECK(problems_of("metrics:\n  allow_remote: yes\n") ==
+        "agent.yaml:2:17: invalid value \"yes\" for metrics.allow_remote: expected true or false\n");
+  CHECK(load_string("metrics:\n  allow_remote: true\n", "agent.yaml", Purpose::discover)
+            .config.metrics.allow_remote);
 }

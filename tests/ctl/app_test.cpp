@@ -1,13 +1,12 @@
 // The whole command line against a fake agent: which requests each command sends, what it prints,
 // and the exit status of each kind of ending (CONTRACT §8).
+#include "gpunode/ctl/app.hpp"
+
 #include <doctest/doctest.h>
-
-#include <map>
-
-#include <boost/json/parse.hpp>
 #include <fmt/format.h>
 
-#include "gpunode/ctl/app.hpp"
+#include <boost/json/parse.hpp>
+#include <map>
 
 using namespace gpunode::ctl;
 namespace json = boost::json;
@@ -32,15 +31,19 @@ class FakeTransport final : public Transport {
     if (a_.down) return std::unexpected(*a_.down);
     auto it = a_.answers.find(r.method + " " + r.target);
     if (it != a_.answers.end()) return it->second;
-    return Response{404, {{"content-type", "application/problem+json"}},
-                    R"({"type":"urn:gpunode:problem:not-found","title":"Not Found","status":404,"detail":"no such resource","code":"not-found","errors":[]})"};
+    return Response{
+        404,
+        {{"content-type", "application/problem+json"}},
+        R"({"type":"urn:gpunode:problem:not-found","title":"Not Found","status":404,"detail":"no such resource","code":"not-found","errors":[]})"};
   }
 
  private:
   FakeAgent& a_;
 };
 
-Response ok(std::string body, unsigned status = 200) { return Response{status, {{"content-type", "application/json"}}, std::move(body)}; }
+Response ok(std::string body, unsigned status = 200) {
+  return Response{status, {{"content-type", "application/json"}}, std::move(body)};
+}
 
 struct Fixture {
   FakeAgent agent;
@@ -97,10 +100,13 @@ TEST_CASE("the socket: --socket, else admin.socket of agent.yaml, else the defau
   f.config = "admin: [oops]\n";
   auto r = f.run({"workloads"});
   CHECK(r.exit_code == 3);
-  CHECK(r.err == "gpunodectl: cannot read admin.socket: /etc/gpunode/agent.yaml:1:8: admin must be a mapping, not a list; pass --socket PATH\n");
+  CHECK(r.err ==
+        "gpunodectl: cannot read admin.socket: /etc/gpunode/agent.yaml:1:8: admin must be a mapping, not a "
+        "list; pass --socket PATH\n");
 }
 
-TEST_CASE("a problem: exit 1, `gpunodectl: CODE: detail` and one line per field error; --json prints its body") {
+TEST_CASE(
+    "a problem: exit 1, `gpunodectl: CODE: detail` and one line per field error; --json prints its body") {
   Fixture f;
   const std::string problem =
       R"({"type":"urn:gpunode:problem:invalid-request","title":"Bad Request","status":400,"detail":"the body is not a valid reservation",)"
@@ -109,12 +115,16 @@ TEST_CASE("a problem: exit 1, `gpunodectl: CODE: detail` and one line per field 
   auto r = f.run({"reserve", "--units", "u-1", "--audience", "org-a", "--ends", "+30d"});
   CHECK(r.exit_code == 1);
   CHECK(r.out.empty());
-  CHECK(r.err == "gpunodectl: invalid-request: the body is not a valid reservation\n  endsAt: must be after startsAt\n  note: too long\n");
+  CHECK(r.err ==
+        "gpunodectl: invalid-request: the body is not a valid reservation\n  endsAt: must be after "
+        "startsAt\n  note: too long\n");
   auto j = f.run({"--json", "reserve", "--units", "u-1", "--audience", "org-a", "--ends", "+30d"});
   CHECK(j.exit_code == 1);
   CHECK(j.out == problem + "\n");
-  CHECK(json::parse(f.agent.seen.back().body) ==
-        json::parse(R"({"unitIds":["u-1"],"audienceOrgIds":["org-a"],"managingOrgIds":[],"endsAt":"2027-02-04T10:00:00Z"})"));
+  CHECK(
+      json::parse(f.agent.seen.back().body) ==
+      json::parse(
+          R"({"unitIds":["u-1"],"audienceOrgIds":["org-a"],"managingOrgIds":[],"endsAt":"2027-02-04T10:00:00Z"})"));
 
   auto missing = f.run({"reservation", "rsv_nope"});
   CHECK(missing.exit_code == 1);
@@ -124,21 +134,30 @@ TEST_CASE("a problem: exit 1, `gpunodectl: CODE: detail` and one line per field 
 TEST_CASE("problems name what blocks: overlapping reservations, units' reasons, occupying VMs") {
   Fixture f;
   f.agent.answers["POST /v1/nodes/node-1/reservations"] = Response{
-      409, {}, R"({"type":"urn:gpunode:problem:reservation-overlap","title":"Conflict","status":409,"detail":"held by rsv_2","code":"reservation-overlap","errors":[],"blockingReservationIds":["rsv_2"]})"};
+      409,
+      {},
+      R"({"type":"urn:gpunode:problem:reservation-overlap","title":"Conflict","status":409,"detail":"held by rsv_2","code":"reservation-overlap","errors":[],"blockingReservationIds":["rsv_2"]})"};
   CHECK(f.run({"reserve", "--units", "u-1", "--audience", "a", "--ends", "+1d"}).err ==
         "gpunodectl: reservation-overlap: held by rsv_2\n  blocked by reservation rsv_2\n");
   f.agent.answers["POST /v1/nodes/node-1/reservations"] = Response{
-      409, {}, R"({"code":"unit-occupied","detail":"workloads run","errors":[],"workloads":[{"vmId":null,"domainUuid":"d","name":"legacy"},{"vmId":"vm-1","domainUuid":"e","name":"od"}]})"};
+      409,
+      {},
+      R"({"code":"unit-occupied","detail":"workloads run","errors":[],"workloads":[{"vmId":null,"domainUuid":"d","name":"legacy"},{"vmId":"vm-1","domainUuid":"e","name":"od"}]})"};
   CHECK(f.run({"reserve", "--units", "u-1", "--audience", "a", "--ends", "+1d"}).err ==
-        "gpunodectl: unit-occupied: workloads run\n  occupied by VM legacy (unlabelled)\n  occupied by VM od (vm-1)\n");
+        "gpunodectl: unit-occupied: workloads run\n  occupied by VM legacy (unlabelled)\n  occupied by VM od "
+        "(vm-1)\n");
   f.agent.answers["POST /v1/nodes/node-1/reservations"] = Response{
-      409, {}, R"({"code":"unit-not-reservable","detail":"some units cannot be reserved","errors":[],"units":[{"unitId":"u-1","reasons":[{"code":"mixed-drivers","message":"m"},{"code":"class-not-reservable","message":"c"}]}]})"};
+      409,
+      {},
+      R"({"code":"unit-not-reservable","detail":"some units cannot be reserved","errors":[],"units":[{"unitId":"u-1","reasons":[{"code":"mixed-drivers","message":"m"},{"code":"class-not-reservable","message":"c"}]}]})"};
   CHECK(f.run({"reserve", "--units", "u-1", "--audience", "a", "--ends", "+1d"}).err ==
-        "gpunodectl: unit-not-reservable: some units cannot be reserved\n  u-1: mixed-drivers, class-not-reservable\n");
+        "gpunodectl: unit-not-reservable: some units cannot be reserved\n  u-1: mixed-drivers, "
+        "class-not-reservable\n");
   f.agent.answers["POST /v1/nodes/node-1/reservations"] = Response{502, {}, "<html>bad gateway</html>"};
   auto r = f.run({"reserve", "--units", "u-1", "--audience", "a", "--ends", "+1d"});
   CHECK(r.exit_code == 1);
-  CHECK(r.err == "gpunodectl: http-502: the agent answered 502 without a problem body: <html>bad gateway</html>\n");
+  CHECK(r.err ==
+        "gpunodectl: http-502: the agent answered 502 without a problem body: <html>bad gateway</html>\n");
 }
 
 TEST_CASE("the socket missing, denied, stale, refusing or silent: exit 3, the path and what to check") {
@@ -161,7 +180,8 @@ TEST_CASE("the socket missing, denied, stale, refusing or silent: exit 3, the pa
   r = with(TransportError::Kind::refused_peer);
   CHECK(r.exit_code == 3);
   CHECK(r.err.find("refused this caller") != std::string::npos);
-  CHECK(r.err.find("uid 1000 is not in admin.allowed_uids and not in admin.allowed_group") != std::string::npos);
+  CHECK(r.err.find("uid 1000 is not in admin.allowed_uids and not in admin.allowed_group") !=
+        std::string::npos);
   r = with(TransportError::Kind::not_listening);
   CHECK(r.err.find("nothing listens on the admin socket /run/gpunode/admin.sock") != std::string::npos);
   r = with(TransportError::Kind::timeout);
@@ -211,7 +231,8 @@ TEST_CASE("commands send their route") {
   f.run({"amend", "rsv_1", "--managers", ""});
   CHECK(f.agent.seen.back().body == R"({"managingOrgIds":[]})");
   f.run({"amend", "rsv_1", "--managers", "org-m,org-n", "--units", "u-1"});
-  CHECK(json::parse(f.agent.seen.back().body) == json::parse(R"({"unitIds":["u-1"],"managingOrgIds":["org-m","org-n"]})"));
+  CHECK(json::parse(f.agent.seen.back().body) ==
+        json::parse(R"({"unitIds":["u-1"],"managingOrgIds":["org-m","org-n"]})"));
   f.run({"end", "rsv_1", "--reason", "done"});
   CHECK(last() == "POST /v1/nodes/node-1/reservations/rsv_1/end");
   f.run({"release", "rsv_1", "--units", "u-1,u-2"});
@@ -251,8 +272,8 @@ TEST_CASE("answers for people") {
   f.agent.answers["POST /v1/admin/rescan"] = ok(R"({"revision":12})");
   CHECK(f.run({"rescan"}).out == "rescanned: revision 12\n");
   CHECK(f.run({"--json", "rescan"}).out == "{\"revision\":12}\n");
-  f.agent.answers["POST /v1/nodes/node-1/terminate-spot"] =
-      ok(R"({"terminated":[{"vmId":"vm-1","domainUuid":"d","name":"spot-1","unitIds":["u-1"]}],"leftRunning":[{"vmId":null,"domainUuid":"e","name":"legacy","unitIds":["u-1"],"tier":null,"reason":"not-spot"}]})");
+  f.agent.answers["POST /v1/nodes/node-1/terminate-spot"] = ok(
+      R"({"terminated":[{"vmId":"vm-1","domainUuid":"d","name":"spot-1","unitIds":["u-1"]}],"leftRunning":[{"vmId":null,"domainUuid":"e","name":"legacy","unitIds":["u-1"],"tier":null,"reason":"not-spot"}]})");
   CHECK(f.run({"terminate-spot"}).out ==
         "VM      VMID  UNITS  OUTCOME\n"
         "spot-1  vm-1  u-1    terminated\n"
@@ -264,11 +285,14 @@ TEST_CASE("an answer that is not JSON, or not the contract's shape, is exit 1 an
   f.agent.answers["GET /v1/nodes/node-1/workloads"] = ok(R"({"nodeId":"node-1","workloads":[{"name":7}]})");
   auto r = f.run({"workloads"});
   CHECK(r.exit_code == 1);
-  CHECK(r.err == "gpunodectl: bad-answer: the agent's workload list is not what the contract says: workloads[0].name: not a string\n");
+  CHECK(r.err ==
+        "gpunodectl: bad-answer: the agent's workload list is not what the contract says: workloads[0].name: "
+        "not a string\n");
   f.agent.answers["GET /v1/nodes/node-1/workloads"] = ok(R"({"nodeId":"node-1","workloads":[}")");
   r = f.run({"workloads"});
   CHECK(r.exit_code == 1);
-  CHECK(r.err.starts_with("gpunodectl: bad-answer: GET /v1/nodes/node-1/workloads: the body is not JSON: line 1"));
+  CHECK(r.err.starts_with(
+      "gpunodectl: bad-answer: GET /v1/nodes/node-1/workloads: the body is not JSON: line 1"));
   f.agent.answers["GET /healthz"] = ok(R"({"status":"ok"})");
   r = f.run({"workloads"});
   CHECK(r.exit_code == 1);
@@ -280,7 +304,10 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
   f.agent.answers["GET /v1/nodes/node-1/state"] = ok(
       R"({"nodeId":"node-1","revision":9,"units":[{"id":"u-1","class":"vfio-group","gpuCount":2,"reservable":true},{"id":"u-2","class":"none","gpuCount":1,"reservable":false}],)"
       R"("reservations":[{"id":"rsv_1","state":"active"},{"id":"rsv_2","state":"ended"}],"workloads":[{"name":"a","state":"running"},{"name":"b","state":"shutoff"}]})");
-  f.agent.answers["GET /v1/nodes/node-1/workloads"] = Response{503, {}, R"({"code":"hypervisor-unavailable","detail":"the hypervisor cannot be reached: down","errors":[]})"};
+  f.agent.answers["GET /v1/nodes/node-1/workloads"] = Response{
+      503,
+      {},
+      R"({"code":"hypervisor-unavailable","detail":"the hypervisor cannot be reached: down","errors":[]})"};
   auto r = f.run({"status"});
   CHECK(r.exit_code == 0);
   CHECK(r.out ==
@@ -293,7 +320,8 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
         "outbox:       unknown (the agent serves no outbox metric)\n"
         "libvirt:      disconnected: the hypervisor cannot be reached: down\n"
         "unentitled:   unknown (the agent does not say)\n");
-  f.agent.answers["GET /metrics"] = Response{200, {}, "# TYPE gpunode_outbox_events gauge\ngpunode_outbox_events 4\ngpunode_libvirt_connected 1\n"};
+  f.agent.answers["GET /metrics"] = Response{
+      200, {}, "# TYPE gpunode_outbox_events gauge\ngpunode_outbox_events 4\ngpunode_libvirt_connected 1\n"};
   auto j = f.run({"--json", "status"});
   CHECK(json::parse(j.out) == json::parse(R"({"nodeId":"node-1","version":"0.1.0","revision":9,
       "units":{"total":2,"gpus":3,"reservable":1,"byClass":{"vfio-group":1,"none":1}},
@@ -303,10 +331,12 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
   f.agent.answers["GET /v1/nodes/node-1/state"] = ok(
       R"({"nodeId":"node-1","revision":9,"units":[],"reservations":[],"workloads":[{"name":"a","domainUuid":"da","state":"running"},)"
       R"({"name":"b\u001b[2J","domainUuid":"db","state":"running"}]})");
-  f.agent.answers["GET /v1/admin/unentitled"] = ok(R"({"workloads":[{"name":"b","domainUuid":"db","vmId":null,"org":null,"tier":"on-demand",)"
-                                                   R"("unitIds":["u-1"],"reasons":[{"code":"unit-reserved","message":"m","unitId":"u-1"}]}]})");
+  f.agent.answers["GET /v1/admin/unentitled"] =
+      ok(R"({"workloads":[{"name":"b","domainUuid":"db","vmId":null,"org":null,"tier":"on-demand",)"
+         R"("unitIds":["u-1"],"reasons":[{"code":"unit-reserved","message":"m","unitId":"u-1"}]}]})");
   r = f.run({"status"});
-  CHECK(r.out.ends_with("unentitled:   1 VM on units it is not entitled to: b\\x1b[2J (u-1: unit-reserved)\n"));
+  CHECK(
+      r.out.ends_with("unentitled:   1 VM on units it is not entitled to: b\\x1b[2J (u-1: unit-reserved)\n"));
   j = f.run({"--json", "status"});
   CHECK(json::parse(j.out).at("unentitledWorkloads") == 1);
   f.agent.answers["GET /v1/admin/unentitled"] = ok(R"({"workloads":[]})");

@@ -1,8 +1,9 @@
 // The admin-socket client against small servers on a real Unix socket: an answer, a peer refused
 // (closed without an answer), a stale socket file, no socket, silence past the deadline, and an
 // answer that is not HTTP.
-#include <doctest/doctest.h>
+#include "gpunode/ctl/client.hpp"
 
+#include <doctest/doctest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,8 +15,6 @@
 #include <functional>
 #include <string>
 #include <thread>
-
-#include "gpunode/ctl/client.hpp"
 
 using namespace gpunode::ctl;
 using namespace std::chrono_literals;
@@ -94,7 +93,9 @@ TEST_CASE("an answer: status, lower-cased headers, body") {
   const std::string path = d.path + "/a.sock";
   OneShotServer s(path, [](int c) {
     read_request(c);
-    write_all(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r1\r\nContent-Length: 11\r\n\r\n{\"ok\":true}");
+    write_all(c,
+              "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r1\r\nContent-Length: "
+              "11\r\n\r\n{\"ok\":true}");
   });
   auto r = UnixClient(path, "test").call(quick("/healthz"));
   REQUIRE(r);

@@ -1,13 +1,12 @@
 // Lists followed to the end, and a misbehaving server stopped.
-#include <doctest/doctest.h>
+#include "gpunode/ctl/paging.hpp"
 
-#include <map>
+#include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
-#include <fmt/format.h>
-
-#include "gpunode/ctl/paging.hpp"
+#include <map>
 
 using namespace gpunode::ctl;
 namespace json = boost::json;
@@ -61,7 +60,8 @@ TEST_CASE("many pages: every entry, nextPageToken null, pages of 500") {
   CHECK(f.asked[2].first == "aud_1000");
 }
 
-TEST_CASE("at most N entries: the last page asks for what is left, nextPageToken says where the rest starts") {
+TEST_CASE(
+    "at most N entries: the last page asks for what is left, nextPageToken says where the rest starts") {
   FakeList f{1234};
   auto c = collect_pages("records", 700, std::ref(f));
   REQUIRE(c);
@@ -93,22 +93,38 @@ TEST_CASE("a misbehaving server is stopped, saying what it did") {
   CHECK(r.error().message == "gpunodectl: bad-answer: page 2 of the list: nextPageToken \"same\" repeats\n");
   CHECK(calls == 2);
 
-  auto empty_more = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> { return page(json::array{}, "t"); };
-  CHECK(collect_pages("records", std::nullopt, empty_more).error().message.find("an empty page promises more") != std::string::npos);
+  auto empty_more = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> {
+    return page(json::array{}, "t");
+  };
+  CHECK(collect_pages("records", std::nullopt, empty_more)
+            .error()
+            .message.find("an empty page promises more") != std::string::npos);
 
   int n = 0;
-  auto endless = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> { return page(json::array{1}, json::value(fmt::format("t{}", ++n))); };
+  auto endless = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> {
+    return page(json::array{1}, json::value(fmt::format("t{}", ++n)));
+  };
   auto e = collect_pages("records", std::nullopt, endless, 50);
   REQUIRE(!e);
   CHECK(e.error().message.find("still more after 50 pages") != std::string::npos);
   CHECK(n == 50);
 
-  auto wrong = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> { return Page{json::object{{"items", 1}}, "{}"}; };
-  CHECK(collect_pages("records", std::nullopt, wrong).error().message == "gpunodectl: bad-answer: page 1 of the list: no \"records\" array\n");
-  auto bad_token = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> { return page(json::array{1}, 7); };
-  CHECK(collect_pages("records", std::nullopt, bad_token).error().message.find("nextPageToken is not a non-empty string") != std::string::npos);
-  auto too_many = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> { return page(json::array{1, 2, 3}, nullptr); };
-  CHECK(collect_pages("records", 2, too_many).error().message.find("3 entries for a limit of 2") != std::string::npos);
+  auto wrong = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> {
+    return Page{json::object{{"items", 1}}, "{}"};
+  };
+  CHECK(collect_pages("records", std::nullopt, wrong).error().message ==
+        "gpunodectl: bad-answer: page 1 of the list: no \"records\" array\n");
+  auto bad_token = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> {
+    return page(json::array{1}, 7);
+  };
+  CHECK(collect_pages("records", std::nullopt, bad_token)
+            .error()
+            .message.find("nextPageToken is not a non-empty string") != std::string::npos);
+  auto too_many = [&](const std::optional<std::string>&, std::size_t) -> std::expected<Page, Failure> {
+    return page(json::array{1, 2, 3}, nullptr);
+  };
+  CHECK(collect_pages("records", 2, too_many).error().message.find("3 entries for a limit of 2") !=
+        std::string::npos);
 }
 
 TEST_CASE("a failure of a page is the list's failure") {

@@ -1,15 +1,14 @@
 // The pictures and tables from fixed JSON (data/state.json: GET .../state of the demo host, with
 // reservations made by gpunodectl; see data/README.md), compared with the expected text, with and
 // without colour. GPUNODE_CTL_UPDATE=1 rewrites the expected files (then read the diff).
+#include "gpunode/ctl/render.hpp"
+
 #include <doctest/doctest.h>
 
+#include <boost/json/parse.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include <boost/json/parse.hpp>
-
-#include "gpunode/ctl/render.hpp"
 
 using namespace gpunode::ctl;
 namespace json = boost::json;
@@ -17,7 +16,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string data(const std::string& name) { return std::string(GPUNODE_CTL_TEST_DATA) + "/" + name; }
+std::string data(const std::string& name) {
+  return std::string(GPUNODE_CTL_TEST_DATA) + "/" + name;
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -74,7 +75,8 @@ TEST_CASE("timeline: a bar per reservation over the coming weeks") {
       std::istringstream lines(render_timeline(s, kNow, weeks, width, Style{false}));
       std::string line;
       while (std::getline(lines, line)) {
-        if (line.find("(▼ now)") != std::string::npos) CHECK_MESSAGE(display_width(line) <= width, weeks << " weeks: " << line);
+        if (line.find("(▼ now)") != std::string::npos)
+          CHECK_MESSAGE(display_width(line) <= width, weeks << " weeks: " << line);
       }
     }
   }

@@ -1,9 +1,10 @@
 // gpunodectl's pure parts: times (+30d), id lists, percent-encoding, the request of each command.
+#include "gpunode/ctl/request.hpp"
+
 #include <doctest/doctest.h>
 
 #include <boost/json/parse.hpp>
 
-#include "gpunode/ctl/request.hpp"
 #include "gpunode/ctl/socket_path.hpp"
 
 using namespace gpunode::ctl;
@@ -13,7 +14,9 @@ namespace json = boost::json;
 namespace {
 const Time kNow = std::chrono::sys_days{std::chrono::year{2027} / 1 / 5} + 10h + 30min;
 
-json::value body_of(const Request& r) { return json::parse(r.body); }
+json::value body_of(const Request& r) {
+  return json::parse(r.body);
+}
 }  // namespace
 
 TEST_CASE("times: + a duration from now, or RFC 3339") {
@@ -67,8 +70,10 @@ TEST_CASE("requests: reads") {
   CHECK(units_request("node-1").method == "GET");
   CHECK(reservation_request("n", "rsv_1/../x").target == "/v1/nodes/n/reservations/rsv_1%2F..%2Fx");
   CHECK(capacity_request("n", "org a").target == "/v1/nodes/n/capacity?org=org%20a");
-  CHECK(reservations_page("n", std::nullopt, 500, std::nullopt).target == "/v1/nodes/n/reservations?limit=500");
-  CHECK(reservations_page("n", "active", 500, "rsv_x").target == "/v1/nodes/n/reservations?limit=500&state=active&pageToken=rsv_x");
+  CHECK(reservations_page("n", std::nullopt, 500, std::nullopt).target ==
+        "/v1/nodes/n/reservations?limit=500");
+  CHECK(reservations_page("n", "active", 500, "rsv_x").target ==
+        "/v1/nodes/n/reservations?limit=500&state=active&pageToken=rsv_x");
   CHECK(audit_page("n", "aud_3", 2, std::nullopt).target == "/v1/nodes/n/audit?limit=2&after=aud_3");
   CHECK(audit_page("n", std::nullopt, 500, "aud_9").target == "/v1/nodes/n/audit?limit=500&pageToken=aud_9");
   CHECK(rescan_request().method == "POST");
@@ -82,12 +87,17 @@ TEST_CASE("requests: reserve") {
   CHECK(r.method == "POST");
   CHECK(r.target == "/v1/nodes/n/reservations");
   CHECK(r.content_type == "application/json");
-  CHECK(body_of(r) == json::parse(R"({"unitIds":["u-1","u-2"],"audienceOrgIds":["org-a"],"managingOrgIds":[],"endsAt":"2027-02-04T10:30:00Z"})"));
+  CHECK(
+      body_of(r) ==
+      json::parse(
+          R"({"unitIds":["u-1","u-2"],"audienceOrgIds":["org-a"],"managingOrgIds":[],"endsAt":"2027-02-04T10:30:00Z"})"));
   a.starts = kNow + 1h;
   a.note = "for \"training\"";
   a.managers = {"org-m"};
-  CHECK(body_of(reserve_request("n", a)) ==
-        json::parse(R"({"unitIds":["u-1","u-2"],"audienceOrgIds":["org-a"],"managingOrgIds":["org-m"],"endsAt":"2027-02-04T10:30:00Z",
+  CHECK(
+      body_of(reserve_request("n", a)) ==
+      json::parse(
+          R"({"unitIds":["u-1","u-2"],"audienceOrgIds":["org-a"],"managingOrgIds":["org-m"],"endsAt":"2027-02-04T10:30:00Z",
                         "startsAt":"2027-01-05T11:30:00Z","note":"for \"training\""})"));
 }
 
@@ -126,18 +136,23 @@ TEST_CASE("requests: end, release, reclaim, terminate-spot") {
   t.reason = "maintenance";
   auto r = terminate_spot_request("n", t);
   CHECK(r.target == "/v1/nodes/n/terminate-spot");
-  CHECK(body_of(r) == json::parse(R"({"unitIds":["u-1"],"reservationId":"rsv_1","gracePeriodSeconds":10,"reason":"maintenance"})"));
+  CHECK(body_of(r) ==
+        json::parse(
+            R"({"unitIds":["u-1"],"reservationId":"rsv_1","gracePeriodSeconds":10,"reason":"maintenance"})"));
   CHECK(r.timeout == 70s);
 }
 
 TEST_CASE("admin.socket of agent.yaml, read by the agent's own loader") {
   auto sock = [](std::string_view text) { return admin_socket_from_yaml(text, "agent.yaml"); };
-  CHECK(sock("node:\n  id: n\nadmin:\n  socket: /run/x.sock\n  allowed_uids: [0]\n").value() == "/run/x.sock");
-  CHECK(sock("admin:\n  allowed_uids: [0]\n  socket: \"/run/a b.sock\"  # quoted\n").value() == "/run/a b.sock");
+  CHECK(sock("node:\n  id: n\nadmin:\n  socket: /run/x.sock\n  allowed_uids: [0]\n").value() ==
+        "/run/x.sock");
+  CHECK(sock("admin:\n  allowed_uids: [0]\n  socket: \"/run/a b.sock\"  # quoted\n").value() ==
+        "/run/a b.sock");
   CHECK(sock("admin:\n    socket: '/run/it''s.sock'\n").value() == "/run/it's.sock");
   CHECK(sock("admin: {socket: /run/f.sock, allowed_uids: [0, 1]}\n").value() == "/run/f.sock");
   CHECK(sock("admin: {allowed_uids: [0, 1], socket: \"/run/g,h.sock\"}\n").value() == "/run/g,h.sock");
-  CHECK(sock("# comment\n---\nstate:\n  dir: /x\nadmin:   \n  # socket: /no\n  socket: /yes # trailing\n").value() == "/yes");
+  CHECK(sock("# comment\n---\nstate:\n  dir: /x\nadmin:   \n  # socket: /no\n  socket: /yes # trailing\n")
+            .value() == "/yes");
   CHECK(sock("admin:\n  allowed_uids: [0]\n").value() == std::nullopt);
   CHECK(sock("admin:\n  socket: /run/gpunode/admin.sock\n").value() == std::nullopt);  // the default
   CHECK(sock("").value() == std::nullopt);
@@ -150,7 +165,8 @@ TEST_CASE("admin.socket of agent.yaml, read by the agent's own loader") {
 TEST_CASE("which socket: --socket, else the config's admin.socket, else the default") {
   CHECK(choose_socket("/tmp/s", kDefaultConfig, "admin:\n  socket: /cfg\n")->path == "/tmp/s");
   CHECK(choose_socket(std::nullopt, kDefaultConfig, "admin:\n  socket: /cfg\n")->path == "/cfg");
-  CHECK(choose_socket(std::nullopt, kDefaultConfig, "admin:\n  socket: /cfg\n")->source == "admin.socket of /etc/gpunode/agent.yaml");
+  CHECK(choose_socket(std::nullopt, kDefaultConfig, "admin:\n  socket: /cfg\n")->source ==
+        "admin.socket of /etc/gpunode/agent.yaml");
   CHECK(choose_socket(std::nullopt, kDefaultConfig, "node:\n  id: x\n")->path == "/run/gpunode/admin.sock");
   CHECK(choose_socket(std::nullopt, kDefaultConfig, std::nullopt)->path == "/run/gpunode/admin.sock");
   const auto bad = choose_socket(std::nullopt, kDefaultConfig, "admin: /x\n");

@@ -3,7 +3,6 @@
 // while changes land), terms by the clock, SIGHUP, SIGTERM with parked polls and running
 // terminations, the admin socket's mode and group.
 #include <doctest/doctest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +17,7 @@ TEST_CASE("daemon: serves requests in process and on the admin socket, made 0660
   CHECK(health.status == 200);
   CHECK(n.call("GET", Node::path("/units"), n.admin()).status == 200);
   const auto sock = n.dir_ / "run/admin.sock";
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(sock.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0660);
   REQUIRE(::stat(sock.parent_path().c_str(), &st) == 0);
@@ -34,7 +33,7 @@ TEST_CASE("daemon: the admin socket's group is admin.allowed_group when it exist
   REQUIRE(g != nullptr);
   Node n(fmt::format("\n  allowed_group: {}", g->gr_name));
   n.start();
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat((n.dir_ / "run/admin.sock").c_str(), &st) == 0);
   CHECK(st.st_gid == ::getgid());
   CHECK((st.st_mode & 0777) == 0660);
@@ -71,7 +70,8 @@ TEST_CASE("daemon: a long poll is answered 304 at its own deadline, and at once 
   n.start();
   const auto rev = n.revision();
   auto t0 = steady_clock::now();
-  auto poll = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=1500ms", rev)), n.admin()));
+  auto poll =
+      n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=1500ms", rev)), n.admin()));
   REQUIRE(poll.wait_for(5s) == std::future_status::ready);
   const auto took = steady_clock::now() - t0;
   auto r = poll.get();
@@ -80,7 +80,8 @@ TEST_CASE("daemon: a long poll is answered 304 at its own deadline, and at once 
   CHECK(took < 3s);
 
   t0 = steady_clock::now();
-  auto woken = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=60s", rev)), n.admin()));
+  auto woken =
+      n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=60s", rev)), n.admin()));
   std::this_thread::sleep_for(200ms);
   CHECK(woken.wait_for(0s) == std::future_status::timeout);
   n.create(U1);
@@ -105,7 +106,8 @@ TEST_CASE("daemon: many parked polls whose waits end while changes land are each
     // for the next one (a change answers them); their deadlines spread over the changes.
     const auto after = i % 2 == 0 ? rev + 1000000 : rev;
     const int wait_ms = 20 + static_cast<int>(rng() % 600);
-    auto q = Node::request("GET", Node::path(fmt::format("/state?after={}&wait={}ms", after, wait_ms)), n.admin());
+    auto q =
+        Node::request("GET", Node::path(fmt::format("/state?after={}&wait={}ms", after, wait_ms)), n.admin());
     n.daemon_->submit(std::move(q), [&, i](ApiResponse r) {
       std::lock_guard lock{mu};
       answers[i] += 1;
@@ -128,14 +130,17 @@ TEST_CASE("daemon: many parked polls whose waits end while changes land are each
   for (const auto& [i, count] : answers) {
     CAPTURE(i);
     CHECK(count == 1);
-    if (i % 2 == 0) CHECK(statuses[i] == 304U);  // its revision never comes: answered at its wait
-    else CHECK((statuses[i] == 200U || statuses[i] == 304U));  // a change, or its wait ended first
+    if (i % 2 == 0)
+      CHECK(statuses[i] == 304U);  // its revision never comes: answered at its wait
+    else
+      CHECK((statuses[i] == 200U || statuses[i] == 304U));  // a change, or its wait ended first
     woken += statuses[i] == 200U ? 1 : 0;
   }
   CHECK(woken > kPolls / 4);  // most of those waiting for the next revision saw it
 }
 
-TEST_CASE("daemon: terms start and end at their instants by the wall-clock timer, with no request to prompt them") {
+TEST_CASE(
+    "daemon: terms start and end at their instants by the wall-clock timer, with no request to prompt them") {
   Node n;
   n.start();
   // Whole seconds, two and three from now: the audit's times are whole seconds too.
@@ -143,14 +148,21 @@ TEST_CASE("daemon: terms start and end at their instants by the wall-clock timer
   const auto starts = now + 2s;
   const auto ends = now + 3s;
   const auto id = n.create(U1, iso(starts), iso(ends));
-  CHECK(std::string(Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) == "scheduled");
+  CHECK(
+      std::string(
+          Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) ==
+      "scheduled");
   // No request until both have passed: a request applies the terms due too, so only the timer can
   // have recorded them at their instants.
   std::this_thread::sleep_until(ends + 2500ms);
-  CHECK(std::string(Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) == "ended");
+  CHECK(
+      std::string(
+          Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) ==
+      "ended");
   auto audit = Node::body(n.call("GET", Node::path("/audit"), n.admin())).at("records").as_array();
   std::map<std::string, std::vector<std::string>> at;
-  for (const auto& r : audit) at[std::string(r.at("action").as_string())].emplace_back(r.at("at").as_string());
+  for (const auto& r : audit)
+    at[std::string(r.at("action").as_string())].emplace_back(r.at("at").as_string());
   REQUIRE(at["reservation.activate"].size() == 1);
   REQUIRE(at["reservation.expire"].size() == 1);
   // Within the second of each instant (CONTRACT §7), not at the request that came 2.5 s later.
@@ -158,7 +170,9 @@ TEST_CASE("daemon: terms start and end at their instants by the wall-clock timer
   CHECK(at["reservation.expire"][0] == iso(ends));
 }
 
-TEST_CASE("daemon: a create checks occupancy against the list libvirt's events keep current, and lists again after an event") {
+TEST_CASE(
+    "daemon: a create checks occupancy against the list libvirt's events keep current, and lists again after "
+    "an event") {
   Node n;
   n.hv_->events = true;
   n.start();
@@ -178,7 +192,8 @@ TEST_CASE("daemon: a create checks occupancy against the list libvirt's events k
     n.hv_->domains.push_back(vm);
   }
   n.hv_->emit();
-  json::object b{{"unitIds", json::array{U1}}, {"audienceOrgIds", json::array{"org-a"}},
+  json::object b{{"unitIds", json::array{U1}},
+                 {"audienceOrgIds", json::array{"org-a"}},
                  {"endsAt", iso(std::chrono::system_clock::now() + 1h)}};
   auto blocked = n.call("POST", Node::path("/reservations"), n.admin(), json::serialize(b));
   CHECK_MESSAGE(blocked.status == 409, blocked.body);
@@ -188,7 +203,9 @@ TEST_CASE("daemon: a create checks occupancy against the list libvirt's events k
 TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, not at the next rescan") {
   Node n;
   n.start();
-  auto units = [&] { return Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array().size(); };
+  auto units = [&] {
+    return Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array().size();
+  };
   REQUIRE(units() == 2);
   n.tree_.add("0000:43:00.0", "10de", "2330", "030200", "vfio-pci", 3);
   const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT);
@@ -197,8 +214,10 @@ TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, no
   to.nl_family = AF_NETLINK;
   to.nl_groups = 1;
   std::string m;
-  for (const char* field : {"add@/devices/pci0000:00/0000:43:00.0", "ACTION=add", "SUBSYSTEM=pci"}) (m += field) += '\0';
-  const bool sent = ::sendto(fd, m.data(), m.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) == static_cast<ssize_t>(m.size());
+  for (const char* field : {"add@/devices/pci0000:00/0000:43:00.0", "ACTION=add", "SUBSYSTEM=pci"})
+    (m += field) += '\0';
+  const bool sent = ::sendto(fd, m.data(), m.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
+                    static_cast<ssize_t>(m.size());
   ::close(fd);
   if (!sent) {
     MESSAGE("cannot send on the uevent group (not root): skipped");
@@ -210,11 +229,15 @@ TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, no
   CHECK(units() == 3);
 }
 
-TEST_CASE("daemon: SIGHUP applies what it can, names the keys that need a restart, keeps the config when the file is invalid") {
+TEST_CASE(
+    "daemon: SIGHUP applies what it can, names the keys that need a restart, keeps the config when the file "
+    "is invalid") {
   Node n;
   n.start();
-  CHECK(Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array()[0].at("sellable") == true);
-  n.write_config("", "127.0.0.1:1", fmt::format("[{}]", U1));  // api.listen needs a restart; unsellable applies
+  CHECK(Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array()[0].at("sellable") ==
+        true);
+  n.write_config("", "127.0.0.1:1",
+                 fmt::format("[{}]", U1));  // api.listen needs a restart; unsellable applies
   CHECK(n.daemon_->reload_now());
   auto units = Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array();
   CHECK(units[0].at("id") == U1);
@@ -231,8 +254,10 @@ TEST_CASE("daemon: SIGTERM answers parked polls and running terminations, then s
   n.hv_->ignore_shutdown.insert("uuid-s1");  // a guest that ignores ACPI: the grace runs out
   n.start();
   const auto rev = n.revision();
-  auto poll = n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=120s", rev + 1000)), n.admin()));
-  auto term = n.submit(Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
+  auto poll = n.submit(
+      Node::request("GET", Node::path(fmt::format("/state?after={}&wait=120s", rev + 1000)), n.admin()));
+  auto term = n.submit(
+      Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
   std::this_thread::sleep_for(300ms);  // the termination is waiting out its grace
   CHECK(term.wait_for(0s) == std::future_status::timeout);
   const auto t0 = steady_clock::now();
@@ -263,7 +288,8 @@ TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grac
   n.start();
   // 60 s of grace: twice the generic timeout the daemon used to cut requests off at (30 s).
   const auto t0 = steady_clock::now();
-  auto term = n.submit(Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
+  auto term = n.submit(
+      Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
   REQUIRE(term.wait_for(75s) == std::future_status::ready);
   const auto took = steady_clock::now() - t0;
   auto r = term.get();
@@ -274,7 +300,9 @@ TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grac
   CHECK(terminated[0].at("vmId") == "vm-s1");
 }
 
-TEST_CASE("daemon: /metrics on the admin socket while requests run: values follow the changes, each answer counted once") {
+TEST_CASE(
+    "daemon: /metrics on the admin socket while requests run: values follow the changes, each answer counted "
+    "once") {
   Node n;
   n.start();
   const auto sock = n.dir_ / "run/admin.sock";
@@ -292,10 +320,12 @@ TEST_CASE("daemon: /metrics on the admin socket while requests run: values follo
   constexpr int kCreates = 5, kGets = 20, kScrapes = 10;
   std::thread creates([&] {
     const auto t0 = std::chrono::system_clock::now() + 48h;
-    for (int i = 0; i < kCreates; ++i) n.create(U2, iso(t0 + std::chrono::hours(2 * i)), iso(t0 + std::chrono::hours(2 * i + 1)));
+    for (int i = 0; i < kCreates; ++i)
+      n.create(U2, iso(t0 + std::chrono::hours(2 * i)), iso(t0 + std::chrono::hours(2 * i + 1)));
   });
   std::thread gets([&] {
-    for (int i = 0; i < kGets; ++i) CHECK(over_admin_socket(sock, Node::path("/units")).starts_with("HTTP/1.1 200"));
+    for (int i = 0; i < kGets; ++i)
+      CHECK(over_admin_socket(sock, Node::path("/units")).starts_with("HTTP/1.1 200"));
   });
   for (int i = 0; i < kScrapes; ++i) CHECK(over_admin_socket(sock, "/metrics").starts_with("HTTP/1.1 200"));
   creates.join();
@@ -303,9 +333,16 @@ TEST_CASE("daemon: /metrics on the admin socket while requests run: values follo
   const auto last = over_admin_socket(sock, "/metrics");
   CHECK(metric(last, R"(gpunode_reservations{state="scheduled"})") == double(kCreates));
   CHECK(metric(last, "gpunode_state_revision") == double(n.revision()));
-  CHECK(metric(last, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="200"})") == double(kGets));
-  CHECK(metric(last, R"(gpunode_http_requests_total{route="/metrics",method="GET",code="200"})") == double(kScrapes + 1));
-  CHECK(metric(last, R"(gpunode_http_request_duration_seconds_count{route="/v1/nodes/{nodeId}/units",method="GET"})") == double(kGets));
+  CHECK(metric(last,
+               R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="200"})") ==
+        double(kGets));
+  CHECK(metric(last, R"(gpunode_http_requests_total{route="/metrics",method="GET",code="200"})") ==
+        double(kScrapes + 1));
+  CHECK(
+      metric(
+          last,
+          R"(gpunode_http_request_duration_seconds_count{route="/v1/nodes/{nodeId}/units",method="GET"})") ==
+      double(kGets));
   CHECK(metric(last, R"(gpunode_terminations_total{result="ok"})") == 0.0);
   CHECK(metric(last, "gpunode_outbox_events") > 0.0);  // reporting is off: every event waits
 }

@@ -5,7 +5,6 @@
 // daemon serving, nothing acknowledged lost, and the log line that says what happened (the
 // daemon's log is stderr, captured here).
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,7 +34,8 @@ class CapturedLog {
   ~CapturedLog() {
     std::fflush(stderr);
     // A sanitizer's report written meanwhile goes where it would have gone.
-    if (const auto t = text(); t.find("Sanitizer") != std::string::npos) (void)!::write(saved_, t.data(), t.size());
+    if (const auto t = text(); t.find("Sanitizer") != std::string::npos)
+      (void)!::write(saved_, t.data(), t.size());
     ::dup2(saved_, 2);
     ::close(saved_);
     ::close(fd_);
@@ -79,7 +79,9 @@ void libvirt_back(Node& n) {
   n.hv_->unavailable = false;
 }
 
-std::string str(const json::value& v) { return v.is_string() ? std::string(v.as_string()) : std::string(); }
+std::string str(const json::value& v) {
+  return v.is_string() ? std::string(v.as_string()) : std::string();
+}
 
 std::size_t records(const std::vector<json::object>& a, const std::string& action, const std::string& rid) {
   return static_cast<std::size_t>(std::count_if(a.begin(), a.end(), [&](const json::object& r) {
@@ -89,7 +91,9 @@ std::size_t records(const std::vector<json::object>& a, const std::string& actio
 
 }  // namespace
 
-TEST_CASE("faults: libvirt gone in the middle of a list: 503 hypervisor-unavailable and the reason logged, then served again") {
+TEST_CASE(
+    "faults: libvirt gone in the middle of a list: 503 hypervisor-unavailable and the reason logged, then "
+    "served again") {
   CapturedLog log;
   Node n;
   n.log_at("info");
@@ -124,7 +128,9 @@ TEST_CASE("faults: libvirt gone in the middle of a list: 503 hypervisor-unavaila
   CHECK(back.body.find("vm-s1") != std::string::npos);
 }
 
-TEST_CASE("faults: libvirt gone in the middle of a termination: 503, only the write-ahead record, finished by the agent once libvirt is back") {
+TEST_CASE(
+    "faults: libvirt gone in the middle of a termination: 503, only the write-ahead record, finished by the "
+    "agent once libvirt is back") {
   CapturedLog log;
   Node n;
   n.log_at("info");
@@ -140,7 +146,10 @@ TEST_CASE("faults: libvirt gone in the middle of a termination: 503, only the wr
   auto term = n.call("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":1})");
   CHECK_MESSAGE(term.status == 503, term.body);
   CHECK(term.body.find("hypervisor-unavailable") != std::string::npos);
-  CHECK(log.wait_for("VM=vm-s1 DOMAIN=uuid-s1 termination cut short, left pending for the agent to finish: fake hypervisor unavailable", 2s));
+  CHECK(
+      log.wait_for("VM=vm-s1 DOMAIN=uuid-s1 termination cut short, left pending for the agent to finish: "
+                   "fake hypervisor unavailable",
+                   2s));
   CHECK(n.vm_state("uuid-s1") == "running");  // nothing recorded as terminated that was not
   auto terminations = [&] {
     std::vector<std::string> results;
@@ -162,7 +171,9 @@ TEST_CASE("faults: libvirt gone in the middle of a termination: 503, only the wr
   CHECK(str(last.at("actor").at("sub")) == "gpunode-agent");
 }
 
-TEST_CASE("faults: the wall clock steps back an hour and forward a day: every term fires once, none twice, none missed") {
+TEST_CASE(
+    "faults: the wall clock steps back an hour and forward a day: every term fires once, none twice, none "
+    "missed") {
   CapturedLog log;
   auto offset = std::make_shared<std::atomic<std::int64_t>>(0);  // seconds added to the system clock
   Node n;
@@ -170,10 +181,10 @@ TEST_CASE("faults: the wall clock steps back an hour and forward a day: every te
   n.log_at("info");
   n.start();
   const auto t = std::chrono::time_point_cast<std::chrono::seconds>(n.clock_());
-  const auto r0 = n.create(U1, iso(t + 2s), iso(t + 3s));     // passes before the step back
-  const auto r1 = n.create(U1, iso(t + 6s), iso(t + 7s));     // due in the hour the clock goes back
-  const auto r2 = n.create(U2, iso(t + 2h), iso(t + 3h));     // within the day the clock jumps
-  const auto r3 = n.create(U2, iso(t + 48h), iso(t + 49h));   // after it
+  const auto r0 = n.create(U1, iso(t + 2s), iso(t + 3s));    // passes before the step back
+  const auto r1 = n.create(U1, iso(t + 6s), iso(t + 7s));    // due in the hour the clock goes back
+  const auto r2 = n.create(U2, iso(t + 2h), iso(t + 3h));    // within the day the clock jumps
+  const auto r3 = n.create(U2, iso(t + 48h), iso(t + 49h));  // after it
   auto state = [&](const std::string& id) {
     return str(Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state"));
   };
@@ -188,7 +199,8 @@ TEST_CASE("faults: the wall clock steps back an hour and forward a day: every te
   CHECK(log.count("RESERVATION=" + r0 + " activated") == 1);
   CHECK(log.count("RESERVATION=" + r0 + " expired") == 1);
   CHECK(log.count("RESERVATION=" + r1 + " activated") == 0);
-  const auto made_back = n.create(U2, iso(n.clock_() + 5h), iso(n.clock_() + 6h));  // and changes are taken meanwhile
+  const auto made_back =
+      n.create(U2, iso(n.clock_() + 5h), iso(n.clock_() + 6h));  // and changes are taken meanwhile
 
   // Forward a day: r1 and r2 both start and end, once each, in time order; r3 waits.
   offset->store(86400);
@@ -218,14 +230,18 @@ TEST_CASE("faults: the wall clock steps back an hour and forward a day: every te
   std::vector<std::string> order;
   for (const auto& r : a) {
     const auto act = str(r.at("action"));
-    if (act == "reservation.activate" || act == "reservation.expire") order.push_back(act.substr(12) + " " + str(r.at("reservationId")));
+    if (act == "reservation.activate" || act == "reservation.expire")
+      order.push_back(act.substr(12) + " " + str(r.at("reservationId")));
   }
-  CHECK(order == std::vector<std::string>{"activate " + r0, "expire " + r0, "activate " + r1, "expire " + r1, "activate " + r2,
-                                          "expire " + r2, "activate " + made_back, "expire " + made_back});
+  CHECK(order == std::vector<std::string>{"activate " + r0, "expire " + r0, "activate " + r1, "expire " + r1,
+                                          "activate " + r2, "expire " + r2, "activate " + made_back,
+                                          "expire " + made_back});
   CHECK(n.call("GET", "/healthz", "").status == 200);
 }
 
-TEST_CASE("faults: the system clock set under the daemon: the kernel tells it, it looks at the terms again, each still fires once at its instant") {
+TEST_CASE(
+    "faults: the system clock set under the daemon: the kernel tells it, it looks at the terms again, each "
+    "still fires once at its instant") {
   CapturedLog log;
   Node n;
   n.log_at("info");
@@ -254,22 +270,26 @@ TEST_CASE("faults: the system clock set under the daemon: the kernel tells it, i
   }
 }
 
-TEST_CASE("faults: a slow log does not delay an acknowledgement: a create's log line is written after its answer has gone") {
+TEST_CASE(
+    "faults: a slow log does not delay an acknowledgement: a create's log line is written after its answer "
+    "has gone") {
   CapturedLog log;
   Node n;
   n.log_at("info");
   n.start();
-  json::object b{{"unitIds", json::array{json::value(U1)}}, {"audienceOrgIds", json::array{"org-a"}},
+  json::object b{{"unitIds", json::array{json::value(U1)}},
+                 {"audienceOrgIds", json::array{"org-a"}},
                  {"endsAt", iso(std::chrono::system_clock::now() + 24h)}};
   // The answer's callback runs on the state thread, inside the request's dispatch: what the log
   // holds at that moment is what was written before the answer.
   auto promise = std::make_shared<std::promise<std::pair<ApiResponse, bool>>>();
   auto answered = promise->get_future();
-  n.daemon_->submit(n.request("POST", Node::path("/reservations"), n.admin(), json::serialize(b)), [&log, promise](ApiResponse r) {
-    std::fflush(stderr);
-    const bool logged_before = log.has(" created by ");
-    promise->set_value({std::move(r), logged_before});
-  });
+  n.daemon_->submit(n.request("POST", Node::path("/reservations"), n.admin(), json::serialize(b)),
+                    [&log, promise](ApiResponse r) {
+                      std::fflush(stderr);
+                      const bool logged_before = log.has(" created by ");
+                      promise->set_value({std::move(r), logged_before});
+                    });
   REQUIRE(answered.wait_for(10s) == std::future_status::ready);
   auto [r, logged_before] = answered.get();
   REQUIRE_MESSAGE(r.status == 201, r.body);

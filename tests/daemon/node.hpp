@@ -3,18 +3,19 @@
 // submitted as if from the network. Shared by daemon_test.cpp and faults_test.cpp.
 #pragma once
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
-
+#include <fmt/format.h>
 #include <grp.h>
 #include <linux/netlink.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -25,9 +26,6 @@
 #include <mutex>
 #include <random>
 #include <thread>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
 
 #include "gpunode/daemon/daemon.hpp"
 #include "gpunode/reservations/model.hpp"
@@ -91,7 +89,8 @@ class Node {
     dir_ = tree_.root() / "agent";
     fs::create_directories(dir_);
     const std::string openssl = fmt::format(
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout {0}/tls.key -out {0}/tls.crt -days 2 "
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout {0}/tls.key -out "
+        "{0}/tls.crt -days 2 "
         "-subj /CN=localhost >/dev/null 2>&1",
         dir_.string());
     REQUIRE(std::system(openssl.c_str()) == 0);
@@ -103,8 +102,10 @@ class Node {
     if (daemon_) stop();
   }
 
-  void write_config(const std::string& extra_admin, const std::string& listen, const std::string& unsellable = "[]") {
-    std::ofstream(dir_ / "agent.yaml.tmp") << fmt::format(R"(node:
+  void write_config(const std::string& extra_admin, const std::string& listen,
+                    const std::string& unsellable = "[]") {
+    std::ofstream(dir_ / "agent.yaml.tmp") << fmt::format(
+        R"(node:
   id: {node}
   owner_org: {owner}
   unsellable_units: {unsellable}
@@ -126,10 +127,10 @@ state:
 log:
   level: {level}
 )",
-                                                          fmt::arg("node", kNode), fmt::arg("owner", kOwner), fmt::arg("root", tree_.root().string()),
-                                                          fmt::arg("dir", dir_.string()), fmt::arg("issuer", kIssuer), fmt::arg("uid", ::getuid()),
-                                                          fmt::arg("extra", extra_admin), fmt::arg("listen", listen), fmt::arg("unsellable", unsellable),
-                                                          fmt::arg("level", log_level_));
+        fmt::arg("node", kNode), fmt::arg("owner", kOwner), fmt::arg("root", tree_.root().string()),
+        fmt::arg("dir", dir_.string()), fmt::arg("issuer", kIssuer), fmt::arg("uid", ::getuid()),
+        fmt::arg("extra", extra_admin), fmt::arg("listen", listen), fmt::arg("unsellable", unsellable),
+        fmt::arg("level", log_level_));
     fs::rename(dir_ / "agent.yaml.tmp", dir_ / "agent.yaml");
   }
 
@@ -142,7 +143,7 @@ log:
     daemon_ = std::move(*d);
     net_ = std::thread([this] { exit_code_ = daemon_->run(false); });
     // The first workload refresh moves the revision once; tests start from a settled one.
-    for (auto last = revision();; ) {
+    for (auto last = revision();;) {
       std::this_thread::sleep_for(100ms);
       const auto now = revision();
       if (now == last) break;
@@ -158,14 +159,16 @@ log:
   std::string token(std::optional<std::string> org, std::vector<std::string> roles = {}) {
     const auto now = clock_ ? clock_() : std::chrono::system_clock::now();  // valid by the daemon's clock
     const auto exp = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count() + 600;
-    json::object claims{{"iss", kIssuer}, {"aud", "gpunode"}, {"sub", "user@" + org.value_or("platform")}, {"exp", exp}};
+    json::object claims{
+        {"iss", kIssuer}, {"aud", "gpunode"}, {"sub", "user@" + org.value_or("platform")}, {"exp", exp}};
     if (org) claims["org"] = *org;
     if (!roles.empty()) claims["roles"] = json::value_from(roles);
     return gpunode::auth::testing::mint(key_, R"({"alg":"EdDSA","typ":"JWT"})", json::serialize(claims));
   }
   std::string admin() { return token("org-platform", {"platform-admin"}); }
 
-  static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok, const std::string& body = "") {
+  static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok,
+                            const std::string& body = "") {
     ApiRequest q;
     q.method = method;
     const auto qm = target.find('?');
@@ -184,7 +187,8 @@ log:
     daemon_->submit(std::move(q), [promise](ApiResponse r) { promise->set_value(std::move(r)); });
     return f;
   }
-  ApiResponse call(const std::string& method, const std::string& target, const std::string& tok, const std::string& body = "") {
+  ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
+                   const std::string& body = "") {
     auto f = submit(request(method, target, tok, body));
     REQUIRE(f.wait_for(10s) == std::future_status::ready);
     return f.get();
@@ -197,7 +201,8 @@ log:
   }
   std::int64_t revision() { return body(call("GET", path("/state"), admin())).at("revision").as_int64(); }
   std::string create(const std::string& unit, const std::string& starts = "", const std::string& ends = "") {
-    json::object b{{"unitIds", json::array{json::value(unit)}}, {"audienceOrgIds", json::array{"org-a"}},
+    json::object b{{"unitIds", json::array{json::value(unit)}},
+                   {"audienceOrgIds", json::array{"org-a"}},
                    {"endsAt", ends.empty() ? iso(std::chrono::system_clock::now() + 24h) : ends}};
     if (!starts.empty()) b["startsAt"] = starts;
     auto r = call("POST", path("/reservations"), admin(), json::serialize(b));
@@ -217,7 +222,7 @@ log:
   }
 
   std::string log_level_ = "error";
-  gpunode::service::Clock clock_;      // empty: the system's
+  gpunode::service::Clock clock_;  // empty: the system's
   gpunode::testing::Tree tree_;
   gpunode::auth::testing::TestKey key_;
   fs::path dir_;
@@ -243,7 +248,8 @@ inline std::string over_admin_socket(const fs::path& socket, const std::string& 
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  const std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", target);
+  const std::string req =
+      fmt::format("GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", target);
   REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
   std::string out;
   char buf[4096];

@@ -1,10 +1,13 @@
 // The daemon's two event sources besides requests: the wall-clock timer of the terms and the
 // kernel's device events (their parser alone, and the socket with a uevent sent as the kernel
 // sends them, where this test may send on that group: as root).
+#include <doctest/doctest.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,10 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <doctest/doctest.h>
 
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/uevents.hpp"
@@ -48,8 +47,8 @@ bool send_uevent(const std::string& message) {
   sockaddr_nl to{};
   to.nl_family = AF_NETLINK;
   to.nl_groups = 1;
-  const bool ok = ::sendto(fd, message.data(), message.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
-                  static_cast<ssize_t>(message.size());
+  const bool ok = ::sendto(fd, message.data(), message.size(), 0, reinterpret_cast<const sockaddr*>(&to),
+                           sizeof to) == static_cast<ssize_t>(message.size());
   ::close(fd);
   return ok;
 }
@@ -131,7 +130,8 @@ TEST_CASE("wall timer: a set of the system clock wakes it at once as clock_set, 
 
 TEST_CASE("uevents: the kernel's messages parsed; what changes the units") {
   auto bind = parse_uevent(msg({"bind@/devices/pci0000:40/0000:40:01.1/0000:41:00.0", "ACTION=bind",
-                                "DEVPATH=/devices/pci0000:40/0000:40:01.1/0000:41:00.0", "SUBSYSTEM=pci", "DRIVER=vfio-pci", "SEQNUM=4242"}));
+                                "DEVPATH=/devices/pci0000:40/0000:40:01.1/0000:41:00.0", "SUBSYSTEM=pci",
+                                "DRIVER=vfio-pci", "SEQNUM=4242"}));
   REQUIRE(bind);
   CHECK(bind->action == "bind");
   CHECK(bind->devpath == "/devices/pci0000:40/0000:40:01.1/0000:41:00.0");
@@ -169,7 +169,8 @@ TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and 
     if (const auto* e = std::get_if<Uevent>(&n)) seen.push_back(*e);
   });
   if (!send_uevent(msg({"add@/devices/virtual/net/gpunode-test", "ACTION=add", "SUBSYSTEM=net"})) ||
-      !send_uevent(msg({"unbind@/devices/pci0000:00/0000:00:1f.6", "ACTION=unbind", "SUBSYSTEM=pci", "SEQNUM=1"}))) {
+      !send_uevent(
+          msg({"unbind@/devices/pci0000:00/0000:00:1f.6", "ACTION=unbind", "SUBSYSTEM=pci", "SEQNUM=1"}))) {
     MESSAGE("cannot send on the uevent group (not root): skipped");
     return;
   }
@@ -185,13 +186,17 @@ TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and 
   CHECK(ours);
 }
 
-TEST_CASE("debounce: after_first runs once, its delay after the first poke of a burst; after_last once quiet; cancel drops a due run") {
+TEST_CASE(
+    "debounce: after_first runs once, its delay after the first poke of a burst; after_last once quiet; "
+    "cancel drops a due run") {
   using gpunode::daemon::Debounce;
   boost::asio::io_context io;
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::chrono::steady_clock::duration> first_runs, last_runs;
-  Debounce first(io.get_executor(), 100ms, Debounce::Mode::after_first, [&] { first_runs.push_back(std::chrono::steady_clock::now() - start); });
-  Debounce last(io.get_executor(), 100ms, Debounce::Mode::after_last, [&] { last_runs.push_back(std::chrono::steady_clock::now() - start); });
+  Debounce first(io.get_executor(), 100ms, Debounce::Mode::after_first,
+                 [&] { first_runs.push_back(std::chrono::steady_clock::now() - start); });
+  Debounce last(io.get_executor(), 100ms, Debounce::Mode::after_last,
+                [&] { last_runs.push_back(std::chrono::steady_clock::now() - start); });
   // Pokes at 0, 40, 80, 120 and 160 ms: one burst.
   boost::asio::steady_timer poker(io);
   int pokes = 0;

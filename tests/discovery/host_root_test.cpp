@@ -1,12 +1,13 @@
 // check_host_root (CONTRACT §7 "The host root"): a root without sys/bus/pci is refused with a
 // message naming that path; a PCI bus without a GPU is a host.
+#include "gpunode/discovery/host_root.hpp"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/rules.hpp"
 #include "sysfs_tree.hpp"
 
@@ -43,7 +44,7 @@ TEST_CASE("host root: sys/bus/pci that is not a directory is refused") {
 
 TEST_CASE("host root: a PCI bus without any GPU is a host, with no units") {
   Tree t;
-  REQUIRE(check_host_root(t.root()).has_value());  // an empty bus
+  REQUIRE(check_host_root(t.root()).has_value());                    // an empty bus
   t.add("0000:61:00.0", "15b3", "101d", "020000", "mlx5_core", 52);  // one NIC, no GPU
   REQUIRE(check_host_root(t.root()).has_value());
   CHECK(gpunode::discovery::build_units(t.read(), {}).empty());

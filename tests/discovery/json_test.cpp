@@ -1,8 +1,8 @@
+#include "gpunode/discovery/json.hpp"
+
 #include <doctest/doctest.h>
 
 #include <boost/json/serialize.hpp>
-
-#include "gpunode/discovery/json.hpp"
 
 using namespace gpunode::discovery;
 
@@ -22,13 +22,14 @@ TEST_CASE("unit JSON has the contract's keys, in its order, with its types") {
   d.numa_node = 0;
   d.name = "GH100 [H100 SXM5 80GB]";
   u.devices.push_back({d, Role::gpu});
-  CHECK(boost::json::serialize(unit_to_json(u, {"rsv_1"})) ==
-        R"({"id":"u-0000-41-00-0","iommuGroup":37,"class":"vfio-group","gpuCount":1,"numaNodes":[0],)"
-        R"("sellable":true,"reservable":true,"notReservableReasons":[],)"
-        R"("gpus":[{"pciAddress":"0000:41:00.0","vendorId":"10de","deviceId":"2330","name":"GH100 [H100 SXM5 80GB]",)"
-        R"("driver":"vfio-pci","numaNode":0}],)"
-        R"("devices":[{"pciAddress":"0000:41:00.0","vendorId":"10de","deviceId":"2330","classCode":"0302",)"
-        R"("role":"gpu","driver":"vfio-pci"}],"reservationIds":["rsv_1"]})");
+  CHECK(
+      boost::json::serialize(unit_to_json(u, {"rsv_1"})) ==
+      R"({"id":"u-0000-41-00-0","iommuGroup":37,"class":"vfio-group","gpuCount":1,"numaNodes":[0],)"
+      R"("sellable":true,"reservable":true,"notReservableReasons":[],)"
+      R"("gpus":[{"pciAddress":"0000:41:00.0","vendorId":"10de","deviceId":"2330","name":"GH100 [H100 SXM5 80GB]",)"
+      R"("driver":"vfio-pci","numaNode":0}],)"
+      R"("devices":[{"pciAddress":"0000:41:00.0","vendorId":"10de","deviceId":"2330","classCode":"0302",)"
+      R"("role":"gpu","driver":"vfio-pci"}],"reservationIds":["rsv_1"]})");
   u.iommu_group.reset();
   u.devices[0].device.driver.reset();
   u.devices[0].device.numa_node.reset();

@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
-
 #include "gpunode/discovery/model.hpp"
+
+#include <doctest/doctest.h>
 
 using gpunode::discovery::PciAddress;
 

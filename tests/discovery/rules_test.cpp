@@ -1,10 +1,10 @@
 // The discovery rules (CONTRACT §3) as tables of cases over plain device records.
+#include "gpunode/discovery/rules.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <set>
-
-#include "gpunode/discovery/rules.hpp"
 
 using namespace gpunode::discovery;
 
@@ -34,7 +34,9 @@ DeviceRecord gpu(std::string_view address, std::string driver, std::optional<int
   return dev(address, 0x10de, 0x030200, std::move(driver), group, numa);
 }
 
-std::string fmt_addr(std::size_t i) { return i == 0 ? "0000:10:00.0" : "0000:11:00.0"; }
+std::string fmt_addr(std::size_t i) {
+  return i == 0 ? "0000:10:00.0" : "0000:11:00.0";
+}
 
 HostSnapshot host(std::vector<DeviceRecord> devices, bool iommu = true) {
   HostSnapshot h;
@@ -87,7 +89,8 @@ TEST_CASE("gpu classes and vendors") {
 TEST_CASE("unit ids come from the lowest gpu address, never the group number") {
   CHECK(unit_id_for(addr("0000:41:00.0")) == "u-0000-41-00-0");
   CHECK(unit_id_for(addr("000a:c1:1f.7")) == "u-000a-c1-1f-7");
-  auto units = build_units(host({gpu("0000:b4:00.0", "vfio-pci", 9), gpu("0000:a3:00.0", "vfio-pci", 9)}), {});
+  auto units =
+      build_units(host({gpu("0000:b4:00.0", "vfio-pci", 9), gpu("0000:a3:00.0", "vfio-pci", 9)}), {});
   const Unit& u = only(units);
   CHECK(u.id == "u-0000-a3-00-0");
   CHECK(u.iommu_group == 9);
@@ -97,13 +100,12 @@ TEST_CASE("unit ids come from the lowest gpu address, never the group number") {
 TEST_CASE("roles within a group") {
   auto g = gpu("0000:41:00.0", "vfio-pci", 5);
   g.consumers.push_back(addr("0000:42:00.0"));
-  auto units = build_units(host({g,
-                                 dev("0000:41:00.1", 0x10de, 0x040300, "vfio-pci", 5),   // audio, same slot
-                                 dev("0000:41:00.2", 0x10de, 0x0c0330, "vfio-pci", 5),   // USB
-                                 dev("0000:41:00.3", 0x10de, 0x0c8000, "vfio-pci", 5),   // UCSI
-                                 dev("0000:42:00.0", 0x10de, 0x0c0500, "vfio-pci", 5),   // consumer link
-                                 dev("0000:40:00.0", 0x10b5, 0x060400, "pcieport", 5),   // bridge
-                                 dev("0000:43:00.0", 0x10de, 0x068000, "vfio-pci", 5),   // NVSwitch
+  auto units = build_units(host({g, dev("0000:41:00.1", 0x10de, 0x040300, "vfio-pci", 5),  // audio, same slot
+                                 dev("0000:41:00.2", 0x10de, 0x0c0330, "vfio-pci", 5),     // USB
+                                 dev("0000:41:00.3", 0x10de, 0x0c8000, "vfio-pci", 5),     // UCSI
+                                 dev("0000:42:00.0", 0x10de, 0x0c0500, "vfio-pci", 5),     // consumer link
+                                 dev("0000:40:00.0", 0x10b5, 0x060400, "pcieport", 5),     // bridge
+                                 dev("0000:43:00.0", 0x10de, 0x068000, "vfio-pci", 5),     // NVSwitch
                                  dev("0000:44:00.0", 0x15b3, 0x020000, "mlx5_core", 5)}),  // NIC
                            {});
   const Unit& u = only(units);
@@ -158,7 +160,8 @@ TEST_CASE("every bridge class is a bridge: AMD's dummy host bridge in a GPU's gr
     CHECK(role_in(u, "0000:40:00.3") == c.role);
     CHECK(u.cls == UnitClass::vfio_group);
     CHECK(u.reservable == (c.role != Role::foreign));
-    CHECK(codes(u) == (c.role == Role::foreign ? std::set<std::string>{"foreign-device"} : std::set<std::string>{}));
+    CHECK(codes(u) ==
+          (c.role == Role::foreign ? std::set<std::string>{"foreign-device"} : std::set<std::string>{}));
   }
 }
 
@@ -182,20 +185,38 @@ TEST_CASE("class and reasons from drivers") {
       {"vfio pair with one unbound gpu", {"vfio-pci", ""}, {}, UnitClass::vfio_group, {"driver-unbound"}},
       {"nvidia", {"nvidia"}, {"snd_hda_intel"}, UnitClass::device_request, {}},
       {"amdgpu pair", {"amdgpu", "amdgpu"}, {}, UnitClass::device_request, {}},
-      {"vfio gpu, audio on host driver", {"vfio-pci"}, {"snd_hda_intel"}, UnitClass::none,
+      {"vfio gpu, audio on host driver",
+       {"vfio-pci"},
+       {"snd_hda_intel"},
+       UnitClass::none,
        {"mixed-drivers", "class-not-reservable"}},
-      {"gpus disagree", {"vfio-pci", "nvidia"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
+      {"gpus disagree",
+       {"vfio-pci", "nvidia"},
+       {},
+       UnitClass::none,
+       {"mixed-drivers", "class-not-reservable"}},
       {"unbound gpu", {""}, {}, UnitClass::none, {"driver-unbound", "class-not-reservable"}},
       // pci-stub is a driver, and a gpu parked on it is passed through as it is (libvirt's managed
       // hostdevs rebind it to vfio-pci at start): vfio-group, as vfio-pci would be.
       {"pci-stub gpu", {"pci-stub"}, {}, UnitClass::vfio_group, {}},
       {"pci-stub pair", {"pci-stub", "pci-stub"}, {}, UnitClass::vfio_group, {}},
-      {"pci-stub gpu, stub and unbound companions", {"pci-stub"}, {"pci-stub", ""}, UnitClass::vfio_group, {}},
+      {"pci-stub gpu, stub and unbound companions",
+       {"pci-stub"},
+       {"pci-stub", ""},
+       UnitClass::vfio_group,
+       {}},
       {"vfio and pci-stub gpus", {"vfio-pci", "pci-stub"}, {}, UnitClass::vfio_group, {}},
       {"pci-stub pair with one unbound gpu", {"pci-stub", ""}, {}, UnitClass::vfio_group, {"driver-unbound"}},
-      {"pci-stub gpu, audio on host driver", {"pci-stub"}, {"snd_hda_intel"}, UnitClass::none,
+      {"pci-stub gpu, audio on host driver",
+       {"pci-stub"},
+       {"snd_hda_intel"},
+       UnitClass::none,
        {"mixed-drivers", "class-not-reservable"}},
-      {"pci-stub and nvidia gpus", {"pci-stub", "nvidia"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
+      {"pci-stub and nvidia gpus",
+       {"pci-stub", "nvidia"},
+       {},
+       UnitClass::none,
+       {"mixed-drivers", "class-not-reservable"}},
       {"nouveau", {"nouveau"}, {}, UnitClass::none, {"mixed-drivers", "class-not-reservable"}},
       {"nvidia and unbound", {"nvidia", ""}, {}, UnitClass::none, {"driver-unbound", "class-not-reservable"}},
   };
@@ -272,7 +293,8 @@ TEST_CASE("reasons other than drivers") {
 }
 
 TEST_CASE("without IOMMU groups a gpu and its slot are a unit") {
-  auto h = host({gpu("0000:41:00.0", "vfio-pci", std::nullopt), dev("0000:41:00.1", 0x10de, 0x040300, "vfio-pci", std::nullopt),
+  auto h = host({gpu("0000:41:00.0", "vfio-pci", std::nullopt),
+                 dev("0000:41:00.1", 0x10de, 0x040300, "vfio-pci", std::nullopt),
                  dev("0000:42:00.0", 0x15b3, 0x020000, "mlx5_core", std::nullopt),
                  gpu("0000:43:00.0", "nvidia", std::nullopt, 1)},
                 false);
@@ -288,7 +310,8 @@ TEST_CASE("without IOMMU groups a gpu and its slot are a unit") {
 }
 
 TEST_CASE("policy: reservable classes and unsellable units") {
-  auto h = host({gpu("0000:41:00.0", "vfio-pci", 2), gpu("0000:42:00.0", "nvidia", 3), gpu("0000:43:00.0", "nvidia", 4)});
+  auto h = host({gpu("0000:41:00.0", "vfio-pci", 2), gpu("0000:42:00.0", "nvidia", 3),
+                 gpu("0000:43:00.0", "nvidia", 4)});
   Policy policy;
   policy.reservable_classes = {UnitClass::vfio_group};
   policy.unsellable = {"u-0000-41-00-0", "0000:43:00.0"};

@@ -1,5 +1,7 @@
 // The sysfs/libpci adapter against small trees written here, with one fault at a time.
 // (Whole hosts modelled on real machines are tested through the binary in tests/fixtures/.)
+#include "gpunode/discovery/sysfs_reader.hpp"
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -9,7 +11,6 @@
 #include <fstream>
 
 #include "gpunode/discovery/rules.hpp"
-#include "gpunode/discovery/sysfs_reader.hpp"
 #include "sysfs_tree.hpp"
 
 namespace fs = std::filesystem;

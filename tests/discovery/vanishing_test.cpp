@@ -9,14 +9,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <chrono>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
-
-#include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 
 #include "gpunode/discovery/json.hpp"
 #include "gpunode/discovery/rules.hpp"
@@ -58,7 +57,8 @@ bool an_instant_of(const std::string& got, const std::string& whole) {
   for (const auto& d : g.at("devices").as_array()) {
     const auto& dev = d.as_object();
     const auto& all = w.at("devices").as_array();
-    auto same = std::find_if(all.begin(), all.end(), [&](const auto& x) { return x.at("pciAddress") == dev.at("pciAddress"); });
+    auto same = std::find_if(all.begin(), all.end(),
+                             [&](const auto& x) { return x.at("pciAddress") == dev.at("pciAddress"); });
     if (same == all.end()) return false;
     for (const char* k : {"vendorId", "deviceId", "classCode", "role"}) {
       if (dev.at(k) != same->at(k)) return false;
@@ -70,7 +70,9 @@ bool an_instant_of(const std::string& got, const std::string& whole) {
 
 }  // namespace
 
-TEST_CASE("devices vanishing and coming back mid-scan: every scan ends with a consistent answer or says what it could not read") {
+TEST_CASE(
+    "devices vanishing and coming back mid-scan: every scan ends with a consistent answer or says what it "
+    "could not read") {
   Tree t;
   add_gpu(t, "0000:41:00", 3);
   add_gpu(t, "0000:42:00", 4);
@@ -130,8 +132,9 @@ TEST_CASE("devices vanishing and coming back mid-scan: every scan ends with a co
   }
   stop = true;
   hotplug.join();
-  MESSAGE(scans << " scans during " << cycles.load() << " unplug/replug cycles: " << whole << " whole, " << gone << " without the GPU, "
-                << instant << " at an instant of the hotplug (a function or a file not there yet), " << partial
+  MESSAGE(scans << " scans during " << cycles.load() << " unplug/replug cycles: " << whole << " whole, "
+                << gone << " without the GPU, " << instant
+                << " at an instant of the hotplug (a function or a file not there yet), " << partial
                 << " with a function half read (reasons on its unit), " << warned << " with warnings");
   CHECK(cycles.load() >= 3);  // the host changed under the scans, again and again
   CHECK(whole + gone + instant + partial == scans);

@@ -198,8 +198,8 @@ class Node {
     // A spot VM of the audience's org on the first unit (a reservation for org-aud may take the
     // unit, and a reclaim terminates it), a VM that is off on the second, an unlabelled one on the
     // third (which is not reservable anyway: a NIC shares its group).
-    return {vm("spot-a", "uuid-1", "0000:41:00.0",
-               vmctl::WorkloadLabel{"vm-1", "org-aud", vmctl::Tier::spot}, "running"),
+    return {vm("spot-a", "uuid-1", "0000:41:00.0", vmctl::WorkloadLabel{"vm-1", "org-aud", vmctl::Tier::spot},
+               "running"),
             vm("off", "uuid-2", "0000:42:00.0",
                vmctl::WorkloadLabel{"vm-2", "org-other", vmctl::Tier::on_demand}, "shutoff"),
             vm("bare", "uuid-3", "0000:43:00.0", std::nullopt, "running")};

@@ -13,7 +13,8 @@ inline std::expected<ctl::Response, ctl::TransportError> answer(unsigned status,
   return ctl::Response{status, {{"content-type", "application/json"}}, std::move(body)};
 }
 
-inline std::expected<ctl::Response, ctl::TransportError> failure(ctl::TransportError::Kind kind, std::string detail = "") {
+inline std::expected<ctl::Response, ctl::TransportError> failure(ctl::TransportError::Kind kind,
+                                                                 std::string detail = "") {
   return std::unexpected(ctl::TransportError{kind, "/run/gpunode/admin.sock", std::move(detail)});
 }
 

@@ -80,20 +80,25 @@ TEST_CASE("only prepare, migrate and restore begin ask") {
   CHECK(hook_asks("prepare", "begin"));
   CHECK(hook_asks("migrate", "begin"));
   CHECK(hook_asks("restore", "begin"));
-  for (const char* op : {"start", "started", "stopped", "release", "reconnect", "attach"}) CHECK_FALSE(hook_asks(op, "begin"));
+  for (const char* op : {"start", "started", "stopped", "release", "reconnect", "attach"})
+    CHECK_FALSE(hook_asks(op, "begin"));
   CHECK_FALSE(hook_asks("prepare", "end"));
   CHECK_FALSE(hook_asks("prepare", "-"));
   CHECK_FALSE(hook_asks("", ""));
 }
 
 TEST_CASE("the tag scan finds every spelling of a PCI hostdev, and never misses one") {
-  CHECK(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'/></devices></domain>"));
-  CHECK(may_have_pci_hostdev(R"(<domain><devices><hostdev mode="subsystem" type="pci"></hostdev></devices></domain>)"));
+  CHECK(may_have_pci_hostdev(
+      "<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'/></devices></domain>"));
+  CHECK(may_have_pci_hostdev(
+      R"(<domain><devices><hostdev mode="subsystem" type="pci"></hostdev></devices></domain>)"));
   CHECK(may_have_pci_hostdev("<hostdev\n    type = 'pci'\n    mode='subsystem'>"));
   CHECK(may_have_pci_hostdev("<hostdev type='pci'/>"));
   // Other hostdevs and elements whose name starts alike are not PCI hostdevs.
-  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='usb'/></devices></domain>"));
-  CHECK_FALSE(may_have_pci_hostdev("<domain><devices><hostdevice type='pci'/><interface type='hostdev'/></devices></domain>"));
+  CHECK_FALSE(
+      may_have_pci_hostdev("<domain><devices><hostdev mode='subsystem' type='usb'/></devices></domain>"));
+  CHECK_FALSE(may_have_pci_hostdev(
+      "<domain><devices><hostdevice type='pci'/><interface type='hostdev'/></devices></domain>"));
   CHECK_FALSE(may_have_pci_hostdev("<domain><name>vm</name><devices><disk type='file'/></devices></domain>"));
   CHECK_FALSE(may_have_pci_hostdev(""));
   CHECK_FALSE(may_have_pci_hostdev("<hostdev mode='subsystem' type='pcie'/>"));

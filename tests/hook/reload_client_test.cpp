@@ -1,12 +1,13 @@
 // `gpunode-agent reload` (CONTRACT §1, §11): the verdict on each answer the agent can give, or on
 // why there is none. Exit 0 took, 1 refused (with the agent's reasons), 3 unreachable.
-#include "answers.hpp"
 #include "reload_client.hpp"
 
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
+
+#include "answers.hpp"
 
 using gpunode::agent::reload_verdict;
 using gpunode::ctl::Response;

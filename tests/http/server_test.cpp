@@ -2,7 +2,10 @@
 // in a temp dir. Certificates are made here with OpenSSL's API; the clients are plain blocking
 // OpenSSL/POSIX clients, so every TLS knob (versions, suites, renegotiation, client certs) is the
 // test's to set.
+#include "gpunode/http/server.hpp"
+
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
 #include <grp.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
@@ -22,7 +25,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -35,7 +37,6 @@
 #include <tuple>
 #include <vector>
 
-#include "gpunode/http/server.hpp"
 #include "test_certs.hpp"
 
 namespace {
@@ -72,7 +73,6 @@ struct TempDir {
 };
 
 using namespace gpunode::test_certs;
-
 
 // ---------------------------------------------------------------------------------------------
 // Blocking clients
@@ -320,7 +320,6 @@ std::string request(std::string_view method, std::string_view target, std::strin
   return r;
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // A server on two I/O threads, with a handler that answers by path:
 //   /echo           200 JSON of what it got
@@ -418,7 +417,9 @@ struct Fixture {
       o["bodySize"] = r.body.size();
       o["body"] = r.body.size() <= 1024 ? r.body : std::string{};
       o["requestId"] = r.request_id;
-      o["peerKind"] = r.peer.kind == Peer::Kind::tcp ? "tcp" : r.peer.kind == Peer::Kind::plain_tcp ? "plain" : "unix";
+      o["peerKind"] = r.peer.kind == Peer::Kind::tcp         ? "tcp"
+                      : r.peer.kind == Peer::Kind::plain_tcp ? "plain"
+                                                             : "unix";
       o["peerAddress"] = r.peer.address;
       o["uid"] = r.peer.uid ? json::value(*r.peer.uid) : json::value(nullptr);
       o["pid"] = r.peer.pid ? json::value(*r.peer.pid) : json::value(nullptr);
@@ -539,7 +540,6 @@ TEST_CASE("listen errors name the address") {
   r = f.server->listen_tls("127.0.0.1", port, *ctx);  // taken
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().find(std::to_string(port)) != std::string::npos);
-
 }
 
 TEST_CASE("TLS: GET and POST round trip; response headers") {
@@ -679,7 +679,9 @@ TEST_CASE("limits: a 64 KiB body is accepted, one byte more is 413") {
   CHECK(u->closed_without_data());
 }
 
-TEST_CASE("limits: the admin socket's one large-body path takes up to large_body; every other path, and HTTPS, keep body") {
+TEST_CASE(
+    "limits: the admin socket's one large-body path takes up to large_body; every other path, and HTTPS, "
+    "keep body") {
   Limits limits = test_limits();
   limits.large_body_path = "/echo";
   limits.large_body = 2 * 1024 * 1024;
@@ -690,7 +692,8 @@ TEST_CASE("limits: the admin socket's one large-body path takes up to large_body
   REQUIRE(r);
   CHECK(r->status == 200);
   CHECK(json::parse(r->body).as_object()["bodySize"].as_int64() == 2 * 1024 * 1024);
-  r = u->roundtrip(request("POST", "/echo?x=1", std::string(1024 * 1024, 'x')));  // the path, whatever the query
+  r = u->roundtrip(
+      request("POST", "/echo?x=1", std::string(1024 * 1024, 'x')));  // the path, whatever the query
   REQUIRE(r);
   CHECK(r->status == 200);
 
@@ -722,7 +725,9 @@ TEST_CASE("limits: the admin socket's one large-body path takes up to large_body
   check_problem(*r, 413, "body-too-large");  // HTTPS never takes the large path
 }
 
-TEST_CASE("budgets: TLS connections per client address and in all, admin-socket connections; refusals logged once a minute") {
+TEST_CASE(
+    "budgets: TLS connections per client address and in all, admin-socket connections; refusals logged once "
+    "a minute") {
   Limits limits = test_limits();
   limits.max_connections = 5;
   limits.max_connections_per_client = 3;
@@ -760,12 +765,17 @@ TEST_CASE("budgets: TLS connections per client address and in all, admin-socket 
   ::close(sixth);
   {
     std::lock_guard lock(f.log_mu);
-    const auto lines = std::count_if(f.logs.begin(), f.logs.end(), [](const std::string& l) { return l.starts_with("connections refused: "); });
+    const auto lines = std::count_if(f.logs.begin(), f.logs.end(), [](const std::string& l) {
+      return l.starts_with("connections refused: ");
+    });
     CHECK(lines == 1);  // the second refusal is counted, not logged
-    auto it = std::find_if(f.logs.begin(), f.logs.end(), [](const std::string& l) { return l.starts_with("connections refused: "); });
+    auto it = std::find_if(f.logs.begin(), f.logs.end(),
+                           [](const std::string& l) { return l.starts_with("connections refused: "); });
     REQUIRE(it != f.logs.end());
-    CHECK(*it == "connections refused: 1 since the last such line (127.0.0.1 has the 3 connections of api.max_connections_per_client open); "
-                 "the next line comes a minute from now at the soonest");
+    CHECK(*it ==
+          "connections refused: 1 since the last such line (127.0.0.1 has the 3 connections of "
+          "api.max_connections_per_client open); "
+          "the next line comes a minute from now at the soonest");
   }
   // A held connection closed gives its place back.
   ::close(held.back());
@@ -829,7 +839,8 @@ TEST_CASE("Expect: 100-continue gets 100 Continue, then the body is read") {
   CHECK(json::parse(r->body).as_object()["body"].as_string() == "hello");
 
   // Too large announced: 413 at once, no 100.
-  r = u->roundtrip("POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n");
+  r = u->roundtrip(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n");
   REQUIRE(r);
   check_problem(*r, 413, "body-too-large");
 }
@@ -862,7 +873,8 @@ TEST_CASE("a slow client is cut at header_timeout while others are served") {
   CHECK(r->status == 200);
 }
 
-TEST_CASE("an idle keep-alive connection is closed at idle_timeout; a silent TLS client at handshake_timeout") {
+TEST_CASE(
+    "an idle keep-alive connection is closed at idle_timeout; a silent TLS client at handshake_timeout") {
   Limits l = test_limits();
   l.idle_timeout = 1s;
   l.handshake_timeout = 1s;
@@ -892,15 +904,18 @@ TEST_CASE("TLS policy: old versions, non-ECDHE and non-AEAD suites refused; plai
   Fixture f;
   auto port = f.listen();
 
-  auto v11 = Client::tls(port, {.min_version = TLS1_VERSION, .max_version = TLS1_1_VERSION, .seclevel0 = true});
+  auto v11 =
+      Client::tls(port, {.min_version = TLS1_VERSION, .max_version = TLS1_1_VERSION, .seclevel0 = true});
   CHECK_FALSE(v11->ok);
   CHECK_MESSAGE(v11->error.find("protocol version") != std::string::npos, v11->error);
 
-  auto rsa_kx = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "AES256-SHA256:AES128-GCM-SHA256"});
+  auto rsa_kx =
+      Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "AES256-SHA256:AES128-GCM-SHA256"});
   CHECK_FALSE(rsa_kx->ok);
   CHECK_MESSAGE(rsa_kx->error.find("handshake failure") != std::string::npos, rsa_kx->error);
 
-  auto cbc = Client::tls(port, {.max_version = TLS1_2_VERSION, .ciphers = "ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA384"});
+  auto cbc = Client::tls(
+      port, {.max_version = TLS1_2_VERSION, .ciphers = "ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA384"});
   CHECK_FALSE(cbc->ok);
   CHECK_MESSAGE(cbc->error.find("handshake failure") != std::string::npos, cbc->error);
 
@@ -916,7 +931,8 @@ TEST_CASE("TLS policy: old versions, non-ECDHE and non-AEAD suites refused; plai
   CHECK(::send(fd, plain.data(), plain.size(), MSG_NOSIGNAL) > 0);
   std::array<char, 512> buf{};
   auto n = ::recv(fd, buf.data(), buf.size(), 0);
-  CHECK(std::string_view(buf.data(), n > 0 ? static_cast<std::size_t>(n) : 0).find("HTTP/") == std::string_view::npos);
+  CHECK(std::string_view(buf.data(), n > 0 ? static_cast<std::size_t>(n) : 0).find("HTTP/") ==
+        std::string_view::npos);
   ::close(fd);
 }
 
@@ -944,7 +960,8 @@ TEST_CASE("mTLS: no certificate or a foreign one fails the handshake; the CA's w
   REQUIRE(r);
   CHECK(r->status == 200);
 
-  auto good12 = Client::tls(port, {.max_version = TLS1_2_VERSION, .cert = c.client_cert, .key = c.client_key});
+  auto good12 =
+      Client::tls(port, {.max_version = TLS1_2_VERSION, .cert = c.client_cert, .key = c.client_key});
   REQUIRE_MESSAGE(good12->ok, good12->error);
   r = good12->roundtrip(request("GET", "/echo"));
   REQUIRE(r);
@@ -979,7 +996,8 @@ TEST_CASE("set_tls_context: new connections get the new certificate, open ones k
   auto cn_of = [](Client& cl) {
     X509* x = SSL_get1_peer_certificate(cl.ssl());
     std::array<char, 256> buf{};
-    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, buf.data(), static_cast<int>(buf.size()));
+    X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, buf.data(),
+                              static_cast<int>(buf.size()));
     X509_free(x);
     return std::string(buf.data());
   };
@@ -1053,7 +1071,8 @@ namespace {
 // a socket left with its creator's group is told apart: a supplementary group, or as root any gid.
 gid_t admin_test_group() {
   std::vector<gid_t> groups(static_cast<std::size_t>(std::max(::getgroups(0, nullptr), 0)));
-  groups.resize(static_cast<std::size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
+  groups.resize(
+      static_cast<std::size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
   for (gid_t g : groups) {
     if (g != ::getegid()) return g;
   }
@@ -1312,7 +1331,9 @@ TEST_CASE("concurrency: 20 clients x 20 requests") {
   CHECK(eventually([&] { return f.server->open_connections() == 0; }));
 }
 
-TEST_CASE("plain HTTP listener (metrics.listen): no TLS, its own peer kind; every answer observed, the server's own too") {
+TEST_CASE(
+    "plain HTTP listener (metrics.listen): no TLS, its own peer kind; every answer observed, the server's "
+    "own too") {
   Fixture f;
   const std::uint16_t port = [] {  // a free port: bound and released
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1347,8 +1368,11 @@ TEST_CASE("plain HTTP listener (metrics.listen): no TLS, its own peer kind; ever
   }));
   std::lock_guard lock(f.log_mu);
   REQUIRE(f.answered.size() == 3);
-  CHECK(f.answered[0] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"GET", "/echo", 200, Peer::Kind::plain_tcp});
-  CHECK(f.answered[1] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"GET", "/nothing-here", 404, Peer::Kind::plain_tcp});
-  CHECK(f.answered[2] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"", "", 431, Peer::Kind::plain_tcp});
+  CHECK(f.answered[0] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{"GET", "/echo", 200,
+                                                                                    Peer::Kind::plain_tcp});
+  CHECK(f.answered[1] == std::tuple<std::string, std::string, unsigned, Peer::Kind>{
+                             "GET", "/nothing-here", 404, Peer::Kind::plain_tcp});
+  CHECK(f.answered[2] ==
+        std::tuple<std::string, std::string, unsigned, Peer::Kind>{"", "", 431, Peer::Kind::plain_tcp});
   CHECK(f.server->tls_port() == 0);  // a plain listener is not the HTTPS port
 }

@@ -1,10 +1,10 @@
+#include <doctest/doctest.h>
+
 #include <cmath>
 #include <limits>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <doctest/doctest.h>
 
 #include "gpunode/metrics/exposition.hpp"
 #include "gpunode/metrics/http_metrics.hpp"
@@ -82,7 +82,8 @@ TEST_CASE("route templates: every route of the API, ids never a label, the rest 
       {"/v1/nodes/node-1/units", "/v1/nodes/{nodeId}/units"},
       {"/v1/nodes/some-other-node/units", "/v1/nodes/{nodeId}/units"},
       {"/v1/nodes/n/reservations", "/v1/nodes/{nodeId}/reservations"},
-      {"/v1/nodes/n/reservations/rsv_01m8y2stsy3mq2kbk29x4v6nh3", "/v1/nodes/{nodeId}/reservations/{reservationId}"},
+      {"/v1/nodes/n/reservations/rsv_01m8y2stsy3mq2kbk29x4v6nh3",
+       "/v1/nodes/{nodeId}/reservations/{reservationId}"},
       {"/v1/nodes/n/reservations/rsv_x/end", "/v1/nodes/{nodeId}/reservations/{reservationId}/end"},
       {"/v1/nodes/n/reservations/rsv_x/release", "/v1/nodes/{nodeId}/reservations/{reservationId}/release"},
       {"/v1/nodes/n/reservations/rsv_x/reclaim", "/v1/nodes/{nodeId}/reservations/{reservationId}/reclaim"},
@@ -128,32 +129,38 @@ TEST_CASE("HTTP metrics: counted by route template, method and code; durations i
   m.record("GET", "/v1/nodes/a/units", 200, 200us);
   m.record("GET", "/v1/nodes/b/units", 200, 1ms);  // on a bound: counted in it (le is inclusive)
   m.record("GET", "/v1/nodes/a/units", 404, 3ms);
-  m.record("BREW", "/coffee", 418, 400s);          // above the last bound: +Inf only
-  m.record("", "", 413, 0ns);                      // the server's own answer to an unread request
-  m.record("GET", "/healthz", 999, 1ms);           // a status out of range: code other
+  m.record("BREW", "/coffee", 418, 400s);  // above the last bound: +Inf only
+  m.record("", "", 413, 0ns);              // the server's own answer to an unread request
+  m.record("GET", "/healthz", 999, 1ms);   // a status out of range: code other
   Writer w;
   m.write(w);
   const auto t = w.take();
   CHECK(has_line(t, "# TYPE gpunode_http_requests_total counter"));
   CHECK(has_line(t, "# TYPE gpunode_http_request_duration_seconds histogram"));
-  CHECK(has_line(t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="200"} 2)"));
-  CHECK(has_line(t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="404"} 1)"));
+  CHECK(has_line(
+      t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="200"} 2)"));
+  CHECK(has_line(
+      t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/units",method="GET",code="404"} 1)"));
   CHECK(has_line(t, R"(gpunode_http_requests_total{route="other",method="other",code="418"} 1)"));
   CHECK(has_line(t, R"(gpunode_http_requests_total{route="other",method="other",code="413"} 1)"));
   CHECK(has_line(t, R"(gpunode_http_requests_total{route="/healthz",method="GET",code="other"} 1)"));
-  const std::string units = R"(gpunode_http_request_duration_seconds_bucket{route="/v1/nodes/{nodeId}/units",method="GET",le=)";
+  const std::string units =
+      R"(gpunode_http_request_duration_seconds_bucket{route="/v1/nodes/{nodeId}/units",method="GET",le=)";
   CHECK(has_line(t, units + R"("0.0005"} 1)"));
   CHECK(has_line(t, units + R"("0.001"} 2)"));
   CHECK(has_line(t, units + R"("0.0025"} 2)"));
   CHECK(has_line(t, units + R"("0.005"} 3)"));
   CHECK(has_line(t, units + R"("300"} 3)"));
   CHECK(has_line(t, units + R"("+Inf"} 3)"));
-  const std::string sum = R"(gpunode_http_request_duration_seconds_sum{route="/v1/nodes/{nodeId}/units",method="GET"} )";
+  const std::string sum =
+      R"(gpunode_http_request_duration_seconds_sum{route="/v1/nodes/{nodeId}/units",method="GET"} )";
   const auto at = t.find("\n" + sum);
   REQUIRE(at != std::string::npos);
   CHECK(std::stod(t.substr(at + 1 + sum.size())) == doctest::Approx(0.0042).epsilon(1e-9));
-  CHECK(has_line(t, R"(gpunode_http_request_duration_seconds_count{route="/v1/nodes/{nodeId}/units",method="GET"} 3)"));
-  const std::string other = R"(gpunode_http_request_duration_seconds_bucket{route="other",method="other",le=)";
+  CHECK(has_line(
+      t, R"(gpunode_http_request_duration_seconds_count{route="/v1/nodes/{nodeId}/units",method="GET"} 3)"));
+  const std::string other =
+      R"(gpunode_http_request_duration_seconds_bucket{route="other",method="other",le=)";
   CHECK(has_line(t, other + R"("300"} 1)"));  // the 413 took 0 s
   CHECK(has_line(t, other + R"("+Inf"} 2)"));
   CHECK(t.find("node-") == std::string::npos);
@@ -179,7 +186,8 @@ TEST_CASE("HTTP metrics from several threads: nothing lost (TSan-clean under mak
   m.write(w);
   const auto t = w.take();
   CHECK(has_line(t, R"(gpunode_http_requests_total{route="/healthz",method="GET",code="200"} 2000)"));
-  CHECK(has_line(t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/state",method="GET",code="200"} 2000)"));
+  CHECK(has_line(
+      t, R"(gpunode_http_requests_total{route="/v1/nodes/{nodeId}/state",method="GET",code="200"} 2000)"));
 }
 
 TEST_CASE("the whole body: every family of CONTRACT 6 with HELP and TYPE, fixed label sets at 0") {

@@ -19,8 +19,10 @@ using gpunode::test::TempDir;
 void make_state(const std::filesystem::path& file, std::int64_t events, std::int64_t event_seq) {
   auto db = Database::open(file);
   REQUIRE(db);
-  REQUIRE(db->exec("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
-                   "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);"));
+  REQUIRE(
+      db->exec("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
+               "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT "
+               "NULL DEFAULT 0);"));
   auto meta = db->prepare("INSERT INTO meta (key, value) VALUES ('event_seq', ?1)");
   REQUIRE(meta);
   REQUIRE(meta->bind(1, std::to_string(event_seq)));
@@ -28,8 +30,10 @@ void make_state(const std::filesystem::path& file, std::int64_t events, std::int
   for (std::int64_t s = event_seq - events + 1; s <= event_seq; ++s) {
     auto st = db->prepare("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
     REQUIRE(st);
-    const std::string at = "2027-01-31T00:00:" + std::string(s % 60 < 10 ? "0" : "") + std::to_string(s % 60) + "Z";
-    REQUIRE(st->bind_all(s, R"({"seq":)" + std::to_string(s) + R"(,"id":"e","type":"t","at":")" + at + R"(","data":{}})"));
+    const std::string at =
+        "2027-01-31T00:00:" + std::string(s % 60 < 10 ? "0" : "") + std::to_string(s % 60) + "Z";
+    REQUIRE(st->bind_all(
+        s, R"({"seq":)" + std::to_string(s) + R"(,"id":"e","type":"t","at":")" + at + R"(","data":{}})"));
     REQUIRE(st->run());
   }
 }

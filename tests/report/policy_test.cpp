@@ -23,7 +23,8 @@ constexpr std::uint64_t kMaxRandom = std::numeric_limits<std::uint64_t>::max();
 
 std::string event(std::int64_t seq, std::size_t pad = 0) {
   return R"({"seq":)" + std::to_string(seq) + R"(,"id":"evt_)" + std::to_string(seq) +
-         R"(","type":"reservation.created","at":"2027-01-31T00:00:00Z","data":{"p":")" + std::string(pad, 'x') + R"("}})";
+         R"(","type":"reservation.created","at":"2027-01-31T00:00:00Z","data":{"p":")" +
+         std::string(pad, 'x') + R"("}})";
 }
 
 }  // namespace
@@ -44,7 +45,8 @@ TEST_CASE("full jitter: uniform over [0, ceiling], both ends reachable") {
   CHECK(report::full_jitter(1, 501) == 0ms);
   CHECK(report::full_jitter(3, 1234) == 1234ms);
   CHECK(report::full_jitter(50, kMaxRandom) <= 60000ms);
-  for (std::uint64_t r = 0; r < 5000; r += 7) CHECK(report::full_jitter(4, r * 0x9e3779b97f4a7c15ULL) <= 4000ms);
+  for (std::uint64_t r = 0; r < 5000; r += 7)
+    CHECK(report::full_jitter(4, r * 0x9e3779b97f4a7c15ULL) <= 4000ms);
 }
 
 TEST_CASE("Retry-After: delay-seconds only, capped at 5 minutes") {

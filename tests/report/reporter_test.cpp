@@ -8,14 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/json.hpp>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/json.hpp>
 
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
@@ -34,8 +33,10 @@ using namespace std::chrono_literals;
 void make_outbox(const std::filesystem::path& file, std::int64_t n) {
   auto db = gpunode::store::Database::open(file);
   REQUIRE(db);
-  REQUIRE(db->exec("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
-                   "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);"));
+  REQUIRE(
+      db->exec("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
+               "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, event TEXT NOT NULL, delivered INTEGER NOT "
+               "NULL DEFAULT 0);"));
   auto meta = db->prepare("INSERT INTO meta (key, value) VALUES ('event_seq', ?1)");
   REQUIRE(meta);
   REQUIRE(meta->bind_all(std::to_string(n)));
@@ -43,8 +44,11 @@ void make_outbox(const std::filesystem::path& file, std::int64_t n) {
   for (std::int64_t s = 1; s <= n; ++s) {
     auto st = db->prepare("INSERT INTO outbox (seq, event) VALUES (?1, ?2)");
     REQUIRE(st);
-    REQUIRE(st->bind_all(s, json::serialize(json::object{{"seq", s}, {"id", "evt_" + std::to_string(s)}, {"type", "units.released"},
-                                                          {"at", "2027-01-31T00:00:00Z"}, {"data", json::object{}}})));
+    REQUIRE(st->bind_all(s, json::serialize(json::object{{"seq", s},
+                                                         {"id", "evt_" + std::to_string(s)},
+                                                         {"type", "units.released"},
+                                                         {"at", "2027-01-31T00:00:00Z"},
+                                                         {"data", json::object{}}})));
     REQUIRE(st->run());
   }
 }
@@ -56,8 +60,8 @@ struct Central {
   std::optional<gpunode::http::Server> server;
   std::thread thread;
   std::mutex mu;  // guards the members below: written on the server's thread, read by the test
-  std::vector<std::int64_t> seqs;        // every event seq received, in arrival order
-  std::vector<std::int64_t> revisions;   // every heartbeat's revision
+  std::vector<std::int64_t> seqs;       // every event seq received, in arrival order
+  std::vector<std::int64_t> revisions;  // every heartbeat's revision
   int event_posts = 0;
   bool client_cert_seen = true;
   std::atomic<bool> stall{false};
@@ -66,8 +70,12 @@ struct Central {
   std::uint16_t start() {
     auto tls = gpunode::http::make_tls_context({certs().server_cert, certs().server_key, certs().ca});
     REQUIRE(tls);
-    server.emplace(io, gpunode::http::Limits{}, [this](gpunode::http::Request q, gpunode::http::Reply reply) { handle(std::move(q), std::move(reply)); },
-                   nullptr);
+    server.emplace(
+        io, gpunode::http::Limits{},
+        [this](gpunode::http::Request q, gpunode::http::Reply reply) {
+          handle(std::move(q), std::move(reply));
+        },
+        nullptr);
     REQUIRE(server->listen_tls("127.0.0.1", 0, *tls));
     thread = std::thread([this] {
       auto guard = boost::asio::make_work_guard(io);
@@ -85,7 +93,8 @@ struct Central {
     boost::system::error_code ec;
     auto body = json::parse(q.body, ec);
     if (q.path.ends_with("/heartbeat")) {
-      if (!ec && body.is_object() && body.as_object().contains("revision")) revisions.push_back(body.at("revision").as_int64());
+      if (!ec && body.is_object() && body.as_object().contains("revision"))
+        revisions.push_back(body.at("revision").as_int64());
       reply({204, {}, ""});
       return;
     }
@@ -122,7 +131,9 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 20s) {
 
 }  // namespace
 
-TEST_CASE("the reporter delivers the outbox once, in order, through a 503 and a partial ack; heartbeats carry the published revision") {
+TEST_CASE(
+    "the reporter delivers the outbox once, in order, through a 503 and a partial ack; heartbeats carry the "
+    "published revision") {
   gpunode::test::TempDir dir;
   make_outbox(dir / "state.db", 1200);
   Central central;
@@ -162,8 +173,10 @@ TEST_CASE("the reporter delivers the outbox once, in order, through a 503 and a 
   {
     std::lock_guard lock{central.mu};
     REQUIRE(central.seqs.size() == 1200);
-    for (std::size_t i = 0; i < central.seqs.size(); ++i) CHECK(central.seqs[i] == static_cast<std::int64_t>(i + 1));
-    for (std::size_t i = 1; i < central.revisions.size(); ++i) CHECK(central.revisions[i] >= central.revisions[i - 1]);
+    for (std::size_t i = 0; i < central.seqs.size(); ++i)
+      CHECK(central.seqs[i] == static_cast<std::int64_t>(i + 1));
+    for (std::size_t i = 1; i < central.revisions.size(); ++i)
+      CHECK(central.revisions[i] >= central.revisions[i - 1]);
   }
 
   // A stalled central API does not hold stop() back.
@@ -171,7 +184,8 @@ TEST_CASE("the reporter delivers the outbox once, in order, through a 503 and a 
   {
     auto db = gpunode::store::Database::open(dir / "state.db");
     REQUIRE(db);
-    REQUIRE(db->exec(R"(INSERT INTO outbox (seq, event) VALUES (1201, '{"seq":1201,"id":"e","type":"t","at":"2027-01-31T00:00:00Z","data":{}}'))"));
+    REQUIRE(db->exec(
+        R"(INSERT INTO outbox (seq, event) VALUES (1201, '{"seq":1201,"id":"e","type":"t","at":"2027-01-31T00:00:00Z","data":{}}'))"));
   }
   (*reporter)->notify();
   CHECK(eventually([&] {

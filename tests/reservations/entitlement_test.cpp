@@ -1,14 +1,16 @@
 // The entitlement table (CONTRACT §4) and the spot market's unit moves, row by row.
+#include "gpunode/reservations/entitlement.hpp"
+
 #include <doctest/doctest.h>
 
-#include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/rules.hpp"
 
 using namespace gpunode::reservations;
 
 namespace {
 
-Reservation held(std::vector<std::string> units, std::vector<std::string> released = {}, State state = State::active) {
+Reservation held(std::vector<std::string> units, std::vector<std::string> released = {},
+                 State state = State::active) {
   Reservation r;
   r.id = "rsv_1";
   r.node_id = "node-1";
@@ -47,7 +49,8 @@ TEST_CASE("a unit that is absent, unknown or not sellable entitles nobody, at an
   }
   const auto e = entitled("org-aud", Tier::on_demand, "u-a", unsellable, {}, "node-1");
   CHECK(e.message == "u-a is not sellable: shared-group, unsellable");
-  CHECK(entitled("o", Tier::spot, "u-x", unknown, {}, "node-9").message == "u-x is not a unit of node node-9");
+  CHECK(entitled("o", Tier::spot, "u-x", unknown, {}, "node-9").message ==
+        "u-x is not a unit of node node-9");
 }
 
 TEST_CASE("the table: on-demand, reserved and spot on a free, a held and a released unit") {

@@ -1,7 +1,7 @@
 // Reservation rules (CONTRACT §4, §7) as tables of cases.
-#include <doctest/doctest.h>
-
 #include "gpunode/reservations/rules.hpp"
+
+#include <doctest/doctest.h>
 
 using namespace gpunode::reservations;
 using std::chrono::hours;
@@ -29,7 +29,9 @@ Reservation rsv(std::string id, std::vector<std::string> units, const char* star
   return r;
 }
 
-Caller org(const char* o, std::vector<std::string> roles = {}) { return Caller{"sub", std::string(o), std::move(roles), "https"}; }
+Caller org(const char* o, std::vector<std::string> roles = {}) {
+  return Caller{"sub", std::string(o), std::move(roles), "https"};
+}
 
 const NodeView kNode{"node-1", "org-owner"};
 
@@ -44,15 +46,16 @@ TEST_CASE("RFC 3339 times") {
   CHECK(format_time(at("2199-12-31T23:59:59Z")) == "2199-12-31T23:59:59Z");
   CHECK(at("2199-12-31T23:59:59Z") == kLatestTime);
   // Any Time formats, past the clock's 2262 too (fmt's chrono formatting overflowed there).
-  CHECK(format_time(Time{std::chrono::sys_days{std::chrono::year{4054} / 2 / 1}} + std::chrono::seconds{3723}) ==
-        "4054-02-01T01:02:03Z");
+  CHECK(format_time(Time{std::chrono::sys_days{std::chrono::year{4054} / 2 / 1}} +
+                    std::chrono::seconds{3723}) == "4054-02-01T01:02:03Z");
   CHECK(format_time(Time{std::chrono::seconds{-1}}) == "1969-12-31T23:59:59Z");
-  for (const char* bad : {"", "2027-01-31", "2027-01-31T00:00:00", "2027-02-30T00:00:00Z", "2027-01-31T24:00:00Z",
-                          "2027-01-31 00:00:00Z", "2027-1-31T00:00:00Z", "2027-01-31T00:00:00Zjunk",
-                          "2027-01-31T00:00:00.Z", "2027-01-31T00:00:00+0100", "yyyy-01-31T00:00:00Z",
-                          // Outside 1970..2199 (tests/fuzz/regressions/http_request/far-future-ends-at).
-                          "4054-02-01T00:00:00Z", "2200-01-01T00:00:00Z", "2199-12-31T23:59:59-00:01",
-                          "1969-12-31T23:59:59Z", "1970-01-01T00:00:00+00:01", "0000-01-01T00:00:00Z"}) {
+  for (const char* bad :
+       {"", "2027-01-31", "2027-01-31T00:00:00", "2027-02-30T00:00:00Z", "2027-01-31T24:00:00Z",
+        "2027-01-31 00:00:00Z", "2027-1-31T00:00:00Z", "2027-01-31T00:00:00Zjunk", "2027-01-31T00:00:00.Z",
+        "2027-01-31T00:00:00+0100", "yyyy-01-31T00:00:00Z",
+        // Outside 1970..2199 (tests/fuzz/regressions/http_request/far-future-ends-at).
+        "4054-02-01T00:00:00Z", "2200-01-01T00:00:00Z", "2199-12-31T23:59:59-00:01", "1969-12-31T23:59:59Z",
+        "1970-01-01T00:00:00+00:01", "0000-01-01T00:00:00Z"}) {
     CAPTURE(bad);
     CHECK_FALSE(parse_time(bad).has_value());
   }
@@ -98,7 +101,9 @@ TEST_CASE("terms activate and expire by the clock, in time order") {
       rsv("rsv_gone", {"u-2"}, "2027-01-01T00:00:00Z", "2027-02-01T00:00:00Z", State::scheduled),
       rsv("rsv_now", {"u-3"}, "2027-01-15T00:00:00Z", "2027-12-01T00:00:00Z", State::active),
   };
-  SUBCASE("nothing due") { CHECK(due_transitions(rs, at("2026-12-01T00:00:00Z")).empty()); }
+  SUBCASE("nothing due") {
+    CHECK(due_transitions(rs, at("2026-12-01T00:00:00Z")).empty());
+  }
   SUBCASE("a term that both started and ended while down gets both, in time order") {
     auto due = due_transitions(rs, at("2027-02-15T00:00:00Z"));
     REQUIRE(due.size() == 2);
@@ -139,7 +144,8 @@ TEST_CASE("create bodies: every invalid field is named") {
       {"end before start", {{"u-1"}, {"org-a"}, {}, now + hours(5), now + hours(4), ""}, {"endsAt"}},
       {"end now", {{"u-1"}, {"org-a"}, {}, now - hours(5), now, ""}, {"endsAt"}},
       {"long note", {{"u-1"}, {"org-a"}, {}, std::nullopt, now + hours(1), std::string(1025, 'x')}, {"note"}},
-      {"everything", {{}, {}, {"m", "m"}, std::nullopt, std::nullopt, std::string(2000, 'x')},
+      {"everything",
+       {{}, {}, {"m", "m"}, std::nullopt, std::nullopt, std::string(2000, 'x')},
        {"unitIds", "audienceOrgIds", "managingOrgIds", "endsAt", "note"}},
   };
   for (const auto& c : cases) {
@@ -154,8 +160,9 @@ TEST_CASE("create bodies: every invalid field is named") {
 }
 
 TEST_CASE("who sees the node, its units and its reservations") {
-  std::vector<Reservation> rs{rsv("rsv_1", {"u-1"}, "2027-01-01T00:00:00Z", "2027-06-01T00:00:00Z"),
-                              rsv("rsv_old", {"u-1"}, "2026-01-01T00:00:00Z", "2026-06-01T00:00:00Z", State::ended)};
+  std::vector<Reservation> rs{
+      rsv("rsv_1", {"u-1"}, "2027-01-01T00:00:00Z", "2027-06-01T00:00:00Z"),
+      rsv("rsv_old", {"u-1"}, "2026-01-01T00:00:00Z", "2026-06-01T00:00:00Z", State::ended)};
   rs[1].audience_org_ids = {"org-past"};
   rs[1].managing_org_ids = {"org-past-mgr"};
   struct Case {
@@ -184,7 +191,8 @@ TEST_CASE("who sees the node, its units and its reservations") {
   }
 }
 
-TEST_CASE("terminate-spot reach: admin and owner everything, a manager its active released and reclaiming units") {
+TEST_CASE(
+    "terminate-spot reach: admin and owner everything, a manager its active released and reclaiming units") {
   auto active = rsv("rsv_1", {"u-1", "u-2", "u-3"}, "2026-01-01T00:00:00Z", "2027-06-01T00:00:00Z");
   active.released_unit_ids = {"u-1"};
   active.reclaiming_unit_ids = {"u-2"};
@@ -206,7 +214,9 @@ TEST_CASE("terminate-spot reach: admin and owner everything, a manager its activ
       {"admin", org("org-x", {"platform-admin"}), Set(all.begin(), all.end())},
       {"owner", org("org-owner"), Set(all.begin(), all.end())},
       {"operator", org("org-x", {"platform-operator"}), {}},
-      {"manager", org("org-mgr"), {"u-1", "u-2"}},  // not u-3 (held, not released), not u-6 (rsv_4 is not its)
+      {"manager",
+       org("org-mgr"),
+       {"u-1", "u-2"}},  // not u-3 (held, not released), not u-6 (rsv_4 is not its)
       {"audience", org("org-aud"), {}},
       {"unrelated", org("org-x"), {}},
   };

@@ -1,20 +1,19 @@
 // The node's API in process: every route by every relation, the reservation rules as the API
 // applies them, persistence across a reopen, terms by the clock, audit, idempotency, ETags.
-#include <doctest/doctest.h>
+#include "gpunode/service/node_service.hpp"
 
-#include <boost/json.hpp>
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/json.hpp>
 #include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <tuple>
 
-#include <boost/asio/io_context.hpp>
-
 #include "gpunode/daemon/driver.hpp"
-#include "gpunode/service/node_service.hpp"
 #include "gpunode/store/audit_chain.hpp"
 #include "gpunode/store/database.hpp"
 #include "gpunode/vmctl/fake_hypervisor.hpp"
@@ -24,9 +23,9 @@
 namespace json = boost::json;
 namespace fs = std::filesystem;
 using namespace gpunode::service;
-using gpunode::testing::Tree;
 using gpunode::auth::testing::KeyKind;
 using gpunode::auth::testing::TestKey;
+using gpunode::testing::Tree;
 using std::chrono::system_clock;
 
 namespace {
@@ -71,8 +70,9 @@ class Lab {
     o.state_dir = state_;
     o.version = "test";
     o.shutdown_grace = grace_;
-    auto s = NodeService::open(o, std::make_shared<gpunode::auth::TokenVerifier>(*verifier), nullptr,
-                               [this] { return now_; }, nullptr);
+    auto s = NodeService::open(
+        o, std::make_shared<gpunode::auth::TokenVerifier>(*verifier), nullptr, [this] { return now_; },
+        nullptr);
     REQUIRE_MESSAGE(s, (s ? "" : s.error()));
     service_ = std::move(*s);
     // The daemon's driver, with every executor being this thread's io_context: lists and
@@ -84,7 +84,8 @@ class Lab {
       slept_ += d;
       return true;
     };
-    driver_ = std::make_unique<gpunode::daemon::Driver>(io_, *service_, hypervisor_, std::move(dopt), nullptr);
+    driver_ =
+        std::make_unique<gpunode::daemon::Driver>(io_, *service_, hypervisor_, std::move(dopt), nullptr);
   }
 
   // Runs whatever the driver posted until nothing is ready (timers are not waited for).
@@ -109,8 +110,11 @@ class Lab {
   }
 
   std::string token(std::optional<std::string> org, std::vector<std::string> roles = {}, long exp_in = 600) {
-    json::object claims{{"iss", kIssuer}, {"aud", "gpunode"}, {"sub", "user@" + org.value_or("platform")},
-                        {"exp", std::chrono::duration_cast<std::chrono::seconds>(now_.time_since_epoch()).count() + exp_in}};
+    json::object claims{
+        {"iss", kIssuer},
+        {"aud", "gpunode"},
+        {"sub", "user@" + org.value_or("platform")},
+        {"exp", std::chrono::duration_cast<std::chrono::seconds>(now_.time_since_epoch()).count() + exp_in}};
     if (org) claims["org"] = *org;
     json::array rs;
     for (auto& r : roles) rs.emplace_back(r);
@@ -119,12 +123,14 @@ class Lab {
   }
 
   ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
-                   const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
+                   const std::string& body = "",
+                   std::vector<std::pair<std::string, std::string>> headers = {}) {
     return call_request(request(method, target, tok, body, std::move(headers)));
   }
 
   static ApiRequest request(const std::string& method, const std::string& target, const std::string& tok,
-                            const std::string& body = "", std::vector<std::pair<std::string, std::string>> headers = {}) {
+                            const std::string& body = "",
+                            std::vector<std::pair<std::string, std::string>> headers = {}) {
     ApiRequest q;
     q.method = method;
     auto qm = target.find('?');
@@ -149,9 +155,11 @@ class Lab {
     return ec ? json::value(nullptr) : v;
   }
 
-  json::object create(const std::string& admin, std::vector<std::string> units, std::vector<std::string> audience,
-                      std::vector<std::string> managers, std::string starts = "", std::string ends = "") {
-    json::object b{{"unitIds", json::value_from(units)}, {"audienceOrgIds", json::value_from(audience)},
+  json::object create(const std::string& admin, std::vector<std::string> units,
+                      std::vector<std::string> audience, std::vector<std::string> managers,
+                      std::string starts = "", std::string ends = "") {
+    json::object b{{"unitIds", json::value_from(units)},
+                   {"audienceOrgIds", json::value_from(audience)},
                    {"managingOrgIds", json::value_from(managers)},
                    {"endsAt", ends.empty() ? iso(now_ + std::chrono::hours(24)) : ends}};
     if (!starts.empty()) b["startsAt"] = starts;
@@ -179,7 +187,8 @@ class Lab {
     auto st = db->prepare("SELECT event FROM outbox ORDER BY seq");
     REQUIRE(st);
     std::vector<json::object> out;
-    while (st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row) {
+    while (st->step().value_or(gpunode::store::Statement::Step::done) ==
+           gpunode::store::Statement::Step::row) {
       auto e = json::parse(st->column_text(0)).as_object();
       if (e.at("type").as_string() == type) out.push_back(e);
     }
@@ -198,7 +207,8 @@ class Lab {
     driver_->refresh();
     drain();
   }
-  std::shared_ptr<gpunode::vmctl::FakeHypervisor> hypervisor_ = std::make_shared<gpunode::vmctl::FakeHypervisor>();
+  std::shared_ptr<gpunode::vmctl::FakeHypervisor> hypervisor_ =
+      std::make_shared<gpunode::vmctl::FakeHypervisor>();
 };
 
 std::string code_of(const ApiResponse& r) {
@@ -248,7 +258,8 @@ TEST_CASE("every route by every relation") {
       {"GET", Lab::path("/audit"), ""},
       {"GET", "/v1/orgs/org-aud/reserved-capacity", ""},
       {"PATCH", Lab::path("/reservations/" + rid), R"({"note":"x"})"},
-      {"POST", Lab::path("/reservations"), R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})"},
+      {"POST", Lab::path("/reservations"),
+       R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})"},
   };
   // expected status per caller, in the order of `routes`
   const std::map<std::string, std::pair<std::string, std::vector<unsigned>>> table{
@@ -272,7 +283,8 @@ TEST_CASE("every route by every relation") {
       if (resp.status >= 400) {
         auto b = Lab::body(resp);
         REQUIRE(b.is_object());
-        for (const char* k : {"type", "title", "status", "detail", "code", "errors"}) CHECK(b.as_object().contains(k));
+        for (const char* k : {"type", "title", "status", "detail", "code", "errors"})
+          CHECK(b.as_object().contains(k));
         CHECK(resp.header("Content-Type") == "application/problem+json");
       }
       if (resp.status == 401) CHECK(resp.header("WWW-Authenticate").value_or("").starts_with("Bearer"));
@@ -285,7 +297,8 @@ TEST_CASE("a 404 for an unseen node is byte-identical to an unknown node's") {
   const auto other = lab.token("org-other");
   auto a = lab.call("GET", Lab::path("/units"), other);
   auto b = lab.call("GET", "/v1/nodes/node-elsewhere/units", other);
-  auto c = lab.call("GET", Lab::path("/reservations/rsv_nope"), lab.token("org-platform", {"platform-admin"}));
+  auto c =
+      lab.call("GET", Lab::path("/reservations/rsv_nope"), lab.token("org-platform", {"platform-admin"}));
   CHECK(a.status == 404);
   CHECK(a.body == b.body);
   CHECK(a.body == c.body);
@@ -296,7 +309,8 @@ TEST_CASE("create: validation, unknown units, reasons, overlap") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   SUBCASE("400 names every bad field") {
-    auto r = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":[],"audienceOrgIds":"x","colour":1})");
+    auto r = lab.call("POST", Lab::path("/reservations"), admin,
+                      R"({"unitIds":[],"audienceOrgIds":"x","colour":1})");
     CHECK(r.status == 400);
     std::set<std::string> fields;
     const auto b = Lab::body(r);
@@ -306,8 +320,9 @@ TEST_CASE("create: validation, unknown units, reasons, overlap") {
     CHECK(lab.call("POST", Lab::path("/reservations"), admin, "[1,2]").status == 400);
   }
   SUBCASE("422 unknown-unit, 409 unit-not-reservable with the unit's reasons") {
-    auto r = lab.call("POST", Lab::path("/reservations"), admin,
-                      R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
+    auto r =
+        lab.call("POST", Lab::path("/reservations"), admin,
+                 R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
     CHECK(r.status == 422);
     CHECK(code_of(r) == "unknown-unit");
     r = lab.call("POST", Lab::path("/reservations"), admin,
@@ -318,17 +333,20 @@ TEST_CASE("create: validation, unknown units, reasons, overlap") {
   }
   SUBCASE("overlap names the blockers; back-to-back terms do not overlap") {
     auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, "", "2099-01-01T00:00:00Z");
-    auto r = lab.call("POST", Lab::path("/reservations"), admin,
-                      R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"],"audienceOrgIds":["o"],"startsAt":"2098-01-01T00:00:00Z","endsAt":"2100-01-01T00:00:00Z"})");
+    auto r = lab.call(
+        "POST", Lab::path("/reservations"), admin,
+        R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"],"audienceOrgIds":["o"],"startsAt":"2098-01-01T00:00:00Z","endsAt":"2100-01-01T00:00:00Z"})");
     CHECK(r.status == 409);
     CHECK(code_of(r) == "reservation-overlap");
     CHECK(r.body.find(std::string(a.at("id").as_string())) != std::string::npos);
-    auto next = lab.create(admin, {"u-0000-41-00-0"}, {"org-b"}, {}, "2099-01-01T00:00:00Z", "2100-01-01T00:00:00Z");
+    auto next =
+        lab.create(admin, {"u-0000-41-00-0"}, {"org-b"}, {}, "2099-01-01T00:00:00Z", "2100-01-01T00:00:00Z");
     CHECK(next.at("state") == "scheduled");
   }
   SUBCASE("201 with Location, ETag and the reservation") {
-    auto r = lab.call("POST", Lab::path("/reservations"), admin,
-                      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"endsAt":"2099-01-01T00:00:00Z","note":"n"})");
+    auto r = lab.call(
+        "POST", Lab::path("/reservations"), admin,
+        R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"endsAt":"2099-01-01T00:00:00Z","note":"n"})");
     REQUIRE(r.status == 201);
     auto b = Lab::body(r).as_object();
     CHECK(r.header("Location") == Lab::path("/reservations/") + std::string(b.at("id").as_string()));
@@ -340,40 +358,54 @@ TEST_CASE("create: validation, unknown units, reasons, overlap") {
   }
 }
 
-TEST_CASE("overlap is checked against each unit's live reservations: amends move them, ends free them, a restart keeps them") {
+TEST_CASE(
+    "overlap is checked against each unit's live reservations: amends move them, ends free them, a restart "
+    "keeps them") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   auto overlap_with = [&](const std::string& units, const char* from, const char* to) -> std::string {
     auto r = lab.call("POST", Lab::path("/reservations"), admin,
-                      fmt::format(R"({{"unitIds":{},"audienceOrgIds":["o"],"startsAt":"{}","endsAt":"{}"}})", units, from, to));
+                      fmt::format(R"({{"unitIds":{},"audienceOrgIds":["o"],"startsAt":"{}","endsAt":"{}"}})",
+                                  units, from, to));
     if (r.status == 201) return "created";
     REQUIRE_MESSAGE(r.status == 409, r.body);
     auto b = Lab::body(r);
     return std::string(b.at("blockingReservationIds").as_array().at(0).as_string());
   };
-  auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, "2098-01-01T00:00:00Z", "2098-02-01T00:00:00Z");
-  auto c = lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, "2098-03-01T00:00:00Z", "2098-04-01T00:00:00Z");
+  auto a =
+      lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, "2098-01-01T00:00:00Z", "2098-02-01T00:00:00Z");
+  auto c =
+      lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, "2098-03-01T00:00:00Z", "2098-04-01T00:00:00Z");
   const std::string a_id(a.at("id").as_string()), c_id(c.at("id").as_string());
   CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == a_id);
   lab.open();  // the index is rebuilt from what was stored
   CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == a_id);
   // c widened to unit 41: it blocks there now
-  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin, R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})").status == 200);
+  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin,
+                   R"({"unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})")
+              .status == 200);
   CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-03-10T00:00:00Z", "2098-03-20T00:00:00Z") == c_id);
   // ... and narrowed to unit 41 alone: unit 42 is free at that time
-  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + c_id), admin, R"({"unitIds":["u-0000-41-00-0"]})")
+              .status == 200);
   CHECK(overlap_with(R"(["u-0000-42-00-0"])", "2098-03-10T00:00:00Z", "2098-03-11T00:00:00Z") == "created");
   // an ended reservation blocks nothing
-  REQUIRE(lab.call("POST", Lab::path("/reservations/" + a_id + "/end"), admin, R"({"reason":"test"})").status == 200);
+  REQUIRE(
+      lab.call("POST", Lab::path("/reservations/" + a_id + "/end"), admin, R"({"reason":"test"})").status ==
+      200);
   CHECK(overlap_with(R"(["u-0000-41-00-0"])", "2098-01-15T00:00:00Z", "2098-01-20T00:00:00Z") == "created");
   lab.open();
-  CHECK(overlap_with(R"(["u-0000-41-00-0","u-0000-42-00-0"])", "2098-03-31T00:00:00Z", "2098-04-02T00:00:00Z") == c_id);
+  CHECK(overlap_with(R"(["u-0000-41-00-0","u-0000-42-00-0"])", "2098-03-31T00:00:00Z",
+                     "2098-04-02T00:00:00Z") == c_id);
 }
 
-TEST_CASE("an amendment that makes a term due answers as the amendment, the same on a replay; the term follows as its own change") {
+TEST_CASE(
+    "an amendment that makes a term due answers as the amendment, the same on a replay; the term follows as "
+    "its own change") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(5)), iso(lab.now_ + std::chrono::hours(6)));
+  auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(5)),
+                      iso(lab.now_ + std::chrono::hours(6)));
   const std::string p = Lab::path("/reservations/" + std::string(r.at("id").as_string()));
   const std::string body = fmt::format(R"({{"startsAt":"{}"}})", iso(lab.now_));
   auto first = lab.call("PATCH", p, admin, body, {{"idempotency-key", "amend-now"}});
@@ -405,11 +437,13 @@ TEST_CASE("amend is all or nothing, with If-Match; end once") {
   auto now = Lab::body(lab.call("GET", p, admin));
   CHECK(now.at("version") == 1);
   CHECK(now.at("note") == "");
-  auto ok = lab.call("PATCH", p, admin, R"({"note":"b","unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})", {{"if-match", "\"1\""}});
+  auto ok = lab.call("PATCH", p, admin, R"({"note":"b","unitIds":["u-0000-41-00-0","u-0000-42-00-0"]})",
+                     {{"if-match", "\"1\""}});
   REQUIRE(ok.status == 200);
   CHECK(ok.header("ETag") == "\"2\"");
   CHECK(Lab::body(ok).at("unitIds").as_array().size() == 2);
-  CHECK(lab.call("PATCH", p, admin, R"({"startsAt":"2099-01-01T00:00:00Z"})").status == 400);  // active: startsAt fixed
+  CHECK(lab.call("PATCH", p, admin, R"({"startsAt":"2099-01-01T00:00:00Z"})").status ==
+        400);  // active: startsAt fixed
   auto ended = lab.call("POST", p + "/end", admin, R"({"reason":"test"})");
   REQUIRE(ended.status == 200);
   CHECK(Lab::body(ended).at("endReason") == "ended-early");
@@ -420,7 +454,8 @@ TEST_CASE("amend is all or nothing, with If-Match; end once") {
 TEST_CASE("idempotent replays") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  const std::string body = R"({"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})";
+  const std::string body =
+      R"({"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})";
   auto first = lab.call("POST", Lab::path("/reservations"), admin, body, {{"idempotency-key", "k1"}});
   REQUIRE(first.status == 201);
   auto again = lab.call("POST", Lab::path("/reservations"), admin, body, {{"idempotency-key", "k1"}});
@@ -429,27 +464,32 @@ TEST_CASE("idempotent replays") {
   auto other = lab.call("POST", Lab::path("/reservations"), admin, body + " ", {{"idempotency-key", "k1"}});
   CHECK(other.status == 422);
   CHECK(code_of(other) == "idempotency-key-reuse");
-  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations"), admin)).at("reservations").as_array().size() == 1);
+  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations"), admin)).at("reservations").as_array().size() ==
+        1);
 }
 
 TEST_CASE("terms apply by the clock, also across a restart, in time order, audited") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   auto t0 = lab.now_;
-  auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(1)), iso(t0 + std::chrono::hours(2)));
-  auto b = lab.create(admin, {"u-0000-42-00-0"}, {"org-b"}, {}, iso(t0 + std::chrono::minutes(30)), iso(t0 + std::chrono::hours(5)));
+  auto a = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(1)),
+                      iso(t0 + std::chrono::hours(2)));
+  auto b = lab.create(admin, {"u-0000-42-00-0"}, {"org-b"}, {}, iso(t0 + std::chrono::minutes(30)),
+                      iso(t0 + std::chrono::hours(5)));
   CHECK(a.at("state") == "scheduled");
   lab.now_ = t0 + std::chrono::minutes(45);
   auto next = lab.service_->tick();
   CHECK(next == std::chrono::time_point_cast<std::chrono::seconds>(t0 + std::chrono::hours(1)));
   auto admin2 = lab.token("org-platform", {"platform-admin"});  // the first one has expired by now
-  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(b.at("id").as_string()), admin2)).at("state") == "active");
+  CHECK(Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(b.at("id").as_string()), admin2))
+            .at("state") == "active");
   // down for three hours: a starts and ends, both recorded, in time order, on start
   lab.service_.reset();
   lab.now_ = t0 + std::chrono::hours(3);
   lab.open();
   const auto admin3 = lab.token("org-platform", {"platform-admin"});
-  auto ra = Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(a.at("id").as_string()), admin3));
+  auto ra =
+      Lab::body(lab.call("GET", Lab::path("/reservations/") + std::string(a.at("id").as_string()), admin3));
   CHECK(ra.at("state") == "ended");
   CHECK(ra.at("endReason") == "term-expired");
   CHECK(ra.at("endedAt") == json::value(iso(t0 + std::chrono::hours(2))));
@@ -458,7 +498,8 @@ TEST_CASE("terms apply by the clock, also across a restart, in time order, audit
   for (auto& rec : records) {
     if (rec.at("reservationId") == a.at("id")) actions.emplace_back(rec.at("action").as_string());
   }
-  CHECK(actions == std::vector<std::string>{"reservation.create", "reservation.activate", "reservation.expire"});
+  CHECK(actions ==
+        std::vector<std::string>{"reservation.create", "reservation.activate", "reservation.expire"});
   for (auto& rec : records) {
     if (rec.at("action") == "reservation.expire") {
       CHECK(rec.at("actor").at("via") == "agent");
@@ -474,13 +515,18 @@ TEST_CASE("the audit log pages and chains") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   for (int i = 0; i < 5; ++i) {
-    auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(10 * i + 1)),
-                        iso(lab.now_ + std::chrono::hours(10 * i + 2)));
+    auto r =
+        lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(lab.now_ + std::chrono::hours(10 * i + 1)),
+                   iso(lab.now_ + std::chrono::hours(10 * i + 2)));
   }
   auto page1 = Lab::body(lab.call("GET", Lab::path("/audit?limit=2"), admin)).as_object();
   CHECK(page1.at("records").as_array().size() == 2);
   REQUIRE(page1.at("nextPageToken").is_string());
-  auto page2 = Lab::body(lab.call("GET", Lab::path("/audit?limit=10&pageToken=") + std::string(page1.at("nextPageToken").as_string()), admin)).as_object();
+  auto page2 = Lab::body(lab.call("GET",
+                                  Lab::path("/audit?limit=10&pageToken=") +
+                                      std::string(page1.at("nextPageToken").as_string()),
+                                  admin))
+                   .as_object();
   CHECK(page2.at("records").as_array().size() == 3);
   CHECK(page2.at("nextPageToken").is_null());
   CHECK(page2.at("records").as_array()[0].at("prevHash") == page1.at("records").as_array()[1].at("hash"));
@@ -494,7 +540,10 @@ TEST_CASE("the audit log pages and chains") {
 TEST_CASE("across a restart the chain goes on from its last record, which a commit does not copy into meta") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  auto window = [&](int i) { return std::pair{iso(lab.now_ + std::chrono::hours(10 * i + 1)), iso(lab.now_ + std::chrono::hours(10 * i + 2))}; };
+  auto window = [&](int i) {
+    return std::pair{iso(lab.now_ + std::chrono::hours(10 * i + 1)),
+                     iso(lab.now_ + std::chrono::hours(10 * i + 2))};
+  };
   auto create = [&](int i) {
     auto [from, to] = window(i);
     lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, from, to);
@@ -504,7 +553,8 @@ TEST_CASE("across a restart the chain goes on from its last record, which a comm
     REQUIRE(db);
     auto st = db->prepare(fmt::format("SELECT value FROM meta WHERE key = '{}'", key));
     REQUIRE(st);
-    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row);
+    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) ==
+            gpunode::store::Statement::Step::row);
     return st->column_text(0);
   };
   create(0);
@@ -525,8 +575,10 @@ TEST_CASE("across a restart the chain goes on from its last record, which a comm
   {
     auto db = gpunode::store::Database::open(lab.state_ / "state.db");
     REQUIRE(db);
-    REQUIRE(db->exec(fmt::format("UPDATE meta SET value = '4' WHERE key = 'audit_seq'; UPDATE meta SET value = '{}' WHERE key = "
-                                 "'audit_last_hash'", std::string(records.back().at("hash").as_string()))));
+    REQUIRE(db->exec(fmt::format(
+        "UPDATE meta SET value = '4' WHERE key = 'audit_seq'; UPDATE meta SET value = '{}' WHERE key = "
+        "'audit_last_hash'",
+        std::string(records.back().at("hash").as_string()))));
   }
   lab.open();
   create(4);
@@ -550,9 +602,11 @@ TEST_CASE("across a restart the chain goes on from its last record, which a comm
   o.owner_org = kOwner;
   o.host_root = lab.tree_.root();
   o.state_dir = lab.state_;
-  auto refused = NodeService::open(o, nullptr, nullptr, [&] { return lab.now_; }, nullptr);
+  auto refused = NodeService::open(
+      o, nullptr, nullptr, [&] { return lab.now_; }, nullptr);
   REQUIRE_FALSE(refused);
-  CHECK(refused.error().find("the last audit record is aud_5, meta says aud_9 was written") != std::string::npos);
+  CHECK(refused.error().find("the last audit record is aud_5, meta says aud_9 was written") !=
+        std::string::npos);
 }
 
 TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
@@ -560,7 +614,8 @@ TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {
   const auto admin = lab.token("org-platform", {"platform-admin"});
   auto first = lab.call("GET", Lab::path("/units"), admin);
   REQUIRE(first.header("ETag"));
-  auto again = lab.call("GET", Lab::path("/units"), admin, "", {{"if-none-match", std::string(*first.header("ETag"))}});
+  auto again = lab.call("GET", Lab::path("/units"), admin, "",
+                        {{"if-none-match", std::string(*first.header("ETag"))}});
   CHECK(again.status == 304);
   CHECK(again.body.empty());
 }
@@ -601,7 +656,9 @@ TEST_CASE("the backstop rescan reads the host again only when a function, a driv
   CHECK(lab.service_->revision() == after);
 }
 
-TEST_CASE("shared reads: the network thread gives a read again only to the same request, until anything it shows may change") {
+TEST_CASE(
+    "shared reads: the network thread gives a read again only to the same request, until anything it shows "
+    "may change") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"}, 120);
   const auto other = lab.token("org-platform", {"platform-admin"}, 600);
@@ -630,7 +687,8 @@ TEST_CASE("shared reads: the network thread gives a read again only to the same 
   CHECK(lab.call("GET", Lab::path("/units"), "admin-socket").status == 200);
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), "admin-socket"), lab.now_));
   CHECK(lab.call("GET", Lab::path("/units?x=1"), admin).status == 200);
-  CHECK(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));  // kept as its own request
+  CHECK(
+      shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));  // kept as its own request
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=2"), admin), lab.now_));
   CHECK(lab.call("GET", Lab::path("/reservations"), admin).status == 200);
   CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/reservations"), admin), lab.now_));
@@ -645,7 +703,8 @@ TEST_CASE("shared reads: the network thread gives a read again only to the same 
   CHECK(lab.call("GET", Lab::path("/state"), other).status == 200);
   CHECK(shared.find(Lab::request("GET", Lab::path("/state"), other), lab.now_));
   const auto t0 = lab.now_;
-  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)), iso(t0 + std::chrono::hours(1)));
+  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)),
+             iso(t0 + std::chrono::hours(1)));
   CHECK(shared.size() == 0);
   CHECK_FALSE(shared.find(units, lab.now_));
   const auto after = lab.call_request(units);
@@ -672,7 +731,8 @@ TEST_CASE("shared reads: the network thread gives a read again only to the same 
   CHECK(std::holds_alternative<gpunode::service::Park>(lab.service_->handle(waiting)));
   CHECK_FALSE(shared.find(waiting, lab.now_));
   // A change withdraws the 304 before its own answer: the next poll sees the new revision.
-  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(2)), iso(t0 + std::chrono::hours(3)));
+  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(2)),
+             iso(t0 + std::chrono::hours(3)));
   CHECK_FALSE(shared.find(now_poll, lab.now_));
   CHECK(lab.call_request(now_poll).status == 200);
 
@@ -698,7 +758,8 @@ TEST_CASE("shared reads are bounded") {
   CHECK(shared.size() == 0);
 }
 
-TEST_CASE("a restart keeps every change; a unit that disappears stays listed as absent with its reservation") {
+TEST_CASE(
+    "a restart keeps every change; a unit that disappears stays listed as absent with its reservation") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   auto r = lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {});
@@ -717,7 +778,9 @@ TEST_CASE("a restart keeps every change; a unit that disappears stays listed as 
   CHECK(records.back().at("actor").at("sub") == "gpunode-agent");
 }
 
-TEST_CASE("a token accepted once is refused once it expires (verified tokens are remembered, their times are not)") {
+TEST_CASE(
+    "a token accepted once is refused once it expires (verified tokens are remembered, their times are "
+    "not)") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"}, 120);
   CHECK(lab.call("GET", Lab::path("/units"), admin).status == 200);
@@ -749,7 +812,8 @@ TEST_CASE("workloads: mapped to units by their PCI hostdevs; labels per §5/§7"
   lab.hypervisor_->domains = {
       vm("spot-a", "u1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-1", "org-b", Tier::spot}),
       vm("legacy", "u2", {"0000:42:00.0", "0000:99:00.0"}, std::nullopt),
-      vm("off", "u3", {"0000:43:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-3", "org-c", Tier::on_demand}, "shutoff"),
+      vm("off", "u3", {"0000:43:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-3", "org-c", Tier::on_demand},
+         "shutoff"),
   };
   const auto owner = lab.token(kOwner);
   auto r = lab.call("GET", Lab::path("/workloads"), owner);
@@ -763,7 +827,8 @@ TEST_CASE("workloads: mapped to units by their PCI hostdevs; labels per §5/§7"
   CHECK(ws[2].at("name") == "spot-a");
   CHECK(ws[2].at("tier") == "spot");
   CHECK(ws[2].at("unitIds").as_array().at(0) == "u-0000-41-00-0");
-  CHECK(lab.call("GET", Lab::path("/workloads"), lab.token("org-mgr")).status == 404);  // does not see the node
+  CHECK(lab.call("GET", Lab::path("/workloads"), lab.token("org-mgr")).status ==
+        404);  // does not see the node
   lab.hypervisor_->unavailable = true;
   auto down = lab.call("GET", Lab::path("/workloads"), owner);
   CHECK(down.status == 503);
@@ -779,8 +844,9 @@ TEST_CASE("create: unit-occupied by non-spot workloads of outsiders; spot worklo
       vm("mine", "u4", {"0000:42:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-4", "org-aud", Tier::on_demand}),
   };
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  auto occupied = lab.call("POST", Lab::path("/reservations"), admin,
-                           R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"endsAt":"2099-01-01T00:00:00Z"})");
+  auto occupied = lab.call(
+      "POST", Lab::path("/reservations"), admin,
+      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"endsAt":"2099-01-01T00:00:00Z"})");
   CHECK(occupied.status == 409);
   CHECK(code_of(occupied) == "unit-occupied");
   auto blockers = Lab::body(occupied).at("workloads").as_array();
@@ -788,18 +854,22 @@ TEST_CASE("create: unit-occupied by non-spot workloads of outsiders; spot worklo
   CHECK(blockers[0].at("name") == "legacy");
   CHECK(blockers[0].at("vmId").is_null());
   // a term that has not started is not checked
-  CHECK(lab.call("POST", Lab::path("/reservations"), admin,
-                 R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"startsAt":"2098-01-01T00:00:00Z","endsAt":"2099-01-01T00:00:00Z"})")
-            .status == 201);
-  auto ok = lab.call("POST", Lab::path("/reservations"), admin,
-                     R"({"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["org-aud"],"endsAt":"2099-01-01T00:00:00Z"})");
+  CHECK(
+      lab.call(
+             "POST", Lab::path("/reservations"), admin,
+             R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"startsAt":"2098-01-01T00:00:00Z","endsAt":"2099-01-01T00:00:00Z"})")
+          .status == 201);
+  auto ok = lab.call(
+      "POST", Lab::path("/reservations"), admin,
+      R"({"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["org-aud"],"endsAt":"2099-01-01T00:00:00Z"})");
   REQUIRE(ok.status == 201);
   auto spot = Lab::body(ok).at("spotWorkloads").as_array();
   REQUIRE(spot.size() == 1);
   CHECK(spot[0].at("vmId") == "vm-1");
   lab.hypervisor_->unavailable = true;
-  auto down = lab.call("POST", Lab::path("/reservations"), admin,
-                       R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"startsAt":"2097-01-01T00:00:00Z","endsAt":"2097-06-01T00:00:00Z"})");
+  auto down = lab.call(
+      "POST", Lab::path("/reservations"), admin,
+      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-aud"],"startsAt":"2097-01-01T00:00:00Z","endsAt":"2097-06-01T00:00:00Z"})");
   CHECK(down.status == 201);  // scheduled: occupancy is not asked
 }
 
@@ -809,13 +879,15 @@ TEST_CASE("release, capacity and admission") {
   const auto oper = lab.token("org-platform", {"platform-operator"});
   auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-aud"}, {"org-mgr"});
   const std::string id(r.at("id").as_string()), p = Lab::path("/reservations/" + id);
-  auto later = lab.create(admin, {"u-0000-42-00-0"}, {"org-aud"}, {"org-mgr"}, iso(lab.now_ + std::chrono::hours(5)),
-                          iso(lab.now_ + std::chrono::hours(6)));
+  auto later = lab.create(admin, {"u-0000-42-00-0"}, {"org-aud"}, {"org-mgr"},
+                          iso(lab.now_ + std::chrono::hours(5)), iso(lab.now_ + std::chrono::hours(6)));
 
   auto cap = [&](const char* org) {
     std::map<std::string, std::pair<std::string, json::value>> out;
     auto b = Lab::body(lab.call("GET", Lab::path(std::string("/capacity?org=") + org), oper));
-    for (auto& e : b.at("units").as_array()) out[std::string(e.at("unitId").as_string())] = {std::string(e.at("tier").as_string()), e.at("reservationId")};
+    for (auto& e : b.at("units").as_array())
+      out[std::string(e.at("unitId").as_string())] = {std::string(e.at("tier").as_string()),
+                                                      e.at("reservationId")};
     return out;
   };
   auto aud = cap("org-aud");
@@ -826,25 +898,32 @@ TEST_CASE("release, capacity and admission") {
   CHECK(aud["u-0000-42-00-0"].second.is_null());
   CHECK(cap("org-other").count("u-0000-41-00-0") == 0);  // nothing of anyone else's reservation
 
-  CHECK(lab.call("POST", p + "/release", lab.token("org-aud"), R"({"unitIds":["u-0000-41-00-0"]})").status == 403);
-  CHECK(code_of(lab.call("POST", p + "/release", lab.token("org-mgr"), R"({"unitIds":["u-0000-42-00-0"]})")) == "unknown-unit");
-  CHECK(code_of(lab.call("POST", Lab::path("/reservations/") + std::string(later.at("id").as_string()) + "/release", admin,
-                         R"({"unitIds":["u-0000-42-00-0"]})")) == "reservation-not-active");
+  CHECK(lab.call("POST", p + "/release", lab.token("org-aud"), R"({"unitIds":["u-0000-41-00-0"]})").status ==
+        403);
+  CHECK(code_of(lab.call("POST", p + "/release", lab.token("org-mgr"),
+                         R"({"unitIds":["u-0000-42-00-0"]})")) == "unknown-unit");
+  CHECK(code_of(lab.call("POST",
+                         Lab::path("/reservations/") + std::string(later.at("id").as_string()) + "/release",
+                         admin, R"({"unitIds":["u-0000-42-00-0"]})")) == "reservation-not-active");
   auto rel = lab.call("POST", p + "/release", lab.token("org-mgr"), R"({"unitIds":["u-0000-41-00-0"]})");
   REQUIRE(rel.status == 200);
   CHECK(Lab::body(rel).at("reservation").at("releasedUnitIds").as_array().at(0) == "u-0000-41-00-0");
   auto again = lab.call("POST", p + "/release", lab.token("org-mgr"), R"({"unitIds":["u-0000-41-00-0"]})");
   CHECK(again.status == 200);
-  CHECK(Lab::body(again).at("reservation").at("version") == Lab::body(rel).at("reservation").at("version"));  // a no-op
-  CHECK(again.header("ETag") == rel.header("ETag"));  // answered like a change: the reservation's ETag
+  CHECK(Lab::body(again).at("reservation").at("version") ==
+        Lab::body(rel).at("reservation").at("version"));  // a no-op
+  CHECK(again.header("ETag") == rel.header("ETag"));      // answered like a change: the reservation's ETag
 
   CHECK(cap("org-other")["u-0000-41-00-0"].first == "spot");
   CHECK(cap("org-other")["u-0000-41-00-0"].second.is_null());  // a spot entry never names a reservation
   CHECK(cap("org-aud")["u-0000-41-00-0"].first == "spot");
 
-  auto admit = [&](const std::string& body) { return Lab::body(lab.call("POST", Lab::path("/admission"), oper, body)); };
+  auto admit = [&](const std::string& body) {
+    return Lab::body(lab.call("POST", Lab::path("/admission"), oper, body));
+  };
   CHECK(admit(R"({"orgId":"org-x","tier":"spot","unitIds":["u-0000-41-00-0"]})").at("allowed") == true);
-  auto no = admit(R"({"orgId":"org-aud","tier":"reserved","unitIds":["u-0000-41-00-0","u-0000-42-00-0","u-0000-43-00-0","u-0000-99-00-0"]})");
+  auto no = admit(
+      R"({"orgId":"org-aud","tier":"reserved","unitIds":["u-0000-41-00-0","u-0000-42-00-0","u-0000-43-00-0","u-0000-99-00-0"]})");
   CHECK(no.at("allowed") == false);
   std::vector<std::string> codes;
   for (auto& x : no.at("reasons").as_array()) codes.emplace_back(x.at("code").as_string());
@@ -852,9 +931,13 @@ TEST_CASE("release, capacity and admission") {
   auto bad_tier = admit(R"({"orgId":"org-aud","tier":"gold","unitIds":["u-0000-41-00-0"]})");
   CHECK(bad_tier.at("reasons").as_array().at(0).at("code") == "invalid-tier");
   CHECK(bad_tier.at("reasons").as_array().at(0).at("unitId").is_null());
-  CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"orgId":"org-aud","tier":"spot","unitIds":[]})").status == 400);
-  CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"tier":"spot","unitIds":["u-0000-41-00-0"]})").status == 400);
-  CHECK(lab.call("POST", Lab::path("/admission"), lab.token(kOwner), R"({"orgId":"o","tier":"spot","unitIds":["u"]})").status == 403);
+  CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"orgId":"org-aud","tier":"spot","unitIds":[]})")
+            .status == 400);
+  CHECK(lab.call("POST", Lab::path("/admission"), oper, R"({"tier":"spot","unitIds":["u-0000-41-00-0"]})")
+            .status == 400);
+  CHECK(lab.call("POST", Lab::path("/admission"), lab.token(kOwner),
+                 R"({"orgId":"o","tier":"spot","unitIds":["u"]})")
+            .status == 403);
   // Idempotency-Key: the first answer replays; another body with the key is 422 (CONTRACT §4).
   const std::vector<std::pair<std::string, std::string>> key{{"idempotency-key", "adm-1"}};
   const std::string q1 = R"({"orgId":"org-x","tier":"spot","unitIds":["u-0000-41-00-0"]})";
@@ -863,12 +946,14 @@ TEST_CASE("release, capacity and admission") {
   auto replayed = lab.call("POST", Lab::path("/admission"), oper, q1, key);
   CHECK(replayed.body == first.body);
   CHECK(replayed.header("Idempotent-Replayed") == "true");
-  CHECK(code_of(lab.call("POST", Lab::path("/admission"), oper, R"({"orgId":"org-y","tier":"spot","unitIds":["u-0000-41-00-0"]})", key)) ==
+  CHECK(code_of(lab.call("POST", Lab::path("/admission"), oper,
+                         R"({"orgId":"org-y","tier":"spot","unitIds":["u-0000-41-00-0"]})", key)) ==
         "idempotency-key-reuse");
 
   auto ended = lab.call("POST", p + "/end", admin, "");
   REQUIRE(ended.status == 200);
-  CHECK(Lab::body(ended).at("releasedUnitIds").as_array().empty());  // released units leave the spot market with it
+  CHECK(Lab::body(ended).at("releasedUnitIds").as_array().empty());  // released units leave the spot market
+                                                                     // with it
   CHECK(cap("org-other")["u-0000-41-00-0"].first == "on-demand");
   auto records = Lab::body(lab.call("GET", Lab::path("/audit"), admin)).at("records").as_array();
   bool released = false;
@@ -960,8 +1045,9 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   CHECK(lab.call("POST", ts, lab.token("org-other"), "{}").status == 404);
   CHECK(lab.call("POST", ts, "", "{}").status == 401);
   // Bodies.
-  for (const char* bad : {R"({"gracePeriodSeconds":301})", R"({"gracePeriodSeconds":-1})", R"({"gracePeriodSeconds":"5"})",
-                          R"({"unitIds":[]})", R"({"unitIds":"u"})", R"({"force":true})", "[1]", "{"}) {
+  for (const char* bad :
+       {R"({"gracePeriodSeconds":301})", R"({"gracePeriodSeconds":-1})", R"({"gracePeriodSeconds":"5"})",
+        R"({"unitIds":[]})", R"({"unitIds":"u"})", R"({"force":true})", "[1]", "{"}) {
     CAPTURE(bad);
     CHECK(code_of(lab.call("POST", ts, admin, bad)) == "invalid-request");
   }
@@ -979,7 +1065,9 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   for (const auto& d : lab.hypervisor_->domains) CHECK(d.state == (d.name == "off" ? "shutoff" : "running"));
 
   // Released: the manager reaches U1 only.
-  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), mgr, fmt::format(R"({{"unitIds":["{}"]}})", U1)).status == 200);
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), mgr,
+                   fmt::format(R"({{"unitIds":["{}"]}})", U1))
+              .status == 200);
   CHECK(code_of(lab.call("POST", ts, mgr, fmt::format(R"({{"unitIds":["{}"]}})", U2))) == "out-of-reach");
   auto r = lab.call("POST", ts, mgr, R"({"reason":"we need it back"})");
   REQUIRE_MESSAGE(r.status == 200, r.body);
@@ -1034,7 +1122,8 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   REQUIRE(entry(st1.at("workloads"), "spot-a") != nullptr);
   CHECK(entry(st1.at("workloads"), "spot-a")->at("state") == "shutoff");
   lab.refresh();
-  CHECK(Lab::body(lab.call("GET", Lab::path("/state"), admin)).at("revision") == st1.at("revision"));  // nothing changed
+  CHECK(Lab::body(lab.call("GET", Lab::path("/state"), admin)).at("revision") ==
+        st1.at("revision"));  // nothing changed
   lab.hypervisor_->find("uuid-off")->state = "running";
   lab.refresh();
   auto st2 = Lab::body(lab.call("GET", Lab::path("/state"), admin));
@@ -1042,7 +1131,8 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   CHECK(entry(st2.at("workloads"), "off")->at("state") == "running");
   lab.hypervisor_->find("uuid-off")->state = "shutoff";
 
-  // The owner reaches the whole node: the pair and spot-b go; the unlabelled VM is listed, vmId and tier null.
+  // The owner reaches the whole node: the pair and spot-b go; the unlabelled VM is listed, vmId and tier
+  // null.
   auto o = lab.call("POST", ts, lab.token(kOwner), "{}");
   REQUIRE(o.status == 200);
   auto ob = Lab::body(o);
@@ -1052,11 +1142,13 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
   CHECK(legacy->at("vmId").is_null());
   CHECK(legacy->at("tier").is_null());
   CHECK(legacy->at("reason") == "not-spot");
-  CHECK(lab.hypervisor_->find("uuid-e")->state == "shutoff");  // on no unit, but on the node the owner reaches whole
+  CHECK(lab.hypervisor_->find("uuid-e")->state ==
+        "shutoff");  // on no unit, but on the node the owner reaches whole
   CHECK(lab.hypervisor_->find("uuid-b")->termination->by == kOwner);
   // The admin socket's caller is local:UID.
   lab.hypervisor_->find("uuid-b")->state = "running";
-  auto local = lab.call("POST", ts, "admin-socket", fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":0}})", U2));
+  auto local =
+      lab.call("POST", ts, "admin-socket", fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":0}})", U2));
   REQUIRE(local.status == 200);
   CHECK(lab.hypervisor_->find("uuid-b")->termination->by == "local:0");
   CHECK(lab.events("workload.terminated").back().at("data").at("by") == "local:0");
@@ -1082,17 +1174,24 @@ TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
   const std::string rid(x.at("id").as_string()), p = Lab::path("/reservations/" + rid);
   auto later = lab.create(admin, {U1}, {"org-aud"}, {"org-mgr"}, iso(lab.now_ + std::chrono::hours(30)),
                           iso(lab.now_ + std::chrono::hours(40)));
-  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status == 200);
+  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status ==
+          200);
 
-  CHECK(lab.call("POST", p + "/reclaim", lab.token("org-aud"), fmt::format(R"({{"unitIds":["{}"]}})", U1)).status == 403);
-  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, R"({"unitIds":["u-0000-43-00-0"]})")) == "unknown-unit");
+  CHECK(lab.call("POST", p + "/reclaim", lab.token("org-aud"), fmt::format(R"({{"unitIds":["{}"]}})", U1))
+            .status == 403);
+  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, R"({"unitIds":["u-0000-43-00-0"]})")) ==
+        "unknown-unit");
   CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, R"({"unitIds":[]})")) == "invalid-request");
-  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":"yes"}})", U1))) == "invalid-request");
-  CHECK(code_of(lab.call("POST", Lab::path("/reservations/") + std::string(later.at("id").as_string()) + "/reclaim", admin,
-                         fmt::format(R"({{"unitIds":["{}"]}})", U1))) == "reservation-not-active");
+  CHECK(code_of(lab.call("POST", p + "/reclaim", mgr,
+                         fmt::format(R"({{"unitIds":["{}"],"terminateSpot":"yes"}})", U1))) ==
+        "invalid-request");
+  CHECK(code_of(lab.call("POST",
+                         Lab::path("/reservations/") + std::string(later.at("id").as_string()) + "/reclaim",
+                         admin, fmt::format(R"({{"unitIds":["{}"]}})", U1))) == "reservation-not-active");
 
   // Without terminateSpot: U1 leaves the market at once and stays reclaiming while spot-a runs.
-  auto r1 = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":false}})", U1));
+  auto r1 =
+      lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":false}})", U1));
   REQUIRE_MESSAGE(r1.status == 200, r1.body);
   auto b1 = Lab::body(r1);
   CHECK(b1.at("reservation").at("releasedUnitIds") == json::array{U2});
@@ -1120,7 +1219,8 @@ TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
   lab.open();  // libvirt.shutdown_grace 20s
   lab.hypervisor_->ignore_shutdown = {"uuid-b"};
   lab.slept_ = {};
-  auto r2 = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U2));
+  auto r2 =
+      lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U2));
   REQUIRE_MESSAGE(r2.status == 200, r2.body);
   auto b2 = Lab::body(r2);
   CHECK(names_of(b2.at("terminated")) == std::vector<std::string>{"spot-b"});
@@ -1137,11 +1237,14 @@ TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
   CHECK(again.status == 200);
   CHECK(Lab::body(again).at("reservation").at("version") == b2.at("reservation").at("version"));
 
-  // Hypervisor down: without terminateSpot the unit is taken back and kept reclaiming; with it, 503 and nothing changes.
-  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status == 200);
+  // Hypervisor down: without terminateSpot the unit is taken back and kept reclaiming; with it, 503 and
+  // nothing changes.
+  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status ==
+          200);
   lab.hypervisor_->unavailable = true;
   auto v_before = Lab::body(lab.call("GET", p, admin)).at("version");
-  auto down = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U1));
+  auto down =
+      lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"],"terminateSpot":true}})", U1));
   CHECK(down.status == 503);
   CHECK(Lab::body(lab.call("GET", p, admin)).at("version") == v_before);
   auto blind = lab.call("POST", p + "/reclaim", mgr, fmt::format(R"({{"unitIds":["{}"]}})", U1));
@@ -1155,7 +1258,8 @@ TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
   CHECK(Lab::body(lab.call("GET", p, admin)).at("releasedUnitIds").as_array().empty());
 }
 
-TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent dies) are finished by the agent") {
+TEST_CASE(
+    "terminations cut short (libvirt goes away mid-request, or the agent dies) are finished by the agent") {
   Lab lab;
   lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
@@ -1171,9 +1275,9 @@ TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent d
   CHECK(Lab::body(r).at("terminated").as_array().empty());
   CHECK(lab.hypervisor_->find("uuid-a")->state == "running");
   CHECK(lab.hypervisor_->find("uuid-a")->termination.has_value());  // recorded before the stop
-  CHECK(lab.events("workload.terminated").empty());                // nothing recorded as terminated
+  CHECK(lab.events("workload.terminated").empty());                 // nothing recorded as terminated
   CHECK(lab.audits("workload.terminate").size() == 1);              // only the one written ahead
-  lab.refresh();                                                     // still away: nothing decided
+  lab.refresh();                                                    // still away: nothing decided
   CHECK(lab.audits("workload.terminate").size() == 1);
   // libvirt is back: the next refresh finishes it, as the agent.
   lab.hypervisor_->before_call = nullptr;
@@ -1213,18 +1317,21 @@ TEST_CASE("terminations cut short (libvirt goes away mid-request, or the agent d
   lab.refresh();
   CHECK(lab.hypervisor_->calls == std::vector<std::string>{"list"});
   CHECK(lab.events("workload.terminated").size() == 3);
-  CHECK(std::string(lab.audits("workload.terminate").back().at("detail").as_string()).find("gone") != std::string::npos);
+  CHECK(std::string(lab.audits("workload.terminate").back().at("detail").as_string()).find("gone") !=
+        std::string::npos);
 }
 
 TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never terminated") {
   Lab lab;
-  lab.hypervisor_->domains = {vm("stuck", "uuid-s", {"0000:41:00.0"}, WorkloadLabel{"vm-s", "org-b", Tier::spot})};
+  lab.hypervisor_->domains = {
+      vm("stuck", "uuid-s", {"0000:41:00.0"}, WorkloadLabel{"vm-s", "org-b", Tier::spot})};
   bool destroyed = false;  // destroy "works", but the domain never stops
   lab.hypervisor_->before_call = [&](const std::string& call) {
     if (call == "destroy") destroyed = true;
     if (call == "state" && destroyed) lab.hypervisor_->find("uuid-s")->state = "paused";
   };
-  auto r = lab.call("POST", Lab::path("/terminate-spot"), lab.token("org-platform", {"platform-admin"}), R"({"gracePeriodSeconds":0})");
+  auto r = lab.call("POST", Lab::path("/terminate-spot"), lab.token("org-platform", {"platform-admin"}),
+                    R"({"gracePeriodSeconds":0})");
   REQUIRE(r.status == 200);
   auto b = Lab::body(r);
   CHECK(b.at("terminated").as_array().empty());
@@ -1244,7 +1351,8 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   Lab lab;
   lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
-  const ApiRequest q = Lab::request("POST", Lab::path("/terminate-spot"), owner, fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1));
+  const ApiRequest q = Lab::request("POST", Lab::path("/terminate-spot"), owner,
+                                    fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U1));
   auto first = lab.handle_listed(q);  // started, not run yet (its domain waits out a grace)
   REQUIRE(std::holds_alternative<RunBatch>(first));
   auto second = lab.call("POST", Lab::path("/terminate-spot"), owner, "{}");
@@ -1255,8 +1363,9 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   CHECK(names_of(b.at("terminating")) == std::vector<std::string>{"spot-a"});
   CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // only the first call stops it
   const auto& w = std::get<RunBatch>(first).work;
-  auto out = lab.service_->finish(w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
-                                  lab.hypervisor_->list());
+  auto out = lab.service_->finish(
+      w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
+      lab.hypervisor_->list());
   CHECK(out.status == 200);
   CHECK(names_of(Lab::body(out).at("terminated")) == std::vector<std::string>{"spot-a"});
   CHECK(lab.events("workload.terminated").size() == 2);  // one per VM, never two for one
@@ -1273,10 +1382,13 @@ TEST_CASE("terminate-spot: a termination underway is not started twice; Idempote
   CHECK(r2.body == r1.body);
   CHECK(r2.header("Idempotent-Replayed") == "true");
   CHECK(lab.hypervisor_->find("uuid-a")->state == "running");  // replayed, not done again
-  CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"reason":"x"})", key)) == "idempotency-key-reuse");
+  CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"reason":"x"})", key)) ==
+        "idempotency-key-reuse");
 }
 
-TEST_CASE("a request that needs workloads asks for them and changes nothing until then: the service never calls libvirt") {
+TEST_CASE(
+    "a request that needs workloads asks for them and changes nothing until then: the service never calls "
+    "libvirt") {
   Lab lab;
   lab.hypervisor_->domains = two_spot_vms();
   const auto admin = lab.token("org-platform", {"platform-admin"});
@@ -1284,7 +1396,9 @@ TEST_CASE("a request that needs workloads asks for them and changes nothing unti
   for (const auto& [method, target, body] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"GET", Lab::path("/workloads"), ""},
            {"POST", Lab::path("/terminate-spot"), "{}"},
-           {"POST", Lab::path("/reservations"), fmt::format(R"({{"unitIds":["{}"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"}})", U1)}}) {
+           {"POST", Lab::path("/reservations"),
+            fmt::format(R"({{"unitIds":["{}"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"}})",
+                        U1)}}) {
     CAPTURE(target);
     auto q = Lab::request(method, target, admin, body);
     const auto before = lab.service_->revision();
@@ -1294,19 +1408,22 @@ TEST_CASE("a request that needs workloads asks for them and changes nothing unti
     CHECK(lab.hypervisor_->calls.empty());  // the state thread never called libvirt
     q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{lab.hypervisor_->list()});
     auto answered = lab.service_->handle(q);
-    CHECK((std::holds_alternative<ApiResponse>(answered) || std::holds_alternative<RunBatch>(answered)));  // answered, or terminations to run
+    CHECK((std::holds_alternative<ApiResponse>(answered) ||
+           std::holds_alternative<RunBatch>(answered)));  // answered, or terminations to run
     lab.hypervisor_->calls.clear();
   }
   // A listing that failed is the hypervisor being unavailable.
   auto q = Lab::request("GET", Lab::path("/workloads"), admin);
-  q.workloads = std::make_shared<const WorkloadListing>(
-      WorkloadListing{std::unexpected(gpunode::vmctl::VmError{gpunode::vmctl::VmError::Kind::unavailable, "gone"})});
+  q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{
+      std::unexpected(gpunode::vmctl::VmError{gpunode::vmctl::VmError::Kind::unavailable, "gone"})});
   auto failed = lab.service_->handle(q);
   REQUIRE(std::holds_alternative<ApiResponse>(failed));
   CHECK(code_of(std::get<ApiResponse>(failed)) == "hypervisor-unavailable");
 }
 
-TEST_CASE("Idempotency-Key: a retry while the first call still runs is 409, never a second call; rows go after 24 h") {
+TEST_CASE(
+    "Idempotency-Key: a retry while the first call still runs is 409, never a second call; rows go after 24 "
+    "h") {
   Lab lab;
   lab.hypervisor_->domains = two_spot_vms();
   const auto owner = lab.token(kOwner);
@@ -1319,8 +1436,9 @@ TEST_CASE("Idempotency-Key: a retry while the first call still runs is 409, neve
   CHECK(code_of(retry) == "idempotency-key-in-use");
   CHECK(retry.header("Retry-After") == "1");
   const auto& w = std::get<RunBatch>(first).work;
-  auto out = lab.service_->finish(w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
-                                  lab.hypervisor_->list());
+  auto out = lab.service_->finish(
+      w.batch, gpunode::vmctl::terminate_spot_all(*lab.hypervisor_, w.jobs, [](auto) { return true; }),
+      lab.hypervisor_->list());
   REQUIRE(out.status == 200);
   auto replay = lab.call_request(q);  // now the first answer, replayed
   CHECK(replay.body == out.body);
@@ -1331,7 +1449,8 @@ TEST_CASE("Idempotency-Key: a retry while the first call still runs is 409, neve
     REQUIRE(db);
     auto st = db->prepare("SELECT count(*) FROM idempotency");
     REQUIRE(st);
-    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) == gpunode::store::Statement::Step::row);
+    REQUIRE(st->step().value_or(gpunode::store::Statement::Step::done) ==
+            gpunode::store::Statement::Step::row);
     return st->column_int64(0);
   };
   CHECK(rows() == 1);
@@ -1351,23 +1470,32 @@ TEST_CASE("units: an org that is only audience gets 404, byte for byte an unseen
   auto unseen = lab.call("GET", "/v1/nodes/other-node/units", lab.token("org-aud"));
   CHECK(aud.status == 404);
   CHECK(aud.body == unseen.body);
-  CHECK(lab.call("GET", Lab::path("/reservations"), lab.token("org-aud")).status == 200);  // it still sees the node
+  CHECK(lab.call("GET", Lab::path("/reservations"), lab.token("org-aud")).status ==
+        200);  // it still sees the node
 }
 
-TEST_CASE("bodies: lengths count characters; JSON errors say where; pageToken is checked; endsAt without startsAt") {
+TEST_CASE(
+    "bodies: lengths count characters; JSON errors say where; pageToken is checked; endsAt without "
+    "startsAt") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   std::string note;
   for (int i = 0; i < 600; ++i) note += "\xC3\xA9";  // 600 characters, 1,200 bytes
-  auto ok = lab.call("POST", Lab::path("/reservations"), admin,
-                     fmt::format(R"({{"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"{}","note":"{}"}})", iso(lab.now_ + std::chrono::hours(1)), note));
+  auto ok = lab.call(
+      "POST", Lab::path("/reservations"), admin,
+      fmt::format(R"({{"unitIds":["u-0000-41-00-0"],"audienceOrgIds":["o"],"endsAt":"{}","note":"{}"}})",
+                  iso(lab.now_ + std::chrono::hours(1)), note));
   CHECK_MESSAGE(ok.status == 201, ok.body);
-  auto dup = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z","endsAt":"2098-01-01T00:00:00Z"})");
+  auto dup = lab.call(
+      "POST", Lab::path("/reservations"), admin,
+      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z","endsAt":"2098-01-01T00:00:00Z"})");
   CHECK(dup.status == 400);
   const auto detail = std::string(Lab::body(dup).at("detail").as_string());
   CHECK(detail.find("line 1, column") != std::string::npos);
   CHECK(detail.find("repeated") != std::string::npos);
-  auto past = lab.call("POST", Lab::path("/reservations"), admin, R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2001-01-01T00:00:00Z"})");
+  auto past =
+      lab.call("POST", Lab::path("/reservations"), admin,
+               R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["o"],"endsAt":"2001-01-01T00:00:00Z"})");
   CHECK(past.status == 400);
   CHECK(past.body.find("after startsAt") == std::string::npos);
   CHECK(past.body.find("in the future") != std::string::npos);
@@ -1392,14 +1520,17 @@ TEST_CASE("the target: paths and queries are percent-decoded; a malformed one is
   CHECK(lab.call("GET", Lab::path("/reservations?state=%61ctive"), admin).status == 200);
   auto limit = lab.call("GET", Lab::path("/reservations?li%6Dit=1"), admin);
   CHECK(limit.status == 200);
-  for (const char* target : {"/reservations?after=%zz", "/reservations?limit=%4", "/audit?after=aud_1&x=%G0"}) {
+  for (const char* target :
+       {"/reservations?after=%zz", "/reservations?limit=%4", "/audit?after=aud_1&x=%G0"}) {
     auto bad = lab.call("GET", Lab::path(target), admin);
     CHECK_MESSAGE(bad.status == 400, target);
-    CHECK(std::string(Lab::body(bad).at("detail").as_string()).starts_with("the query is not a valid URL query"));
+    CHECK(std::string(Lab::body(bad).at("detail").as_string())
+              .starts_with("the query is not a valid URL query"));
   }
   auto bad_path = lab.call("GET", Lab::path("/units%"), admin);
   CHECK(bad_path.status == 400);
-  CHECK(std::string(Lab::body(bad_path).at("detail").as_string()).starts_with("the path is not a valid URL path"));
+  CHECK(std::string(Lab::body(bad_path).at("detail").as_string())
+            .starts_with("the path is not a valid URL path"));
 }
 
 TEST_CASE("a damaged stored unit is read without throwing: an absent unit without reasons is still refused") {
@@ -1407,13 +1538,16 @@ TEST_CASE("a damaged stored unit is read without throwing: an absent unit withou
   {
     auto db = gpunode::store::Database::open(lab.state_ / "state.db");
     REQUIRE(db);
-    auto st = db->prepare("INSERT INTO units (id, doc, absent) VALUES ('u-0000-99-00-0', '{\"id\":\"u-0000-99-00-0\",\"notReservableReasons\":7}', 1)");
+    auto st = db->prepare(
+        "INSERT INTO units (id, doc, absent) VALUES ('u-0000-99-00-0', "
+        "'{\"id\":\"u-0000-99-00-0\",\"notReservableReasons\":7}', 1)");
     REQUIRE(st);
     REQUIRE(st->run());
   }
   lab.open();
-  auto r = lab.call("POST", Lab::path("/reservations"), lab.token("org-platform", {"platform-admin"}),
-                    R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
+  auto r =
+      lab.call("POST", Lab::path("/reservations"), lab.token("org-platform", {"platform-admin"}),
+               R"({"unitIds":["u-0000-99-00-0"],"audienceOrgIds":["o"],"endsAt":"2099-01-01T00:00:00Z"})");
   CHECK(r.status == 409);
   CHECK(code_of(r) == "unit-not-reservable");
   CHECK(r.body.find("absent") != std::string::npos);
@@ -1422,20 +1556,25 @@ TEST_CASE("a damaged stored unit is read without throwing: an absent unit withou
 namespace {
 
 // A domain definition as libvirt hands it to the qemu hook: name, uuid, the label, PCI hostdevs.
-std::string domain_xml(const std::string& name, const std::string& uuid, const std::vector<std::string>& addresses,
-                       const std::string& label = "") {
+std::string domain_xml(const std::string& name, const std::string& uuid,
+                       const std::vector<std::string>& addresses, const std::string& label = "") {
   std::string devices;
   for (const auto& a : addresses) {
-    devices += fmt::format("<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x{}' bus='0x{}' slot='0x{}' "
-                           "function='0x{}'/></source></hostdev>",
-                           a.substr(0, 4), a.substr(5, 2), a.substr(8, 2), a.substr(11, 1));
+    devices += fmt::format(
+        "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x{}' bus='0x{}' "
+        "slot='0x{}' "
+        "function='0x{}'/></source></hostdev>",
+        a.substr(0, 4), a.substr(5, 2), a.substr(8, 2), a.substr(11, 1));
   }
-  return fmt::format("<domain type='kvm'><name>{}</name><uuid>{}</uuid><metadata>{}</metadata><devices>{}</devices></domain>", name, uuid,
-                     label, devices);
+  return fmt::format(
+      "<domain "
+      "type='kvm'><name>{}</name><uuid>{}</uuid><metadata>{}</metadata><devices>{}</devices></domain>",
+      name, uuid, label, devices);
 }
 
 std::string label_xml(const char* vm_id, const char* org, const char* tier) {
-  return fmt::format(R"(<w:workload xmlns:w="urn:gpunode:workload:1" vm-id="{}" org="{}" tier="{}"/>)", vm_id, org, tier);
+  return fmt::format(R"(<w:workload xmlns:w="urn:gpunode:workload:1" vm-id="{}" org="{}" tier="{}"/>)", vm_id,
+                     org, tier);
 }
 
 struct Admission {
@@ -1447,7 +1586,8 @@ struct Admission {
 };
 
 Admission admit(Lab& lab, const std::string& xml, const std::string& via = "admin-socket") {
-  auto r = lab.call("POST", "/v1/admin/domain-admission", via, json::serialize(json::object{{"domainXml", xml}}));
+  auto r =
+      lab.call("POST", "/v1/admin/domain-admission", via, json::serialize(json::object{{"domainXml", xml}}));
   Admission a;
   a.status = r.status;
   if (r.status != 200) return a;
@@ -1457,7 +1597,8 @@ Admission admit(Lab& lab, const std::string& xml, const std::string& via = "admi
   for (const auto& u : b.at("unitIds").as_array()) a.unit_ids.emplace_back(u.as_string());
   for (const auto& rv : b.at("reasons").as_array()) {
     const auto& o = rv.as_object();
-    a.codes.push_back(fmt::format("{}:{}", o.at("unitId").is_null() ? "-" : std::string(o.at("unitId").as_string()),
+    a.codes.push_back(fmt::format("{}:{}",
+                                  o.at("unitId").is_null() ? "-" : std::string(o.at("unitId").as_string()),
                                   std::string(o.at("code").as_string())));
   }
   return a;
@@ -1465,7 +1606,9 @@ Admission admit(Lab& lab, const std::string& xml, const std::string& via = "admi
 
 }  // namespace
 
-TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement table per unit, on the admin socket only") {
+TEST_CASE(
+    "domain admission (the libvirt hook, CONTRACT §9): the entitlement table per unit, on the admin socket "
+    "only") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   const std::string u41 = "u-0000-41-00-0", u42 = "u-0000-42-00-0";
@@ -1476,9 +1619,12 @@ TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement ta
   CHECK(unlabelled.allowed);
   CHECK(unlabelled.mode == "enforce");
   CHECK(unlabelled.unit_ids == V{u41});
-  CHECK(admit(lab, domain_xml("od", "d-2", {"0000:41:00.0"}, label_xml("vm-2", "org-x", "on-demand"))).allowed);
-  CHECK(admit(lab, domain_xml("rs", "d-3", {"0000:41:00.0"}, label_xml("vm-3", "org-a", "reserved"))).codes == V{u41 + ":not-reserved"});
-  CHECK(admit(lab, domain_xml("sp", "d-4", {"0000:41:00.0"}, label_xml("vm-4", "org-x", "spot"))).codes == V{u41 + ":not-released"});
+  CHECK(
+      admit(lab, domain_xml("od", "d-2", {"0000:41:00.0"}, label_xml("vm-2", "org-x", "on-demand"))).allowed);
+  CHECK(admit(lab, domain_xml("rs", "d-3", {"0000:41:00.0"}, label_xml("vm-3", "org-a", "reserved"))).codes ==
+        V{u41 + ":not-reserved"});
+  CHECK(admit(lab, domain_xml("sp", "d-4", {"0000:41:00.0"}, label_xml("vm-4", "org-x", "spot"))).codes ==
+        V{u41 + ":not-released"});
   // A domain without PCI hostdevs has no units: nothing to refuse.
   auto none = admit(lab, domain_xml("plain", "d-5", {}));
   CHECK(none.allowed);
@@ -1490,26 +1636,34 @@ TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement ta
   const auto x = lab.create(admin, {u41}, {"org-a"}, {"org-a"});
   const std::string rid(x.at("id").as_string());
   CHECK(admit(lab, domain_xml("legacy2", "d-6", {"0000:41:00.0"})).codes == V{u41 + ":unit-reserved"});
-  CHECK(admit(lab, domain_xml("od2", "d-7", {"0000:41:00.0"}, label_xml("vm-7", "org-x", "on-demand"))).codes == V{u41 + ":unit-reserved"});
-  CHECK(admit(lab, domain_xml("mine", "d-8", {"0000:41:00.0"}, label_xml("vm-8", "org-a", "reserved"))).allowed);
-  CHECK(admit(lab, domain_xml("theirs", "d-9", {"0000:41:00.0"}, label_xml("vm-9", "org-x", "reserved"))).codes ==
-        V{u41 + ":not-in-audience"});
-  CHECK(admit(lab, domain_xml("sp2", "d-10", {"0000:41:00.0"}, label_xml("vm-10", "org-x", "spot"))).codes == V{u41 + ":not-released"});
+  CHECK(
+      admit(lab, domain_xml("od2", "d-7", {"0000:41:00.0"}, label_xml("vm-7", "org-x", "on-demand"))).codes ==
+      V{u41 + ":unit-reserved"});
+  CHECK(admit(lab, domain_xml("mine", "d-8", {"0000:41:00.0"}, label_xml("vm-8", "org-a", "reserved")))
+            .allowed);
+  CHECK(admit(lab, domain_xml("theirs", "d-9", {"0000:41:00.0"}, label_xml("vm-9", "org-x", "reserved")))
+            .codes == V{u41 + ":not-in-audience"});
+  CHECK(admit(lab, domain_xml("sp2", "d-10", {"0000:41:00.0"}, label_xml("vm-10", "org-x", "spot"))).codes ==
+        V{u41 + ":not-released"});
 
   // Spanning a free and a reserved unit: refused for the reserved one only, both listed.
-  auto spanning = admit(lab, domain_xml("wide", "d-11", {"0000:41:00.0", "0000:42:00.0"}, label_xml("vm-11", "org-x", "on-demand")));
+  auto spanning = admit(lab, domain_xml("wide", "d-11", {"0000:41:00.0", "0000:42:00.0"},
+                                        label_xml("vm-11", "org-x", "on-demand")));
   CHECK_FALSE(spanning.allowed);
   CHECK(spanning.unit_ids == V{u41, u42});
   CHECK(spanning.codes == V{u41 + ":unit-reserved"});
 
   // Released: spot of anyone starts; the audience's reserved VMs do not.
-  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), admin,
+                   R"({"unitIds":["u-0000-41-00-0"]})")
+              .status == 200);
   CHECK(admit(lab, domain_xml("sp3", "d-12", {"0000:41:00.0"}, label_xml("vm-12", "org-x", "spot"))).allowed);
-  CHECK(admit(lab, domain_xml("mine2", "d-13", {"0000:41:00.0"}, label_xml("vm-13", "org-a", "reserved"))).codes ==
-        V{u41 + ":unit-released"});
+  CHECK(admit(lab, domain_xml("mine2", "d-13", {"0000:41:00.0"}, label_xml("vm-13", "org-a", "reserved")))
+            .codes == V{u41 + ":unit-released"});
 
   // Not sellable (u43 has a NIC in its group), a GPU of no unit, a device never seen, an unreadable address.
-  CHECK(admit(lab, domain_xml("nic-group", "d-14", {"0000:43:00.0"})).codes == V{"u-0000-43-00-0:not-sellable"});
+  CHECK(admit(lab, domain_xml("nic-group", "d-14", {"0000:43:00.0"})).codes ==
+        V{"u-0000-43-00-0:not-sellable"});
   lab.tree_.add("0000:05:00.0", "8086", "56c0", "030000", "i915", 5);  // a GPU of a vendor not in gpu_vendors
   lab.tree_.add("0000:06:00.0", "15b3", "101e", "020000", "mlx5_core", 6);  // a NIC
   REQUIRE(lab.call("POST", "/v1/admin/rescan", "admin-socket").status == 200);
@@ -1518,8 +1672,10 @@ TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement ta
   auto nic = admit(lab, domain_xml("nic", "d-17", {"0000:06:00.0"}));
   CHECK(nic.allowed);  // not a GPU: not the agent's to decide
   CHECK(nic.unit_ids.empty());
-  CHECK(admit(lab, "<domain><name>bad</name><uuid>d-18</uuid><devices><hostdev type='pci'><source/></hostdev></devices></domain>").codes ==
-        V{"-:unknown-unit"});
+  CHECK(admit(lab,
+              "<domain><name>bad</name><uuid>d-18</uuid><devices><hostdev "
+              "type='pci'><source/></hostdev></devices></domain>")
+            .codes == V{"-:unknown-unit"});
 
   // Each refusal is a workload.refused event (CONTRACT §6) with the domain, label and reasons.
   auto refused = lab.events("workload.refused");
@@ -1544,7 +1700,8 @@ TEST_CASE("domain admission (the libvirt hook, CONTRACT §9): the entitlement ta
 
   // Only on the admin socket; bad bodies are 400.
   CHECK(admit(lab, domain_xml("x", "d-19", {}), admin).status == 404);
-  CHECK(lab.call("POST", "/v1/admin/domain-admission", "admin-socket", R"({"domainXml":"<network/>"})").status == 400);
+  CHECK(lab.call("POST", "/v1/admin/domain-admission", "admin-socket", R"({"domainXml":"<network/>"})")
+            .status == 400);
   CHECK(lab.call("POST", "/v1/admin/domain-admission", "admin-socket", R"({})").status == 400);
   CHECK(lab.call("GET", "/v1/admin/domain-admission", "admin-socket").status == 405);
 }
@@ -1554,7 +1711,8 @@ TEST_CASE("domain admission: audit mode lets a refused domain start and counts i
   const auto admin = lab.token("org-platform", {"platform-admin"});
   lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {});
   lab.service_->set_enforcement(gpunode::config::EnforcementMode::audit);
-  auto audit = admit(lab, domain_xml("outsider", "d-1", {"0000:41:00.0"}, label_xml("vm-1", "org-x", "on-demand")));
+  auto audit =
+      admit(lab, domain_xml("outsider", "d-1", {"0000:41:00.0"}, label_xml("vm-1", "org-x", "on-demand")));
   CHECK_FALSE(audit.allowed);
   CHECK(audit.mode == "audit");
   CHECK(audit.codes == std::vector<std::string>{"u-0000-41-00-0:unit-reserved"});
@@ -1564,7 +1722,8 @@ TEST_CASE("domain admission: audit mode lets a refused domain start and counts i
   REQUIRE(refused.size() == 1);
   CHECK(refused[0].at("data").at("mode") == "audit");
   lab.service_->set_enforcement(gpunode::config::EnforcementMode::off);
-  auto off = admit(lab, domain_xml("outsider", "d-1", {"0000:41:00.0"}, label_xml("vm-1", "org-x", "on-demand")));
+  auto off =
+      admit(lab, domain_xml("outsider", "d-1", {"0000:41:00.0"}, label_xml("vm-1", "org-x", "on-demand")));
   CHECK(off.allowed);
   CHECK(off.mode == "off");
   CHECK(off.codes.empty());
@@ -1574,43 +1733,57 @@ TEST_CASE("domain admission: audit mode lets a refused domain start and counts i
 TEST_CASE("domain admission and create race: a domain let through and still starting holds its units") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  const std::string body = R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"endsAt":"2099-01-01T00:00:00Z"})";
+  const std::string body =
+      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"endsAt":"2099-01-01T00:00:00Z"})";
   // The hook lets an outsider's on-demand VM start on the free unit; libvirt does not list it yet.
-  REQUIRE(admit(lab, domain_xml("starting", "d-1", {"0000:42:00.0"}, label_xml("vm-1", "org-x", "on-demand"))).allowed);
+  REQUIRE(admit(lab, domain_xml("starting", "d-1", {"0000:42:00.0"}, label_xml("vm-1", "org-x", "on-demand")))
+              .allowed);
   auto blocked = lab.call("POST", Lab::path("/reservations"), admin, body);
   CHECK(blocked.status == 409);
   CHECK(code_of(blocked) == "unit-occupied");
   CHECK(Lab::body(blocked).at("workloads").at(0).at("domainUuid") == "d-1");
   // Once libvirt lists it running, the listing itself holds the unit.
-  lab.hypervisor_->domains = {vm("starting", "d-1", {"0000:42:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-1", "org-x", gpunode::vmctl::Tier::on_demand})};
+  lab.hypervisor_->domains = {
+      vm("starting", "d-1", {"0000:42:00.0"},
+         gpunode::vmctl::WorkloadLabel{"vm-1", "org-x", gpunode::vmctl::Tier::on_demand})};
   CHECK(lab.call("POST", Lab::path("/reservations"), admin, body).status == 409);
   // It stopped; and a start that never happened is forgotten after its hold.
   lab.hypervisor_->domains.clear();
-  REQUIRE(admit(lab, domain_xml("never", "d-2", {"0000:42:00.0"}, label_xml("vm-2", "org-x", "on-demand"))).allowed);
+  REQUIRE(admit(lab, domain_xml("never", "d-2", {"0000:42:00.0"}, label_xml("vm-2", "org-x", "on-demand")))
+              .allowed);
   CHECK(lab.call("POST", Lab::path("/reservations"), admin, body).status == 409);
   lab.now_ += std::chrono::seconds(121);
   CHECK(lab.call("POST", Lab::path("/reservations"), admin, body).status == 201);
   // Now reserved: the same start is refused, so the two cannot both pass.
-  CHECK(admit(lab, domain_xml("late", "d-3", {"0000:42:00.0"}, label_xml("vm-3", "org-x", "on-demand"))).codes ==
-        std::vector<std::string>{"u-0000-42-00-0:unit-reserved"});
+  CHECK(admit(lab, domain_xml("late", "d-3", {"0000:42:00.0"}, label_xml("vm-3", "org-x", "on-demand")))
+            .codes == std::vector<std::string>{"u-0000-42-00-0:unit-reserved"});
 }
 
-TEST_CASE("unentitled workloads (CONTRACT §9): a reservation starting under a running domain; one event while it stays; gauge and route") {
+TEST_CASE(
+    "unentitled workloads (CONTRACT §9): a reservation starting under a running domain; one event while it "
+    "stays; gauge and route") {
   Lab lab;
   using gpunode::vmctl::Tier;
   const auto admin = lab.token("org-platform", {"platform-admin"});
   const auto t0 = lab.now_;
   lab.hypervisor_->domains = {
-      vm("od-1", "uuid-od-1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-od-1", "org-x", Tier::on_demand}),
-      vm("od-off", "uuid-od-off", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-off", "org-x", Tier::on_demand}, "shutoff"),
-      vm("aud", "uuid-aud", {"0000:42:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-aud", "org-a", Tier::reserved}),
+      vm("od-1", "uuid-od-1", {"0000:41:00.0"},
+         gpunode::vmctl::WorkloadLabel{"vm-od-1", "org-x", Tier::on_demand}),
+      vm("od-off", "uuid-od-off", {"0000:41:00.0"},
+         gpunode::vmctl::WorkloadLabel{"vm-off", "org-x", Tier::on_demand}, "shutoff"),
+      vm("aud", "uuid-aud", {"0000:42:00.0"},
+         gpunode::vmctl::WorkloadLabel{"vm-aud", "org-a", Tier::reserved}),
   };
-  // A scheduled reservation of 41 (created while od-1 runs: the term has not started) and one of 42 for org-a.
-  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)), iso(t0 + std::chrono::hours(2)));
-  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)), iso(t0 + std::chrono::hours(2)));
+  // A scheduled reservation of 41 (created while od-1 runs: the term has not started) and one of 42 for
+  // org-a.
+  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)),
+             iso(t0 + std::chrono::hours(2)));
+  lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::minutes(10)),
+             iso(t0 + std::chrono::hours(2)));
   auto listed = [&] { return lab.call("GET", Lab::path("/workloads"), admin); };
   REQUIRE(listed().status == 200);
-  // Before the terms: od-1 is entitled (no active reservation); aud is a reserved workload without its reservation.
+  // Before the terms: od-1 is entitled (no active reservation); aud is a reserved workload without its
+  // reservation.
   auto route = Lab::body(lab.call("GET", "/v1/admin/unentitled", "admin-socket")).at("workloads").as_array();
   REQUIRE(route.size() == 1);
   CHECK(route[0].at("name") == "aud");
@@ -1655,16 +1828,23 @@ TEST_CASE("unentitled workloads: a spot domain on a unit its reservation is recl
   Lab lab;
   using gpunode::vmctl::Tier;
   const auto admin = lab.token("org-platform", {"platform-admin"});
-  lab.hypervisor_->domains = {vm("spot-1", "uuid-spot-1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-s", "org-x", Tier::spot})};
+  lab.hypervisor_->domains = {vm("spot-1", "uuid-spot-1", {"0000:41:00.0"},
+                                 gpunode::vmctl::WorkloadLabel{"vm-s", "org-x", Tier::spot})};
   auto r = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {"org-m"});
   const std::string rid(r.at("id").as_string());
-  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/release"), admin,
+                   R"({"unitIds":["u-0000-41-00-0"]})")
+              .status == 200);
   REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
   CHECK(lab.service_->gauges().unentitled_workloads == 0);  // spot on a released unit
-  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/reclaim"), admin, R"({"unitIds":["u-0000-41-00-0"]})").status == 200);
+  REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/reclaim"), admin,
+                   R"({"unitIds":["u-0000-41-00-0"]})")
+              .status == 200);
   REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
-  CHECK(lab.service_->gauges().unentitled_workloads == 0);  // reclaiming: within its managers' reach until it goes
+  CHECK(lab.service_->gauges().unentitled_workloads ==
+        0);  // reclaiming: within its managers' reach until it goes
   REQUIRE(lab.call("POST", Lab::path("/reservations/" + rid + "/end"), admin).status == 200);
   REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
-  CHECK(lab.service_->gauges().unentitled_workloads == 1);  // its reservation ended: a spot VM on a unit off the market
+  CHECK(lab.service_->gauges().unentitled_workloads ==
+        1);  // its reservation ended: a spot VM on a unit off the market
 }

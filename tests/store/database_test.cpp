@@ -218,7 +218,9 @@ TEST_CASE(
   CHECK(query_int(copy, "SELECT count(*) FROM t") == 302);
 }
 
-TEST_CASE("preallocate_wal: a frame a crash cut short is overwritten, never completed into a transaction recovery dropped") {
+TEST_CASE(
+    "preallocate_wal: a frame a crash cut short is overwritten, never completed into a transaction recovery "
+    "dropped") {
   // A commit whose last frame (a text's last overflow page, partly filled: its page ends in zeros)
   // was cut short by a crash inside those zeros. Recovery at the next open drops the transaction;
   // zeros appended at the file's end would complete the frame with a valid checksum, and the
@@ -243,8 +245,11 @@ TEST_CASE("preallocate_wal: a frame a crash cut short is overwritten, never comp
     const std::string wal = read_file(crash / "state.db-wal");
     const auto frames = (static_cast<std::int64_t>(wal.size()) - 32) / frame;
     const auto last = static_cast<std::size_t>(32 + (frames - 1) * frame);
-    const auto byte = [&](std::size_t i) { return static_cast<std::uint32_t>(static_cast<unsigned char>(wal[i])); };
-    const std::uint32_t db_pages = byte(last + 4) << 24 | byte(last + 5) << 16 | byte(last + 6) << 8 | byte(last + 7);
+    const auto byte = [&](std::size_t i) {
+      return static_cast<std::uint32_t>(static_cast<unsigned char>(wal[i]));
+    };
+    const std::uint32_t db_pages =
+        byte(last + 4) << 24 | byte(last + 5) << 16 | byte(last + 6) << 8 | byte(last + 7);
     const std::string page = wal.substr(last + 24, static_cast<std::size_t>(frame - 24));
     const auto zero_tail = page.size() - (page.find_last_not_of('\0') + 1);
     if (db_pages == 0 || zero_tail < 64) continue;  // not a commit frame ending in zeros: try another size
@@ -278,17 +283,24 @@ TEST_CASE("a file that is not a database: a clear error naming it, and the file 
   CHECK(read_file(file) == text);
 }
 
-TEST_CASE("an error's kind and SQLite's code survive: a full disk, a busy and a corrupt database are told apart") {
+TEST_CASE(
+    "an error's kind and SQLite's code survive: a full disk, a busy and a corrupt database are told apart") {
   struct Case {
     int code;
     std::string_view kind, name;
   } cases[] = {
-      {SQLITE_FULL, "disk full", "SQLITE_FULL"},          {SQLITE_BUSY, "busy", "SQLITE_BUSY"},
-      {SQLITE_LOCKED, "busy", "SQLITE_LOCKED"},           {SQLITE_CORRUPT, "corrupt", "SQLITE_CORRUPT"},
-      {SQLITE_NOTADB, "corrupt", "SQLITE_NOTADB"},        {SQLITE_READONLY, "read-only", "SQLITE_READONLY"},
-      {SQLITE_IOERR_WRITE, "I/O error", "SQLITE_IOERR"},  {SQLITE_CANTOPEN, "cannot open", "SQLITE_CANTOPEN"},
-      {SQLITE_PERM, "permission denied", "SQLITE_PERM"},  {SQLITE_NOMEM, "out of memory", "SQLITE_NOMEM"},
-      {SQLITE_CONSTRAINT_UNIQUE, "constraint", "SQLITE_CONSTRAINT"}, {SQLITE_MISUSE, "error", "SQLITE_MISUSE"},
+      {SQLITE_FULL, "disk full", "SQLITE_FULL"},
+      {SQLITE_BUSY, "busy", "SQLITE_BUSY"},
+      {SQLITE_LOCKED, "busy", "SQLITE_LOCKED"},
+      {SQLITE_CORRUPT, "corrupt", "SQLITE_CORRUPT"},
+      {SQLITE_NOTADB, "corrupt", "SQLITE_NOTADB"},
+      {SQLITE_READONLY, "read-only", "SQLITE_READONLY"},
+      {SQLITE_IOERR_WRITE, "I/O error", "SQLITE_IOERR"},
+      {SQLITE_CANTOPEN, "cannot open", "SQLITE_CANTOPEN"},
+      {SQLITE_PERM, "permission denied", "SQLITE_PERM"},
+      {SQLITE_NOMEM, "out of memory", "SQLITE_NOMEM"},
+      {SQLITE_CONSTRAINT_UNIQUE, "constraint", "SQLITE_CONSTRAINT"},
+      {SQLITE_MISUSE, "error", "SQLITE_MISUSE"},
       {0, "internal", ""},
   };
   for (const auto& c : cases) {
@@ -301,7 +313,8 @@ TEST_CASE("an error's kind and SQLite's code survive: a full disk, a busy and a 
     if (c.code != 0) CHECK(contains(e.to_string(), std::string(c.name)));
   }
   CHECK(DbError{SQLITE_FULL, "m"}.to_string() == "disk full (SQLITE_FULL): m");
-  CHECK(DbError{SQLITE_IOERR_WRITE, "m"}.to_string() == fmt::format("I/O error (SQLITE_IOERR, extended code {}): m", SQLITE_IOERR_WRITE));
+  CHECK(DbError{SQLITE_IOERR_WRITE, "m"}.to_string() ==
+        fmt::format("I/O error (SQLITE_IOERR, extended code {}): m", SQLITE_IOERR_WRITE));
   CHECK(DbError{0, "m"}.to_string() == "internal: m");
   CHECK(DbError::corrupt("bad row").kind() == "corrupt");
 
@@ -320,7 +333,9 @@ TEST_CASE("an error's kind and SQLite's code survive: a full disk, a busy and a 
   std::optional<DbError> seen;
   auto held = a.transaction([&](Tx& tx) -> std::expected<void, DbError> {
     REQUIRE(tx.exec("INSERT INTO items (name) VALUES ('held')").has_value());
-    auto other = b.transaction([&](Tx& tx2) -> std::expected<void, DbError> { return tx2.exec("INSERT INTO items (name) VALUES ('waits')"); });
+    auto other = b.transaction([&](Tx& tx2) -> std::expected<void, DbError> {
+      return tx2.exec("INSERT INTO items (name) VALUES ('waits')");
+    });
     if (!other) seen = other.error();
     return {};
   });

@@ -30,10 +30,13 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-std::string own_pid_line() { return std::to_string(::getpid()) + "\n"; }
+std::string own_pid_line() {
+  return std::to_string(::getpid()) + "\n";
+}
 
 std::string in_use(const fs::path& dir, long pid) {
-  return "state directory " + dir.string() + " is in use by another gpunode-agent (pid " + std::to_string(pid) + ")";
+  return "state directory " + dir.string() + " is in use by another gpunode-agent (pid " +
+         std::to_string(pid) + ")";
 }
 
 StateLock acquire_ok(const fs::path& dir) {
@@ -122,6 +125,7 @@ TEST_CASE("state lock: a missing directory is an error naming it") {
   const fs::path missing = d / "no-such-dir";
   auto r = StateLock::acquire(missing);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("state directory " + missing.string() + ": cannot open " + (missing / "lock").string()) == 0);
+  CHECK(r.error().find("state directory " + missing.string() + ": cannot open " +
+                       (missing / "lock").string()) == 0);
   CHECK(r.error().find("No such file or directory") != std::string::npos);
 }

@@ -43,8 +43,8 @@ class Tree {
     std::ofstream(p, std::ios::binary) << text;
   }
 
-  void add(const std::string& a, const char* vendor, const char* device, const char* cls, const std::string& driver,
-           int group) {
+  void add(const std::string& a, const char* vendor, const char* device, const char* cls,
+           const std::string& driver, int group) {
     fs::path d = dev(a);
     write(d / "vendor", fmt::format("0x{}\n", vendor));
     write(d / "device", fmt::format("0x{}\n", device));
@@ -53,7 +53,8 @@ class Tree {
     std::string config(64, '\0');
     config[0x0e] = std::string_view(cls).starts_with("0604") ? '\x01' : '\x00';
     write(d / "config", config);
-    fs::create_directory_symlink(fs::relative(d, root_ / "sys/bus/pci/devices"), root_ / "sys/bus/pci/devices" / a);
+    fs::create_directory_symlink(fs::relative(d, root_ / "sys/bus/pci/devices"),
+                                 root_ / "sys/bus/pci/devices" / a);
     if (!driver.empty()) {
       fs::path drv = root_ / "sys/bus/pci/drivers" / driver;
       fs::create_directories(drv);

@@ -3,6 +3,7 @@
 // temporary directory once per test program.
 #pragma once
 
+#include <doctest/doctest.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
@@ -13,8 +14,6 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
-
-#include <doctest/doctest.h>
 
 namespace gpunode::test_certs {
 
@@ -98,7 +97,8 @@ inline void write_pem(const std::string& path, X509* cert, EVP_PKEY* key) {
 // the reload test), a client certificate from the CA and a self-signed one.
 struct Certs {
   CertDir dir;
-  std::string ca, server_cert, server_key, server2_cert, server2_key, client_cert, client_key, rogue_cert, rogue_key;
+  std::string ca, server_cert, server_key, server2_cert, server2_key, client_cert, client_key, rogue_cert,
+      rogue_key;
   Certs() {
     Key ca_key{EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")};
     Key server_key_{EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", std::size_t{2048})};

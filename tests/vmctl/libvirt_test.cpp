@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpunode/vmctl/vmctl.hpp"
@@ -20,7 +20,9 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string fixture = std::string{GPUNODE_VMCTL_DATA} + "/node.xml";
-std::string fixture_uri() { return "test://" + fixture; }
+std::string fixture_uri() {
+  return "test://" + fixture;
+}
 
 const TerminationRecord record{"capacity-reclaim", "2027-01-31T00:00:00Z", "org-a", "aud_9"};
 
@@ -67,20 +69,38 @@ TEST_CASE("libvirt test driver: list gives every domain exactly") {
     std::optional<WorkloadLabel> label;
   };
   const std::map<std::string, Want> want{
-      {"res-a", {"a0000000-0000-4000-8000-000000000001", "running", {"0000:41:00.0", "0000:41:00.1"},
-                 WorkloadLabel{"vm-a1", "org-a", Tier::reserved}}},
-      {"spot-b-pair", {"b0000000-0000-4000-8000-000000000001", "running", {"0000:a3:00.0", "0000:a4:00.0"},
-                       WorkloadLabel{"vm-b1", "org-b", Tier::spot}}},
-      {"spot-b-two", {"b0000000-0000-4000-8000-000000000002", "running", {"0000:81:00.0", "0000:c1:00.0"},
-                      WorkloadLabel{"vm-b2", "org-b", Tier::spot}}},
-      {"od-c", {"c0000000-0000-4000-8000-000000000001", "running", {"0000:43:00.0"},
-                WorkloadLabel{"vm-c1", "org-c", Tier::on_demand}}},
+      {"res-a",
+       {"a0000000-0000-4000-8000-000000000001",
+        "running",
+        {"0000:41:00.0", "0000:41:00.1"},
+        WorkloadLabel{"vm-a1", "org-a", Tier::reserved}}},
+      {"spot-b-pair",
+       {"b0000000-0000-4000-8000-000000000001",
+        "running",
+        {"0000:a3:00.0", "0000:a4:00.0"},
+        WorkloadLabel{"vm-b1", "org-b", Tier::spot}}},
+      {"spot-b-two",
+       {"b0000000-0000-4000-8000-000000000002",
+        "running",
+        {"0000:81:00.0", "0000:c1:00.0"},
+        WorkloadLabel{"vm-b2", "org-b", Tier::spot}}},
+      {"od-c",
+       {"c0000000-0000-4000-8000-000000000001",
+        "running",
+        {"0000:43:00.0"},
+        WorkloadLabel{"vm-c1", "org-c", Tier::on_demand}}},
       {"bare", {"d0000000-0000-4000-8000-000000000001", "running", {"0000:61:00.0"}, std::nullopt}},
       {"malformed", {"d0000000-0000-4000-8000-000000000002", "running", {"0000:62:00.0"}, std::nullopt}},
-      {"spot-d-paused", {"e0000000-0000-4000-8000-000000000001", "paused", {"0000:e1:00.0"},
-                         WorkloadLabel{"vm-d1", "org-d", Tier::spot}}},
-      {"spot-d-off", {"e0000000-0000-4000-8000-000000000002", "shutoff", {"0000:43:00.0"},
-                      WorkloadLabel{"vm-d2", "org-d", Tier::spot}}},
+      {"spot-d-paused",
+       {"e0000000-0000-4000-8000-000000000001",
+        "paused",
+        {"0000:e1:00.0"},
+        WorkloadLabel{"vm-d1", "org-d", Tier::spot}}},
+      {"spot-d-off",
+       {"e0000000-0000-4000-8000-000000000002",
+        "shutoff",
+        {"0000:43:00.0"},
+        WorkloadLabel{"vm-d2", "org-d", Tier::spot}}},
   };
   REQUIRE(all.size() == want.size());
   for (const auto& [name, w] : want) {

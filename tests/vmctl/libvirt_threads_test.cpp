@@ -6,9 +6,8 @@
 // the thread a Gate is armed on, which waits in the gate until the test opens it: a stand-in for a
 // libvirtd that is slow to answer that one call. Nothing here depends on timing to pass: a wait
 // with a limit only bounds how long a broken adapter takes to fail.
-#include <doctest/doctest.h>
-
 #include <dlfcn.h>
+#include <doctest/doctest.h>
 #include <libvirt/libvirt.h>
 
 #include <atomic>
@@ -131,7 +130,8 @@ std::string uuid_of(Hypervisor& hv, const std::string& name) {
 }  // namespace
 
 // Exported (the build hides symbols by default): the loader must see them to bind libvirt's calls here.
-extern "C" __attribute__((visibility("default"))) char* virDomainGetXMLDesc(virDomainPtr domain, unsigned int flags) {
+extern "C" __attribute__((visibility("default"))) char* virDomainGetXMLDesc(virDomainPtr domain,
+                                                                            unsigned int flags) {
   static const auto call = real<char* (*)(virDomainPtr, unsigned int)>("virDomainGetXMLDesc");
   xml_gate.pass();
   return call(domain, flags);
@@ -161,7 +161,8 @@ TEST_CASE("libvirt: a listing held inside libvirt does not hold back a terminati
     Seen seen;
     auto all = hv->list();
     if (all) seen.listed = all->size();
-    if (hv->record_termination(spot, record).has_value() && hv->destroy(spot).has_value()) seen.terminated = true;
+    if (hv->record_termination(spot, record).has_value() && hv->destroy(spot).has_value())
+      seen.terminated = true;
     if (auto s = hv->state(spot)) seen.state = *s;
     return seen;
   });
@@ -233,8 +234,9 @@ TEST_CASE("libvirt: dropping the connection (watch) does not close it under a li
 
 TEST_CASE("libvirt: calls from several threads at once, across reconnects, all answer") {
   auto hv = make_libvirt(fixture_uri);
-  const std::vector<std::string> uuids{"a0000000-0000-4000-8000-000000000001", "b0000000-0000-4000-8000-000000000001",
-                                       "c0000000-0000-4000-8000-000000000001", "e0000000-0000-4000-8000-000000000002"};
+  const std::vector<std::string> uuids{
+      "a0000000-0000-4000-8000-000000000001", "b0000000-0000-4000-8000-000000000001",
+      "c0000000-0000-4000-8000-000000000001", "e0000000-0000-4000-8000-000000000002"};
   std::atomic<int> wrong{0};
   std::atomic<int> answered{0};
   std::vector<std::thread> callers;
@@ -281,7 +283,8 @@ class Churn {
     REQUIRE(keep_ >= 0);
     thread_ = std::thread([this] {
       const char* xml =
-          "<domain type='test'><name>gpunode-churn</name><memory>8192</memory><os><type>hvm</type></os></domain>";
+          "<domain "
+          "type='test'><name>gpunode-churn</name><memory>8192</memory><os><type>hvm</type></os></domain>";
       while (!stop_.load()) {
         if (virDomainPtr d = virDomainCreateXML(conn_, xml, 0)) {
           (void)virDomainDestroy(d);

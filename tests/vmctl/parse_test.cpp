@@ -27,18 +27,24 @@ TEST_CASE("hostdev_pci_addresses: the pci hostdev sources, normalised") {
     std::vector<std::string> want;
   };
   const std::vector<Case> cases{
-      {"one, hex", domain_with(pci("domain='0x0000' bus='0x41' slot='0x00' function='0x0'")), {"0000:41:00.0"}},
+      {"one, hex",
+       domain_with(pci("domain='0x0000' bus='0x41' slot='0x00' function='0x0'")),
+       {"0000:41:00.0"}},
       {"several, sorted and deduplicated",
        domain_with(pci("domain='0x0000' bus='0xa4' slot='0x00' function='0x0'") +
                    pci("domain='0x0000' bus='0xa3' slot='0x00' function='0x0'") +
                    pci("domain='0x0000' bus='0xa3' slot='0x00' function='0x0'")),
        {"0000:a3:00.0", "0000:a4:00.0"}},
       {"decimal", domain_with(pci("domain='0' bus='65' slot='31' function='7'")), {"0000:41:1f.7"}},
-      {"octal, as libvirt reads a leading 0", domain_with(pci("domain='0' bus='010' slot='0' function='0'")),
+      {"octal, as libvirt reads a leading 0",
+       domain_with(pci("domain='0' bus='010' slot='0' function='0'")),
        {"0000:08:00.0"}},
-      {"upper-case hex and a high domain", domain_with(pci("domain='0X10' bus='0XC1' slot='0x1' function='0x3'")),
+      {"upper-case hex and a high domain",
+       domain_with(pci("domain='0X10' bus='0XC1' slot='0x1' function='0x3'")),
        {"0010:c1:01.3"}},
-      {"missing domain defaults to 0", domain_with(pci("bus='0x43' slot='0x00' function='0x0'")), {"0000:43:00.0"}},
+      {"missing domain defaults to 0",
+       domain_with(pci("bus='0x43' slot='0x00' function='0x0'")),
+       {"0000:43:00.0"}},
       {"missing bus skipped", domain_with(pci("domain='0' slot='0' function='0'")), {}},
       {"missing function skipped", domain_with(pci("domain='0' bus='0x41' slot='0'")), {}},
       {"out of range slot skipped", domain_with(pci("domain='0' bus='0x41' slot='0x20' function='0'")), {}},
@@ -79,10 +85,10 @@ TEST_CASE("parse_workload: valid §5 metadata only") {
   };
   const WorkloadLabel b_spot{"vm-123", "org-b", Tier::spot};
   const std::vector<Case> cases{
-      {"the §5 element", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="spot"/>)",
-       b_spot},
-      {"another prefix", R"(<gw:workload xmlns:gw="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="spot"/>)",
-       b_spot},
+      {"the §5 element",
+       R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="spot"/>)", b_spot},
+      {"another prefix",
+       R"(<gw:workload xmlns:gw="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="spot"/>)", b_spot},
       {"as virDomainGetMetadata returns it (namespace stripped)",
        R"(<workload vm-id="vm-123" org="org-b" tier="spot"/>)", b_spot},
       {"on-demand", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="on-demand"/>)",
@@ -98,17 +104,22 @@ TEST_CASE("parse_workload: valid §5 metadata only") {
       {"inside a domain",
        R"(<domain type='kvm'><name>d</name><metadata><w:workload xmlns:w="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="spot"/></metadata></domain>)",
        b_spot},
-      {"missing vm-id", R"(<workload xmlns="urn:gpunode:workload:1" org="org-b" tier="spot"/>)", std::nullopt},
-      {"empty vm-id", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="" org="org-b" tier="spot"/>)", std::nullopt},
-      {"missing org", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" tier="spot"/>)", std::nullopt},
-      {"empty org", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="" tier="spot"/>)", std::nullopt},
-      {"missing tier", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="org-b"/>)", std::nullopt},
+      {"missing vm-id", R"(<workload xmlns="urn:gpunode:workload:1" org="org-b" tier="spot"/>)",
+       std::nullopt},
+      {"empty vm-id", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="" org="org-b" tier="spot"/>)",
+       std::nullopt},
+      {"missing org", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" tier="spot"/>)",
+       std::nullopt},
+      {"empty org", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="" tier="spot"/>)",
+       std::nullopt},
+      {"missing tier", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="org-b"/>)",
+       std::nullopt},
       {"unknown tier", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="vm-123" org="org-b" tier="gold"/>)",
        std::nullopt},
       {"tier in another case", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="Spot"/>)",
        std::nullopt},
-      {"tier spelled with underscore", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="on_demand"/>)",
-       std::nullopt},
+      {"tier spelled with underscore",
+       R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="on_demand"/>)", std::nullopt},
       {"another namespace", R"(<workload xmlns="urn:gpunode:workload:2" vm-id="v" org="o" tier="spot"/>)",
        std::nullopt},
       {"unnamespaced inside <metadata> is not ours",
@@ -116,7 +127,8 @@ TEST_CASE("parse_workload: valid §5 metadata only") {
       {"domain without metadata", "<domain type='kvm'><name>d</name></domain>", std::nullopt},
       {"another element", R"(<termination xmlns="urn:gpunode:termination:1" reason="r"/>)", std::nullopt},
       {"garbage", "vm-id=\"v\" org=\"o\" tier=\"spot\"", std::nullopt},
-      {"unclosed", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="spot">)", std::nullopt},
+      {"unclosed", R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="spot">)",
+       std::nullopt},
       {"empty", "", std::nullopt},
   };
   for (const auto& c : cases) {
@@ -134,12 +146,15 @@ TEST_CASE("termination element: written, then read back") {
   CHECK(element.find("xmlns") == std::string::npos);
   CHECK(parse_termination(element) == record);
 
-  CHECK(parse_termination(R"(<metadata><t:termination xmlns:t="urn:gpunode:termination:1" reason="capacity-reclaim" at="T" by="org-a" audit-id="aud_1"/></metadata>)") ==
-        TerminationRecord{"capacity-reclaim", "T", "org-a", "aud_1"});
+  CHECK(
+      parse_termination(
+          R"(<metadata><t:termination xmlns:t="urn:gpunode:termination:1" reason="capacity-reclaim" at="T" by="org-a" audit-id="aud_1"/></metadata>)") ==
+      TerminationRecord{"capacity-reclaim", "T", "org-a", "aud_1"});
   CHECK(parse_termination(R"(<termination xmlns="urn:gpunode:termination:1" reason="capacity-reclaim"/>)") ==
         TerminationRecord{"capacity-reclaim", "", "", ""});
   CHECK_FALSE(parse_termination(R"(<termination xmlns="urn:other" reason="r"/>)").has_value());
-  CHECK_FALSE(parse_termination(R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="spot"/>)").has_value());
+  CHECK_FALSE(parse_termination(R"(<workload xmlns="urn:gpunode:workload:1" vm-id="v" org="o" tier="spot"/>)")
+                  .has_value());
   CHECK_FALSE(parse_termination("<termination").has_value());
   CHECK_FALSE(parse_termination("").has_value());
 }
@@ -180,11 +195,14 @@ TEST_CASE("parse_domain_xml: one parse gives what the three parsers give") {
   CHECK(parse_domain_xml(docs[0]).pci_addresses == std::vector<std::string>{"0000:41:00.0", "0000:41:00.1"});
 }
 
-TEST_CASE("parse_domain_xml: name, uuid, and PCI hostdevs whose address cannot be read (the hook's admission)") {
+TEST_CASE(
+    "parse_domain_xml: name, uuid, and PCI hostdevs whose address cannot be read (the hook's admission)") {
   const auto facts = parse_domain_xml(
       "<domain type='kvm'><name>train-7</name><uuid>0b1e0f7c-5a52-4ad0-9a6a-9f3f0e2b7d11</uuid><devices>"
-      "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x41' slot='0x00' function='0x0'/></source></hostdev>"
-      "<hostdev mode='subsystem' type='pci'><source><address bus='0x999' slot='0' function='0'/></source></hostdev>"
+      "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x41' "
+      "slot='0x00' function='0x0'/></source></hostdev>"
+      "<hostdev mode='subsystem' type='pci'><source><address bus='0x999' slot='0' "
+      "function='0'/></source></hostdev>"
       "<hostdev mode='subsystem' type='pci'><source/></hostdev>"
       "<hostdev mode='subsystem' type='usb'><source><vendor id='0x1'/></source></hostdev>"
       "</devices></domain>");

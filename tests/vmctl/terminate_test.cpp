@@ -70,8 +70,9 @@ TEST_CASE("terminate_spot: a domain that ignores shutdown is destroyed after the
 }
 
 TEST_CASE("terminate_spot: never touches a domain that is not spot") {
-  const std::vector<std::optional<WorkloadLabel>> labels{
-      std::nullopt, WorkloadLabel{"vm-2", "org-c", Tier::on_demand}, WorkloadLabel{"vm-3", "org-a", Tier::reserved}};
+  const std::vector<std::optional<WorkloadLabel>> labels{std::nullopt,
+                                                         WorkloadLabel{"vm-2", "org-c", Tier::on_demand},
+                                                         WorkloadLabel{"vm-3", "org-a", Tier::reserved}};
   for (const auto& label : labels) {
     FakeHypervisor hv{{make("u1", label)}};
     auto r = terminate_spot(hv, hv.domains[0], record, 0s, [](auto) {});
@@ -166,7 +167,8 @@ TEST_CASE("terminate_spot: a record that cannot be written stops nothing") {
 }
 
 TEST_CASE("terminate_spot_all: a batch shares one grace period, records come before any stop") {
-  FakeHypervisor hv{{make("a", spot), make("b", spot), make("c", spot), make("od", WorkloadLabel{"vm-2", "org-b", Tier::on_demand})}};
+  FakeHypervisor hv{{make("a", spot), make("b", spot), make("c", spot),
+                     make("od", WorkloadLabel{"vm-2", "org-b", Tier::on_demand})}};
   hv.ignore_shutdown = {"b", "c"};
   std::vector<TerminationJob> jobs;
   for (const auto& d : hv.domains) jobs.push_back(TerminationJob{d, record, 10s});
@@ -190,15 +192,18 @@ TEST_CASE("terminate_spot_all: a batch shares one grace period, records come bef
   CHECK_FALSE(hv.domains[3].termination.has_value());
   CHECK(slept == 10s);  // one grace for the batch, not one per domain
   // Every record was written before the first shutdown.
-  const auto first_stop = std::find_if(hv.calls.begin(), hv.calls.end(), [](const std::string& c) { return c.starts_with("shutdown"); });
-  CHECK(std::count_if(hv.calls.begin(), first_stop, [](const std::string& c) { return c.starts_with("record"); }) == 3);
+  const auto first_stop = std::find_if(hv.calls.begin(), hv.calls.end(),
+                                       [](const std::string& c) { return c.starts_with("shutdown"); });
+  CHECK(std::count_if(hv.calls.begin(), first_stop,
+                      [](const std::string& c) { return c.starts_with("record"); }) == 3);
 }
 
 TEST_CASE("terminate_spot_all: a stop during the grace decides nothing") {
   FakeHypervisor hv{{make("a", spot)}};
   hv.ignore_shutdown = {"a"};
   int sleeps = 0;
-  auto out = terminate_spot_all(hv, {TerminationJob{hv.domains[0], record, 30s}}, [&](std::chrono::milliseconds) { return ++sleeps < 3; });
+  auto out = terminate_spot_all(hv, {TerminationJob{hv.domains[0], record, 30s}},
+                                [&](std::chrono::milliseconds) { return ++sleeps < 3; });
   REQUIRE_FALSE(out[0].result.has_value());
   CHECK(out[0].result.error().kind == VmError::Kind::unavailable);
   CHECK(hv.domains[0].state == "running");

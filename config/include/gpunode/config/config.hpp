@@ -60,7 +60,7 @@ struct Config {
     Duration shutdown_grace{0};
   } libvirt;
   struct Central {
-    std::string url;  // empty: reporting off
+    std::string url;                          // empty: reporting off
     std::string ca, client_cert, client_key;  // each required when url is set
     Duration heartbeat_interval = std::chrono::seconds(30);
   } central;

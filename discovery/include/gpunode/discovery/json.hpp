@@ -1,17 +1,16 @@
 // gpunode/discovery/json.hpp: unit JSON exactly as CONTRACT §3 spells it.
 #pragma once
 
-#include <string>
-#include <vector>
-
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
+#include <string>
+#include <vector>
 
 #include "gpunode/discovery/model.hpp"
 
 namespace gpunode::discovery {
 
-std::string hex4(std::uint16_t value);       // "10de"
+std::string hex4(std::uint16_t value);            // "10de"
 std::string class_hex(std::uint32_t class_code);  // top 16 bits: "0302"
 
 // One unit; `reservation_ids` are those the caller may see (CONTRACT §3).

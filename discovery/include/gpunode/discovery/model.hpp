@@ -39,18 +39,18 @@ struct DeviceRecord {
   PciAddress address;
   std::optional<std::uint16_t> vendor_id;
   std::optional<std::uint16_t> device_id;
-  std::optional<std::uint32_t> class_code;   // 24 bits, as in the `class` file
-  std::optional<std::uint8_t> header_type;   // low 7 bits of config byte 0x0e; read only where it matters
-  std::optional<std::string> driver;         // nullopt: no driver bound (or unknown, see driver_known)
-  bool driver_known = true;                  // false: the `driver` link exists but cannot be read
-  std::optional<int> numa_node;              // nullopt: no NUMA affinity (-1) or unreadable
-  std::optional<bool> boot_vga = false;      // nullopt: the file exists but cannot be read
-  std::optional<int> sriov_numvfs = 0;       // nullopt: the file exists but cannot be read
-  bool is_virtual_function = false;          // has a `physfn` link
-  bool mdev_parent = false;                  // has `mdev_supported_types`
-  std::vector<PciAddress> consumers;         // from `consumer:pci:*` device links
-  std::optional<int> iommu_group;            // nullopt: in no group
-  std::optional<std::string> name;           // pci.ids device name (looked up for GPUs only)
+  std::optional<std::uint32_t> class_code;  // 24 bits, as in the `class` file
+  std::optional<std::uint8_t> header_type;  // low 7 bits of config byte 0x0e; read only where it matters
+  std::optional<std::string> driver;        // nullopt: no driver bound (or unknown, see driver_known)
+  bool driver_known = true;                 // false: the `driver` link exists but cannot be read
+  std::optional<int> numa_node;             // nullopt: no NUMA affinity (-1) or unreadable
+  std::optional<bool> boot_vga = false;     // nullopt: the file exists but cannot be read
+  std::optional<int> sriov_numvfs = 0;      // nullopt: the file exists but cannot be read
+  bool is_virtual_function = false;         // has a `physfn` link
+  bool mdev_parent = false;                 // has `mdev_supported_types`
+  std::vector<PciAddress> consumers;        // from `consumer:pci:*` device links
+  std::optional<int> iommu_group;           // nullopt: in no group
+  std::optional<std::string> name;          // pci.ids device name (looked up for GPUs only)
   std::vector<Fault> faults;
 
   [[nodiscard]] const Fault* fault(std::string_view attribute) const;
@@ -89,12 +89,12 @@ struct UnitDevice {
 };
 
 struct Unit {
-  std::string id;                    // u-DDDD-BB-SS-F of the lowest gpu address
-  std::optional<int> iommu_group;    // nullopt without IOMMU groups
+  std::string id;                  // u-DDDD-BB-SS-F of the lowest gpu address
+  std::optional<int> iommu_group;  // nullopt without IOMMU groups
   UnitClass cls = UnitClass::none;
-  std::vector<UnitDevice> devices;   // every member, sorted by address
-  std::vector<int> numa_nodes;       // sorted, unique, of the gpus
-  std::vector<Reason> reasons;       // empty exactly when reservable
+  std::vector<UnitDevice> devices;  // every member, sorted by address
+  std::vector<int> numa_nodes;      // sorted, unique, of the gpus
+  std::vector<Reason> reasons;      // empty exactly when reservable
   bool sellable = false;
   bool reservable = false;
 

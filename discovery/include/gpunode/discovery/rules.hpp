@@ -18,7 +18,8 @@ bool is_gpu_candidate(const DeviceRecord& device, const Policy& policy);
 
 // The role of `device` among `members` (the devices of its IOMMU group, or its slot without
 // IOMMU). `device` must be one of `members`.
-Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>& members, const Policy& policy);
+Role role_of(const DeviceRecord& device, const std::vector<const DeviceRecord*>& members,
+             const Policy& policy);
 
 // "u-0000-41-00-0" for 0000:41:00.0.
 std::string unit_id_for(const PciAddress& gpu);

@@ -37,7 +37,8 @@ class FakeHypervisor : public Hypervisor {
     if (auto e = enter("list", "")) return std::unexpected(*e);
     return domains;
   }
-  std::expected<void, VmError> record_termination(const std::string& uuid, const TerminationRecord& record) override {
+  std::expected<void, VmError> record_termination(const std::string& uuid,
+                                                  const TerminationRecord& record) override {
     std::lock_guard lock{mu};
     if (auto e = enter("record", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);

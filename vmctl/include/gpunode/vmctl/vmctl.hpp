@@ -50,9 +50,9 @@ bool state_active(std::string_view state);
 struct Domain {
   std::string uuid;
   std::string name;
-  std::string state;                        // §7 vocabulary
-  std::vector<std::string> pci_addresses;   // hostdev type='pci' sources, sorted, "0000:41:00.0"
-  std::optional<WorkloadLabel> label;       // nullopt: unlabelled (no or invalid metadata)
+  std::string state;                       // §7 vocabulary
+  std::vector<std::string> pci_addresses;  // hostdev type='pci' sources, sorted, "0000:41:00.0"
+  std::optional<WorkloadLabel> label;      // nullopt: unlabelled (no or invalid metadata)
   std::optional<TerminationRecord> termination;
   bool active() const { return state_active(state); }
 };
@@ -130,8 +130,8 @@ struct DomainXmlFacts {
   std::vector<std::string> pci_addresses;
   std::optional<WorkloadLabel> label;
   std::optional<TerminationRecord> termination;
-  bool is_domain = false;                 // the text is XML whose root is <domain>
-  std::string name, uuid;                 // <name>, <uuid> (empty when missing)
+  bool is_domain = false;                   // the text is XML whose root is <domain>
+  std::string name, uuid;                   // <name>, <uuid> (empty when missing)
   std::size_t unreadable_pci_hostdevs = 0;  // <hostdev type='pci'> whose source address cannot be read
 };
 DomainXmlFacts parse_domain_xml(std::string_view domain_xml);
@@ -160,10 +160,9 @@ struct TerminateResult {
 // Errors: recording the termination failed (nothing was stopped), or the hypervisor became
 // unavailable (`unavailable`). A refused or ineffective stop is {terminated=false, detail}.
 // `sleep` is called between polls (tests pass a fake); the grace is measured by what was slept.
-std::expected<TerminateResult, VmError> terminate_spot(Hypervisor& hypervisor, const Domain& domain,
-                                                       const TerminationRecord& record,
-                                                       std::chrono::seconds grace,
-                                                       const std::function<void(std::chrono::milliseconds)>& sleep);
+std::expected<TerminateResult, VmError> terminate_spot(
+    Hypervisor& hypervisor, const Domain& domain, const TerminationRecord& record, std::chrono::seconds grace,
+    const std::function<void(std::chrono::milliseconds)>& sleep);
 
 inline constexpr std::chrono::milliseconds terminate_poll_interval{200};
 
@@ -182,7 +181,8 @@ struct TerminationOutcome {
   std::expected<TerminateResult, VmError> result;
 };
 using Sleeper = std::function<bool(std::chrono::milliseconds)>;
-std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hypervisor, const std::vector<TerminationJob>& jobs,
+std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hypervisor,
+                                                   const std::vector<TerminationJob>& jobs,
                                                    const Sleeper& sleep);
 
 }  // namespace gpunode::vmctl

@@ -30,13 +30,13 @@ struct Response {
 // Why there is no answer. Each is exit status 3 (CONTRACT §8).
 struct TransportError {
   enum class Kind {
-    missing,         // no socket at the path (ENOENT, ENOTDIR)
-    denied,          // the file system refuses the caller (EACCES, EPERM on connect)
-    not_listening,   // a socket file nobody listens on (ECONNREFUSED)
-    refused_peer,    // connected, then closed without an answer: the agent's peer check refused us
-    timeout,         // no whole answer within the request's timeout
-    untrusted,       // the server at the socket failed the caller's check (UnixClient's vet)
-    broken,          // anything else: a read or write error, an answer that is not HTTP
+    missing,        // no socket at the path (ENOENT, ENOTDIR)
+    denied,         // the file system refuses the caller (EACCES, EPERM on connect)
+    not_listening,  // a socket file nobody listens on (ECONNREFUSED)
+    refused_peer,   // connected, then closed without an answer: the agent's peer check refused us
+    timeout,        // no whole answer within the request's timeout
+    untrusted,      // the server at the socket failed the caller's check (UnixClient's vet)
+    broken,         // anything else: a read or write error, an answer that is not HTTP
   } kind = Kind::broken;
   std::string path;    // the socket
   std::string detail;  // what the system or the parser said

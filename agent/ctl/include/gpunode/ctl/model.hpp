@@ -4,6 +4,7 @@
 // Keys the contract adds later are ignored; a missing optional key reads as empty.
 #pragma once
 
+#include <boost/json/value.hpp>
 #include <cstdint>
 #include <expected>
 #include <map>
@@ -11,8 +12,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <boost/json/value.hpp>
 
 #include "gpunode/ctl/request.hpp"
 
@@ -48,8 +47,8 @@ struct Unit {
 struct Reservation {
   std::string id, state;
   std::vector<std::string> unit_ids, audience, managers, released, reclaiming;
-  std::string starts_at, ends_at;        // as the agent wrote them
-  std::optional<Time> starts, ends;      // parsed; nullopt when unreadable
+  std::string starts_at, ends_at;    // as the agent wrote them
+  std::optional<Time> starts, ends;  // parsed; nullopt when unreadable
   std::optional<std::string> ended_at, end_reason;
   std::string note;
   std::int64_t version = 0;
@@ -75,8 +74,10 @@ struct NodeState {
 
 std::expected<NodeState, std::string> decode_state(const boost::json::value& body);
 // GET /v1/admin/unentitled: domain uuid -> "UNIT: CODE, ..." (escaped for people).
-std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(const boost::json::value& body);
-std::expected<std::vector<Reservation>, std::string> decode_reservations(const boost::json::value& body, std::string_view key = "reservations");
+std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(
+    const boost::json::value& body);
+std::expected<std::vector<Reservation>, std::string> decode_reservations(
+    const boost::json::value& body, std::string_view key = "reservations");
 std::expected<Reservation, std::string> decode_reservation(const boost::json::value& body);
 std::expected<std::vector<Workload>, std::string> decode_workloads(const boost::json::value& body);
 

@@ -6,7 +6,8 @@
 namespace gpunode::ctl {
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitProblem = 1;      // the agent answered a problem (or an answer that is not the contract's)
+inline constexpr int kExitProblem =
+    1;  // the agent answered a problem (or an answer that is not the contract's)
 inline constexpr int kExitUsage = 2;        // a usage error (with the usage)
 inline constexpr int kExitUnreachable = 3;  // the socket is missing, unreachable or refuses the caller
 

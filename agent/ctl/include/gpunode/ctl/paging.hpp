@@ -3,6 +3,7 @@
 // pages without end) is tested without one.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <cstddef>
 #include <expected>
 #include <functional>
@@ -10,14 +11,12 @@
 #include <string>
 #include <string_view>
 
-#include <boost/json/object.hpp>
-
 #include "gpunode/ctl/outcome.hpp"
 
 namespace gpunode::ctl {
 
-inline constexpr std::size_t kPageSize = 500;       // the API's largest `limit`
-inline constexpr std::size_t kMaxPages = 20'000;    // 10 million entries: past that, a server loops
+inline constexpr std::size_t kPageSize = 500;     // the API's largest `limit`
+inline constexpr std::size_t kMaxPages = 20'000;  // 10 million entries: past that, a server loops
 
 struct Page {
   boost::json::value doc;  // the parsed body
@@ -25,7 +24,8 @@ struct Page {
 };
 
 // Fetches one page: the previous page's nextPageToken (nullopt for the first) and the limit.
-using FetchPage = std::function<std::expected<Page, Failure>(const std::optional<std::string>& token, std::size_t limit)>;
+using FetchPage =
+    std::function<std::expected<Page, Failure>(const std::optional<std::string>& token, std::size_t limit)>;
 
 struct Collected {
   boost::json::object doc;  // {KEY: [every entry], "nextPageToken": null or where to go on}

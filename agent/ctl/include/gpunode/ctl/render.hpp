@@ -2,13 +2,12 @@
 // out; colour is a Style the caller decides (a terminal, and NO_COLOR unset or empty).
 #pragma once
 
+#include <boost/json/value.hpp>
 #include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <boost/json/value.hpp>
 
 #include "gpunode/ctl/model.hpp"
 
@@ -27,7 +26,8 @@ bool use_color(bool stdout_is_tty, const char* no_color_env);
 std::size_t display_width(std::string_view text);
 
 // A table: a header row and rows, columns padded to the widest cell, two spaces apart.
-std::string table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows, const Style& style);
+std::string table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows,
+                  const Style& style);
 
 // `units`: the node as a tree, NUMA node -> unit -> devices, each unit with its class,
 // reservable or why not, its reservation (released or reclaiming), and the VMs on it.

@@ -18,7 +18,8 @@ inline constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
 
 // `admin.socket` of an agent.yaml text (`file` names it in errors); nullopt when the text leaves it
 // at the default. The error is the loader's first problem ("FILE:LINE:COLUMN: ...").
-std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text, const std::string& file);
+std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text,
+                                                                              const std::string& file);
 
 struct SocketChoice {
   std::string path;
@@ -27,7 +28,8 @@ struct SocketChoice {
 
 // The flag when given; else the config file's key when the file is readable (`read` returns its
 // text, or nullopt when it cannot be read); else the default.
-std::expected<SocketChoice, std::string> choose_socket(const std::optional<std::string>& flag, std::string_view config_path,
+std::expected<SocketChoice, std::string> choose_socket(const std::optional<std::string>& flag,
+                                                       std::string_view config_path,
                                                        const std::optional<std::string>& config_text);
 
 }  // namespace gpunode::ctl

@@ -82,7 +82,6 @@ class Daemon {
   // agent cannot use (check_named_files), keeps the running config. Logged either way.
   ReloadOutcome reload_now();
 
-
   // Any thread: one request as if it came from the network (tests).
   void submit(service::ApiRequest request, Respond respond);
   [[nodiscard]] std::uint16_t tls_port() const;

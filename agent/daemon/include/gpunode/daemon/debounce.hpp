@@ -7,18 +7,18 @@
 // drops a pending run; a later poke arms it again.
 #pragma once
 
-#include <chrono>
-#include <functional>
-
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
 
 namespace gpunode::daemon {
 
 class Debounce {
  public:
   enum class Mode { after_first, after_last };
-  Debounce(boost::asio::any_io_executor executor, std::chrono::milliseconds delay, Mode mode, std::function<void()> action)
+  Debounce(boost::asio::any_io_executor executor, std::chrono::milliseconds delay, Mode mode,
+           std::function<void()> action)
       : timer_(std::move(executor)), delay_(delay), mode_(mode), action_(std::move(action)) {}
   Debounce(const Debounce&) = delete;
   Debounce& operator=(const Debounce&) = delete;

@@ -18,15 +18,14 @@
 // (the daemon joins its pools and stops `core` before it destroys the driver).
 #pragma once
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/service/node_service.hpp"
@@ -43,7 +42,7 @@ class Driver {
     boost::asio::any_io_executor terminations;  // where batches of terminations run
     vmctl::Sleeper sleeper;                     // a termination's grace; false: the agent is stopping
     std::size_t max_parked = 4096;              // long polls parked at once; more are 503
-    std::chrono::milliseconds max_retry = std::chrono::seconds(30);  // refresh backoff cap
+    std::chrono::milliseconds max_retry = std::chrono::seconds(30);          // refresh backoff cap
     std::chrono::milliseconds event_delay = std::chrono::milliseconds(250);  // events -> refresh
     // On the state thread, each time changed() sees the revision move (after the commit that
     // moved it): the daemon publishes the revision and wakes the reporter. Must be quick.
@@ -51,8 +50,8 @@ class Driver {
   };
 
   // `hypervisor` may be null: the service then answers 503 hypervisor-unavailable itself.
-  Driver(boost::asio::io_context& core, service::NodeService& node, std::shared_ptr<vmctl::Hypervisor> hypervisor,
-         Options options, service::LogSink log);
+  Driver(boost::asio::io_context& core, service::NodeService& node,
+         std::shared_ptr<vmctl::Hypervisor> hypervisor, Options options, service::LogSink log);
   ~Driver();
   Driver(const Driver&) = delete;
   Driver& operator=(const Driver&) = delete;
@@ -82,7 +81,8 @@ class Driver {
   void dispatch(service::ApiRequest request, std::shared_ptr<Answer> answer);
   void list_then_dispatch(service::ApiRequest request, std::shared_ptr<Answer> answer);
   void run_batch(service::Work work, std::shared_ptr<Answer> answer);
-  void park(service::ApiRequest request, std::shared_ptr<Answer> answer, std::chrono::steady_clock::time_point deadline);
+  void park(service::ApiRequest request, std::shared_ptr<Answer> answer,
+            std::chrono::steady_clock::time_point deadline);
   void after_refresh_failed();
   void say(service::LogLevel level, const std::string& text) const;
 
@@ -105,7 +105,8 @@ class Driver {
   std::shared_ptr<const service::WorkloadListing> view_;  // see workloads_event()
   std::chrono::steady_clock::time_point view_at_{};
   std::chrono::steady_clock::time_point last_event_{};  // when the last event reached this thread
-  void keep_view(std::shared_ptr<const service::WorkloadListing> listing, std::chrono::steady_clock::time_point listed_at);
+  void keep_view(std::shared_ptr<const service::WorkloadListing> listing,
+                 std::chrono::steady_clock::time_point listed_at);
 };
 
 }  // namespace gpunode::daemon

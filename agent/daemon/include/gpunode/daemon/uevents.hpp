@@ -11,6 +11,8 @@
 // Threads: one io_context's thread (the daemon's core); not thread-safe.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <expected>
 #include <functional>
 #include <memory>
@@ -18,9 +20,6 @@
 #include <string>
 #include <string_view>
 #include <variant>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 
 namespace gpunode::daemon {
 

@@ -10,14 +10,13 @@
 // Threads: one io_context's thread (the daemon's core); not thread-safe.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <chrono>
 #include <expected>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 
 namespace gpunode::daemon {
 

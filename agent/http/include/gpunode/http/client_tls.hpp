@@ -2,11 +2,10 @@
 // central API, CONTRACT §6), hardened like the server's (CONTRACT §7 TLS).
 #pragma once
 
+#include <boost/asio/ssl/context.hpp>
 #include <expected>
 #include <memory>
 #include <string>
-
-#include <boost/asio/ssl/context.hpp>
 
 namespace gpunode::http {
 
@@ -20,6 +19,7 @@ struct ClientTlsFiles {
 // renegotiation or compression; verify_peer against `ca` only (not the system's store); the client
 // certificate and key loaded and checked to match. The host name is checked per connection
 // (SSL_set1_host, SNI) by the caller. Errors name the file and the reason.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(const ClientTlsFiles& files);
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(
+    const ClientTlsFiles& files);
 
 }  // namespace gpunode::http

@@ -37,6 +37,8 @@
 
 #include <sys/types.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -49,9 +51,6 @@
 #include <utility>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ssl/context.hpp>
-
 #include "gpunode/json/problem.hpp"
 
 namespace gpunode::http {
@@ -60,7 +59,7 @@ struct Peer {
   // tcp: the HTTPS listener; unix_socket: the admin socket; plain_tcp: a plain-HTTP listener
   // (listen_plain: metrics.listen), which the handler limits to what it may serve there.
   enum class Kind { tcp, unix_socket, plain_tcp } kind = Kind::tcp;
-  std::string address;  // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
+  std::string address;       // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
   std::optional<uid_t> uid;  // SO_PEERCRED, admin socket only
   std::optional<gid_t> gid;  // the peer's effective (primary) group
   std::optional<pid_t> pid;
@@ -74,7 +73,7 @@ struct Request {
   std::string method;
   std::string target;  // raw path?query
   std::string path;
-  std::string query;   // after '?', raw (not decoded); empty when none
+  std::string query;                                         // after '?', raw (not decoded); empty when none
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in order
   std::string body;
   Peer peer;
@@ -108,7 +107,8 @@ using Observer = std::function<void(const Answered&)>;
 
 using FieldError = gpunode::json::FieldError;
 
-// application/problem+json: {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
+// application/problem+json:
+// {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
 Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
                  const std::vector<FieldError>& errors = {});
 
@@ -149,7 +149,8 @@ struct TlsFiles {
 // A server context per CONTRACT §7: TLS 1.2 and 1.3 only; TLS 1.2 suites ECDHE with AES-GCM or
 // ChaCha20-Poly1305 only; no renegotiation, no compression, server cipher preference; with
 // client_ca, verify_peer|fail_if_no_peer_cert against it. Errors name the file and the reason.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(const TlsFiles& files);
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(
+    const TlsFiles& files);
 
 // Admin socket: false refuses the peer (closed at once, no HTTP answer, logged). Called on an I/O
 // thread right after accept: it must not block, so no NSS lookups (getgrnam, getgrouplist): the
@@ -164,8 +165,8 @@ struct ServerState;
 // Every member function may be called from any thread. `log` may be called from any I/O thread.
 class Server {
  public:
-  Server(boost::asio::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log,
-         Observer observer = {});
+  Server(boost::asio::io_context& io, Limits limits, Handler handler,
+         std::function<void(std::string_view)> log, Observer observer = {});
   ~Server();  // stops accepting and closes every connection
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -183,8 +184,8 @@ class Server {
   // (only if it is a socket and nobody answers on it), binds, gives the socket to `group` when
   // given (its owner stays this process's uid), chmods it to `mode`, listens. Errors name the
   // socket, the step and the reason (and the group id for a failed chown).
-  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
-                                               PeerFilter filter);
+  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode,
+                                               std::optional<gid_t> group, PeerFilter filter);
   // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
   void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
   std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)

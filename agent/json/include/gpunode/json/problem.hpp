@@ -3,11 +3,10 @@
 // request reaches the API) and for the API itself.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <boost/json/object.hpp>
 
 namespace gpunode::json {
 
@@ -17,7 +16,7 @@ struct FieldError {
 };
 
 // {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
-boost::json::object problem_body(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
-                                 const std::vector<FieldError>& errors = {});
+boost::json::object problem_body(unsigned status, std::string_view code, std::string_view title,
+                                 std::string_view detail, const std::vector<FieldError>& errors = {});
 
 }  // namespace gpunode::json

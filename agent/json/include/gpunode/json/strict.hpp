@@ -8,20 +8,20 @@
 // JSON from outside is.
 #pragma once
 
+#include <boost/json/value.hpp>
 #include <cstddef>
 #include <expected>
 #include <string>
 #include <string_view>
 
-#include <boost/json/value.hpp>
-
 namespace gpunode::json {
 
 struct TextError {
-  std::string what;     // "a key is repeated: \"endsAt\"", "invalid UTF-8", ...
+  std::string what;  // "a key is repeated: \"endsAt\"", "invalid UTF-8", ...
   std::size_t offset = 0;
   std::size_t line = 1, column = 1;
-  [[nodiscard]] std::string to_string() const;  // "line 1, column 25 (byte 24): a key is repeated: \"endsAt\""
+  [[nodiscard]] std::string to_string()
+      const;  // "line 1, column 25 (byte 24): a key is repeated: \"endsAt\""
 };
 
 std::expected<boost::json::value, TextError> parse_strict(std::string_view text, std::size_t max_depth = 64);

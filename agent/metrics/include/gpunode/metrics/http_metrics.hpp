@@ -31,8 +31,8 @@ std::string_view method_label(std::string_view method);
 // Upper bounds of the duration buckets, in seconds: a GET answers in well under a millisecond, a
 // create waits for an fsync (ms), a long poll up to its wait (120 s max), a termination up to its
 // grace (300 s max) and its destroys.
-inline constexpr std::array<double, 18> kDurationBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                            0.5,    1,     2.5,    5,     10,   30,    60,   120,  300};
+inline constexpr std::array<double, 18> kDurationBuckets = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
 
 // Thread-safe: record() runs on the network thread as each answer is sent, write() on whichever
 // thread renders /metrics. Shared state: `counts_` and `durations_`, guarded by `mu_`.
@@ -48,8 +48,9 @@ class HttpMetrics {
     double sum = 0;
   };
   mutable std::mutex mu_;
-  std::map<std::tuple<std::string_view, std::string_view, unsigned>, std::uint64_t> counts_;  // route, method, code
-  std::map<std::pair<std::string_view, std::string_view>, Histogram> durations_;              // route, method
+  std::map<std::tuple<std::string_view, std::string_view, unsigned>, std::uint64_t>
+      counts_;                                                                    // route, method, code
+  std::map<std::pair<std::string_view, std::string_view>, Histogram> durations_;  // route, method
 };
 
 }  // namespace gpunode::metrics

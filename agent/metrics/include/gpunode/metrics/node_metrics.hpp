@@ -25,7 +25,8 @@ inline constexpr std::array<std::string_view, 4> kFailureReasons = {"transport",
 
 // The index of `value` in `labels`, or nothing.
 template <std::size_t N>
-constexpr std::optional<std::size_t> index_of(const std::array<std::string_view, N>& labels, std::string_view value) {
+constexpr std::optional<std::size_t> index_of(const std::array<std::string_view, N>& labels,
+                                              std::string_view value) {
   for (std::size_t i = 0; i < N; ++i) {
     if (labels[i] == value) return i;
   }
@@ -38,10 +39,11 @@ enum class Admission { allowed, refused, audit_refused };
 
 // What the NodeService knows, read on its thread.
 struct NodeGauges {
-  std::array<std::array<std::int64_t, 2>, kUnitClasses.size()> units{};  // [class][reservable: 0 false, 1 true]
+  std::array<std::array<std::int64_t, 2>, kUnitClasses.size()>
+      units{};  // [class][reservable: 0 false, 1 true]
   std::array<std::int64_t, kReservationStates.size()> reservations{};
   std::int64_t revision = 0;
-  double discovery_seconds = 0;  // the last scan (read and rules)
+  double discovery_seconds = 0;           // the last scan (read and rules)
   std::int64_t unentitled_workloads = 0;  // active domains on units they are not entitled to (CONTRACT §9)
   // Counters since the agent started.
   std::uint64_t terminations_ok = 0;

@@ -20,9 +20,9 @@
 namespace gpunode::report {
 
 struct OutboxStats {
-  std::int64_t depth = 0;      // undelivered events
-  std::int64_t first_seq = 0;  // the oldest undelivered (0 when empty)
-  std::int64_t last_seq = 0;   // the newest (0 when empty)
+  std::int64_t depth = 0;                // undelivered events
+  std::int64_t first_seq = 0;            // the oldest undelivered (0 when empty)
+  std::int64_t last_seq = 0;             // the newest (0 when empty)
   std::optional<std::string> oldest_at;  // the oldest undelivered event's "at"
 };
 

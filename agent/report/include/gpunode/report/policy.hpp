@@ -63,7 +63,8 @@ milliseconds full_jitter(unsigned attempt, std::uint64_t random);
 
 // What to wait before the next attempt after a failure: Retry-After when the answer had one;
 // else for a refused request (4xx) kHold; else the full-jitter backoff.
-milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds> retry_after, std::uint64_t random);
+milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds> retry_after,
+                         std::uint64_t random);
 
 // {"ackedSeq": N} -> N (unknown keys ignored). Never throws; an error says what is wrong.
 std::expected<std::int64_t, std::string> parse_ack(std::string_view body);

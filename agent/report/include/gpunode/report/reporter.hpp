@@ -17,6 +17,7 @@
 #pragma once
 
 #include <array>
+#include <boost/asio/ssl/context.hpp>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -25,8 +26,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <boost/asio/ssl/context.hpp>
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/report/policy.hpp"
@@ -44,12 +43,12 @@ struct NodeFacts {
 struct Status {
   std::int64_t acked_seq = 0;     // every event up to it is acknowledged (gpunode_central_acked_seq)
   std::int64_t outbox_depth = 0;  // undelivered events (gpunode_outbox_events)
-  std::optional<std::string> oldest_undelivered_at;  // RFC 3339, as stored in the event
+  std::optional<std::string> oldest_undelivered_at;            // RFC 3339, as stored in the event
   std::optional<std::chrono::sys_seconds> oldest_undelivered;  // the same, parsed (for the age gauge)
   std::array<std::uint64_t, kFailureKinds> failures{};  // by Failure: gpunode_central_delivery_failures_total
-  std::uint64_t protocol_errors = 0;   // 2xx answers that were not a usable ack
-  std::uint64_t events_delivered = 0;  // acknowledged since start
-  std::uint64_t heartbeats_sent = 0;   // answered 2xx
+  std::uint64_t protocol_errors = 0;                    // 2xx answers that were not a usable ack
+  std::uint64_t events_delivered = 0;                   // acknowledged since start
+  std::uint64_t heartbeats_sent = 0;                    // answered 2xx
   std::uint64_t heartbeat_failures = 0;
   [[nodiscard]] std::uint64_t failures_of(Failure f) const { return failures[static_cast<std::size_t>(f)]; }
 };

@@ -17,7 +17,8 @@ using Time = std::chrono::sys_seconds;  // the API speaks RFC 3339 UTC to the se
 // 2262: a later time overflowed there (found by tests/fuzz/http_request: an endsAt in 4054). The
 // margin keeps a term plus a grace or a retention far from that end.
 inline constexpr Time kEarliestTime{std::chrono::sys_days{std::chrono::year{1970} / 1 / 1}};
-inline constexpr Time kLatestTime{std::chrono::sys_days{std::chrono::year{2200} / 1 / 1} - std::chrono::seconds{1}};
+inline constexpr Time kLatestTime{std::chrono::sys_days{std::chrono::year{2200} / 1 / 1} -
+                                  std::chrono::seconds{1}};
 
 // "2027-01-31T00:00:00Z"; fractions of a second are accepted on input and dropped. Nothing
 // outside [kEarliestTime, kLatestTime].

@@ -18,9 +18,11 @@ bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end);
 
 // Ids of the non-ended reservations (other than `candidate.id`) that hold one of the candidate's
 // units at an overlapping time, sorted.
-std::vector<std::string> blocking_reservations(const Reservation& candidate, const std::vector<Reservation>& existing);
+std::vector<std::string> blocking_reservations(const Reservation& candidate,
+                                               const std::vector<Reservation>& existing);
 // The same over reservations held elsewhere (the service's per-unit index), without copying them.
-std::vector<std::string> blocking_reservations(const Reservation& candidate, std::span<const Reservation* const> existing);
+std::vector<std::string> blocking_reservations(const Reservation& candidate,
+                                               std::span<const Reservation* const> existing);
 
 // What the clock alone does to reservations: activations and expiries that are due at `now`,
 // in time order (an activation before an expiry at the same instant; ties by id).
@@ -34,7 +36,6 @@ std::vector<Transition> due_transitions(const std::vector<Reservation>& reservat
 // Applies one transition: state, ended_at = ends_at and end_reason term-expired on expiry;
 // released and reclaiming units leave the spot market when the term ends.
 void apply(Reservation& r, const Transition& t);
-
 
 // ---- requests --------------------------------------------------------------------------------
 struct FieldError {
@@ -101,7 +102,8 @@ struct ReclaimMove {
   std::vector<std::string> still_occupied;   // of newly_reclaimed, those now reclaiming
   bool changed = false;                      // released or reclaiming lists differ from before
 };
-ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named, const std::set<std::string>& occupied);
+ReclaimMove reclaim_units(Reservation& r, const std::set<std::string>& named,
+                          const std::set<std::string>& occupied);
 
 // Removes from `r`'s reclaiming units those no spot workload occupies any more, and returns
 // them (the reclaim is complete for them).

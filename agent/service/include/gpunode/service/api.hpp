@@ -1,6 +1,7 @@
 // gpunode/service/api.hpp: the API as plain data, independent of any transport.
 #pragma once
 
+#include <boost/json/fwd.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -11,8 +12,6 @@
 #include <variant>
 #include <vector>
 
-#include <boost/json/fwd.hpp>
-
 #include "gpunode/json/problem.hpp"
 
 namespace gpunode::service {
@@ -22,8 +21,8 @@ struct WorkloadListing;  // gpunode/service/node_service.hpp
 struct ApiRequest {
   enum class Via { https, admin_socket };
   std::string method;
-  std::string path;   // without the query
-  std::string query;  // without '?'
+  std::string path;                                          // without the query
+  std::string query;                                         // without '?'
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
   std::string body;
   Via via = Via::https;

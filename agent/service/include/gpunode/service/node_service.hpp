@@ -2,8 +2,9 @@
 //
 // One NodeService owns the SQLite state file and the in-memory view of units and reservations.
 // It is not thread-safe: the daemon calls it from one worker thread only, never from the I/O
-// threads (SQLite commits wait for fsync); shared_reads() alone may be used from any thread. Every mutation is one transaction holding the change,
-// its audit record and its outbox event; memory is updated only after the commit.
+// threads (SQLite commits wait for fsync); shared_reads() alone may be used from any thread. Every mutation
+// is one transaction holding the change, its audit record and its outbox event; memory is updated only after
+// the commit.
 #pragma once
 
 #include <chrono>
@@ -40,7 +41,6 @@ struct ServiceOptions {
   std::chrono::seconds shutdown_grace{0};  // libvirt.shutdown_grace: terminate-spot's default grace
   config::EnforcementMode enforcement = config::EnforcementMode::enforce;  // enforcement.mode (§9)
 };
-
 
 // The domains as the hypervisor listed them for one request (or why it could not).
 struct WorkloadListing {
@@ -91,10 +91,9 @@ class NodeService {
   // Opens (creating) <state_dir>/state.db, migrates it, loads the state, applies the terms that
   // came while the agent was down (in time order) and scans the host once. An error names the
   // file and says why.
-  static std::expected<std::unique_ptr<NodeService>, std::string> open(ServiceOptions options,
-                                                                       std::shared_ptr<const auth::TokenVerifier> verifier,
-                                                                       const discovery::PciIds* names, Clock clock,
-                                                                       LogSink log);
+  static std::expected<std::unique_ptr<NodeService>, std::string> open(
+      ServiceOptions options, std::shared_ptr<const auth::TokenVerifier> verifier,
+      const discovery::PciIds* names, Clock clock, LogSink log);
   ~NodeService();
   NodeService(const NodeService&) = delete;
   NodeService& operator=(const NodeService&) = delete;

@@ -1,13 +1,12 @@
 // gpunode/service/reservation_json.hpp: reservation JSON (CONTRACT §4) and request bodies.
 #pragma once
 
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
 #include <expected>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <boost/json/object.hpp>
-#include <boost/json/value.hpp>
 
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"

@@ -33,8 +33,8 @@ struct Plan {
 // the owner asking for the whole node), workloads that occupy no unit are considered too: they
 // run on the node, and such a caller reaches all of it. Shut-off definitions occupy nothing and
 // are not listed. Order follows `vms`.
-Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets, const std::set<std::string>& reach,
-          bool whole_node = false);
+Plan plan(const std::vector<Occupant>& vms, const std::set<std::string>& targets,
+          const std::set<std::string>& reach, bool whole_node = false);
 
 // The units that carry at least one active spot workload.
 std::set<std::string> spot_occupied(const std::vector<Occupant>& vms);
