@@ -6,7 +6,7 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package clean format
+.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package clean format format-check
 
 all: build
 
@@ -69,8 +69,15 @@ bench: build
 	cmake --build --preset $(PRESET) -j $(JOBS) --target benchmarks
 	@bash tests/bench/run.sh $(BUILD)
 
+# The C++ sources as the repo's .clang-format says (clang-format 14, Debian 12's): `make format`
+# rewrites them; `make format-check` (run by .ci/run) lists any that differ and fails.
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp')
+
+format-check: deps
+	@bad=$$(for f in $$(git ls-files '*.cpp' '*.hpp'); do clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "not formatted (run make format):"; echo "$$bad" | sed 's/^/  /'; exit 1; fi; \
+	echo "format-check: $$(git ls-files '*.cpp' '*.hpp' | wc -l) files formatted"
 
 clean:
 	rm -rf build

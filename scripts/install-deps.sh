@@ -5,8 +5,8 @@
 set -euo pipefail
 
 PACKAGES=(
-  # toolchain
-  build-essential cmake ninja-build pkg-config
+  # toolchain (clang-format: make format and the check in .ci/run)
+  build-essential cmake ninja-build pkg-config clang-format
   # design-card libraries
   libpci-dev pciutils pci.ids
   libvirt-dev libvirt-clients libxml2-dev
