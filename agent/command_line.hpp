@@ -38,7 +38,8 @@ struct CommandLine {
   // libvirt-hook: NAME OPERATION SUB-OPERATION [EXTRA], as libvirt passes them
   std::vector<std::string> hook_args;
   std::optional<std::string> hook_socket;
-  std::string hook_domain_xml;  // stdin, read by main.cpp (which answers the calls that never ask)
+  std::string hook_domain_xml;             // stdin, read by main.cpp (which answers the calls that never ask)
+  bool hook_domain_xml_cut_short = false;  // stdin held more than kAdmissionBodyLimit: refused
 };
 
 // Runs the command; returns the process's exit code. Never throws.
@@ -47,19 +48,27 @@ using CommandEntry = int(const CommandLine&);
 using MainEntry = int(int argc, char** argv);
 // A module's entry is its one exported symbol (the project builds with hidden visibility).
 #define GPUNODE_EXPORT __attribute__((visibility("default")))
-inline constexpr const char* kCommandEntry = "gpunode_agent_command";
-inline constexpr const char* kMainEntry = "gpunode_agent_main";
+//
+// The entries' names carry the modules' ABI (`_v2`): bump it in every entry name whenever
+// CommandLine or an entry's signature changes. An executable and a module from two builds (a
+// package half unpacked, a partial install) then find no entry and stop (the hook refusing the
+// start) instead of reading each other's structures wrongly.
+inline constexpr const char* kCommandEntry = "gpunode_agent_command_v2";
+inline constexpr const char* kMainEntry = "gpunode_agent_main_v2";
 
 // What a module's entry runs its command through: an exception is a bug, never bad input, so it
-// is reported as one (exit 70) instead of escaping into main() or dying silently.
+// is reported as one (exit `failure`: 70, or 1 for the hook, which refuses the start on any error
+// of its own) instead of escaping into main() or dying silently.
 template <class Run>
-int report_internal_errors(Run&& run) noexcept {
+int report_internal_errors(Run&& run, int failure = 70) noexcept {
   try {
     return run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpunode-agent: internal error: %s\n", e.what());
-    return 70;
+  } catch (...) {
+    std::fprintf(stderr, "gpunode-agent: internal error: an exception of unknown type\n");
   }
+  return failure;
 }
 
 }  // namespace gpunode::agent

@@ -28,8 +28,8 @@ int check_config_files(const std::string& config_file) {
 
 }  // namespace
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_command(const agent::CommandLine& line) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_command), agent::CommandEntry>);
+extern "C" GPUNODE_EXPORT int gpunode_agent_command_v2(const agent::CommandLine& line) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_command_v2), agent::CommandEntry>);
   return agent::report_internal_errors([&] {
     if (line.command == agent::CommandLine::Command::check_config && line.files)
       return check_config_files(line.config_file);

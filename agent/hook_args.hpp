@@ -11,6 +11,7 @@
 // follows is libvirt's. Read before anything else runs (main.cpp), and pure, for the tests.
 #pragma once
 
+#include <cstddef>
 #include <expected>
 #include <optional>
 #include <span>
@@ -39,6 +40,10 @@ bool hook_asks(std::string_view operation, std::string_view sub_operation);
 // Whether the domain XML may hold a `<hostdev ... type='pci'>`: a scan of the start tags, no XML
 // parse (the agent parses). When in doubt it says yes (the agent is asked and decides).
 bool may_have_pci_hostdev(std::string_view domain_xml);
+
+// The largest admission request the agent takes (CONTRACT §9: 16 MiB); a domain whose request
+// would be larger is refused by the hook itself, whatever when_agent_down says.
+inline constexpr std::size_t kAdmissionBodyLimit = 16 * 1024 * 1024;
 
 inline constexpr std::string_view kHookUsage =
     "usage: gpunode-agent libvirt-hook [--socket PATH] [--config FILE] -- NAME OPERATION SUB-OPERATION EXTRA";

@@ -1,14 +1,15 @@
 // The hook's settings and their cache (see hook_settings.hpp).
 #include "hook_settings.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <boost/json.hpp>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 
 #include "gpunode/ctl/fd.hpp"
 
@@ -18,11 +19,10 @@ namespace {
 namespace json = boost::json;
 using ctl::Fd;
 
-constexpr std::int64_t kEntryVersion = 1;
-
-std::int64_t nanoseconds(const struct timespec& t) {
-  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
-}
+constexpr std::int64_t kEntryVersion = 2;  // 2: keyed by the config's bytes (1 was by its metadata)
+constexpr std::size_t kMaxConfig = 16 * 1024 * 1024;  // agent.yaml past this is refused, not read
+constexpr std::string_view kAside = ".tmp-";          // an entry being written: SLOT.tmp-PID
+constexpr auto kAsideStale = std::chrono::minutes(1);
 
 // config::to_string and values::when_agent_down live with the YAML reader, which this library does not link.
 std::string_view when_text(config::WhenAgentDown w) {
@@ -34,39 +34,23 @@ std::optional<config::WhenAgentDown> when_of(std::string_view s) {
   return std::nullopt;
 }
 
-std::optional<std::uint64_t> unsigned_of(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  if (v == nullptr) return std::nullopt;
-  if (const auto* u = v->if_uint64()) return *u;
-  if (const auto* i = v->if_int64(); i != nullptr && *i >= 0) return static_cast<std::uint64_t>(*i);
-  return std::nullopt;
-}
-
-std::optional<std::int64_t> signed_of(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  if (v == nullptr) return std::nullopt;
-  if (const auto* i = v->if_int64()) return *i;
-  return std::nullopt;
-}
-
-json::object identity_json(const FileIdentity& id) {
-  return {{"device", id.device},
-          {"inode", id.inode},
-          {"size", id.size},
-          {"mtimeNs", id.mtime_ns},
-          {"ctimeNs", id.ctime_ns}};
-}
-
-std::optional<FileIdentity> identity_from(const json::value* v) {
-  const json::object* o = v != nullptr ? v->if_object() : nullptr;
-  if (o == nullptr) return std::nullopt;
-  const auto device = unsigned_of(*o, "device");
-  const auto inode = unsigned_of(*o, "inode");
-  const auto size = signed_of(*o, "size");
-  const auto mtime = signed_of(*o, "mtimeNs");
-  const auto ctime = signed_of(*o, "ctimeNs");
-  if (!device || !inode || !size || !mtime || !ctime) return std::nullopt;
-  return FileIdentity{*device, *inode, *size, *mtime, *ctime};
+// All of `fd` (a regular file of at most `limit` bytes), or errno.
+std::expected<std::string, int> read_all(int fd, std::size_t limit) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::unexpected(errno);
+  if (!S_ISREG(st.st_mode)) return std::unexpected(EINVAL);
+  if (st.st_size < 0 || static_cast<std::size_t>(st.st_size) > limit) return std::unexpected(EFBIG);
+  std::string text;
+  text.reserve(static_cast<std::size_t>(st.st_size));
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::unexpected(errno);
+    if (n == 0) return text;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > limit) return std::unexpected(EFBIG);
+  }
 }
 
 bool write_all(int fd, std::string_view data) {
@@ -81,12 +65,23 @@ bool write_all(int fd, std::string_view data) {
 
 }  // namespace
 
-std::expected<FileIdentity, int> identity_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::unexpected(errno);
-  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
-                      static_cast<std::int64_t>(st.st_size), nanoseconds(st.st_mtim),
-                      nanoseconds(st.st_ctim)};
+std::expected<std::optional<std::string>, std::string> read_config_bytes(const std::string& path) {
+  // O_NONBLOCK: a FIFO put at the path must not hang the hook (read_all then refuses it, as it
+  // refuses anything but a regular file).
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return std::optional<std::string>();
+    return std::unexpected("cannot read " + path + ": " + std::strerror(errno));
+  }
+  auto text = read_all(fd.get(), kMaxConfig);
+  if (!text) {
+    const int e = text.error();
+    return std::unexpected("cannot read " + path + ": " +
+                           (e == EINVAL  ? std::string("not a regular file")
+                            : e == EFBIG ? "larger than " + std::to_string(kMaxConfig) + " bytes"
+                                         : std::string(std::strerror(e))));
+  }
+  return std::optional<std::string>(std::move(*text));
 }
 
 std::string HookSettingsCache::slot_name(std::string_view config_file) {
@@ -111,61 +106,75 @@ int HookSettingsCache::open_dir(bool create) const {
   return fd;
 }
 
+void HookSettingsCache::sweep_aside(int dir_fd) const {
+  const int scan = ::dup(dir_fd);
+  if (scan < 0) return;
+  DIR* d = ::fdopendir(scan);  // owns `scan` from here
+  if (d == nullptr) {
+    ::close(scan);
+    return;
+  }
+  const auto now = std::chrono::system_clock::now();
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (name.find(kAside) == std::string_view::npos) continue;
+    struct stat st {};
+    if (::fstatat(dir_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const auto written = std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec);
+    if (now - written > kAsideStale) ::unlinkat(dir_fd, e->d_name, 0);  // its writer was killed
+  }
+  ::closedir(d);
+}
+
 std::optional<HookSettings> HookSettingsCache::find(const std::string& config_file,
-                                                    const FileIdentity& id) const {
+                                                    std::string_view bytes) const {
   const Fd dir(open_dir(false));
   if (dir.get() < 0) return std::nullopt;
-  const Fd file(::openat(dir.get(), slot_name(config_file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  const Fd file(
+      ::openat(dir.get(), slot_name(config_file).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0) return std::nullopt;
   struct stat st {};
-  if (file.get() < 0 || ::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
-      st.st_size < 0 || static_cast<std::size_t>(st.st_size) > kMaxEntry) {
-    return std::nullopt;
-  }
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(file.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::nullopt;
-    got += static_cast<std::size_t>(n);
-  }
+  if (::fstat(file.get(), &st) != 0 || st.st_uid != ::geteuid()) return std::nullopt;
+  auto text = read_all(file.get(), kMaxEntry);
+  if (!text) return std::nullopt;
   boost::system::error_code ec;
-  const json::value v = json::parse(text, ec);
+  const json::value v = json::parse(*text, ec);
   const json::object* o = !ec ? v.if_object() : nullptr;
-  if (o == nullptr || signed_of(*o, "version") != kEntryVersion) return std::nullopt;
+  if (o == nullptr) return std::nullopt;
+  const json::value* version = o->if_contains("version");
   const json::value* config = o->if_contains("config");
+  const json::value* content = o->if_contains("content");
   const json::value* socket = o->if_contains("socket");
   const json::value* when = o->if_contains("whenAgentDown");
-  if (config == nullptr || !config->is_string() || config->get_string() != config_file) return std::nullopt;
-  if (identity_from(o->if_contains("identity")) != id) return std::nullopt;
-  if (socket == nullptr || !socket->is_string() || socket->get_string().empty() || when == nullptr ||
-      !when->is_string())
+  if (version == nullptr || !version->is_int64() || version->get_int64() != kEntryVersion)
     return std::nullopt;
+  if (config == nullptr || !config->is_string() || config->get_string() != config_file) return std::nullopt;
+  if (content == nullptr || !content->is_string() || std::string_view(content->get_string()) != bytes)
+    return std::nullopt;
+  if (socket == nullptr || !socket->is_string() || socket->get_string().empty()) return std::nullopt;
+  if (when == nullptr || !when->is_string()) return std::nullopt;
   const auto when_down = when_of(when->get_string());
   if (!when_down) return std::nullopt;
   return HookSettings{std::string(socket->get_string()), *when_down};
 }
 
-bool HookSettingsCache::store(const std::string& config_file, const FileIdentity& id,
-                              const HookSettings& settings, std::chrono::system_clock::time_point now) const {
-  const std::int64_t now_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  const std::int64_t settled_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kSettled).count();
-  if (now_ns - std::max(id.mtime_ns, id.ctime_ns) < settled_ns)
-    return false;  // racily clean: read it again next time
+bool HookSettingsCache::store(const std::string& config_file, std::string_view bytes,
+                              const HookSettings& settings) const {
+  if (bytes.size() > kMaxContent) return false;
   const Fd dir(open_dir(true));
   if (dir.get() < 0) return false;
+  sweep_aside(dir.get());
   const std::string text =
       json::serialize(json::object{{"version", kEntryVersion},
                                    {"config", config_file},
-                                   {"identity", identity_json(id)},
+                                   {"content", bytes},
                                    {"socket", settings.socket},
                                    {"whenAgentDown", when_text(settings.when_agent_down)}});
   if (text.size() > kMaxEntry) return false;
   // Written aside and renamed into place: a hook reading the slot meanwhile sees the old entry or
   // the new one, never half of one. The name is this process's: two hooks never share one.
   const std::string slot = slot_name(config_file);
-  const std::string aside = slot + ".tmp-" + std::to_string(::getpid());
+  const std::string aside = slot + std::string(kAside) + std::to_string(::getpid());
   bool ok = false;
   {
     const Fd file(
@@ -179,20 +188,13 @@ bool HookSettingsCache::store(const std::string& config_file, const FileIdentity
 
 std::expected<HookSettings, std::string> hook_settings(const std::string& config_file,
                                                        const HookSettingsCache& cache,
-                                                       const HookSettingsReader& read,
-                                                       std::chrono::system_clock::time_point now) {
-  const auto before = identity_of(config_file);
-  if (!before) {
-    if (before.error() == ENOENT) return HookSettings{};  // no agent.yaml: the defaults, as the agent's
-    return read(config_file);                             // let the reader say what is wrong with it
-  }
-  if (auto hit = cache.find(config_file, *before)) return *hit;
-  auto settings = read(config_file);
-  if (settings) {
-    // Stored only as the file was while it was read: a change meanwhile is read again next time.
-    if (const auto after = identity_of(config_file); after && *after == *before)
-      cache.store(config_file, *before, *settings, now);
-  }
+                                                       const HookSettingsReader& read) {
+  auto bytes = read_config_bytes(config_file);
+  if (!bytes) return std::unexpected(bytes.error());
+  if (!*bytes) return HookSettings{};  // no agent.yaml: the defaults, as the agent's
+  if (auto hit = cache.find(config_file, **bytes)) return *hit;
+  auto settings = read(config_file, **bytes);
+  if (settings) cache.store(config_file, **bytes, *settings);
   return settings;
 }
 

@@ -14,7 +14,15 @@ namespace {
 namespace json = boost::json;
 
 constexpr std::chrono::seconds kAskBound{5};  // CONTRACT §9: the agent answers within 5 s or is down
-constexpr std::size_t kAdmissionBody = 16 * 1024 * 1024;  // CONTRACT §9: what the admission route takes
+
+// A domain too large to be asked about is refused, whatever when_agent_down says: the agent is not
+// down, and whoever defines the domain chooses its size (metadata, a description), so `allow`
+// must not let a padded domain start unasked.
+HookVerdict oversized(const std::string& name, const std::string& what) {
+  return {1,
+          {text::printable(fmt::format("gpunode: domain {} refused: {}, over the {} bytes the agent takes",
+                                       name, what, kAdmissionBodyLimit))}};
+}
 
 // The verdict when the agent cannot be asked.
 HookVerdict agent_down(const std::string& socket, const std::string& why, config::WhenAgentDown when_down) {
@@ -107,11 +115,15 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
 
 HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
                              const std::optional<std::string>& socket_flag,
-                             const HookSettingsSource& settings_source, std::string_view domain_xml) {
+                             const HookSettingsSource& settings_source, std::string_view domain_xml,
+                             bool domain_xml_cut_short) {
   if (args.size() != 4)
     return {1, {"gpunode: libvirt-hook refuses: expected libvirt's NAME OPERATION SUB-OPERATION EXTRA"}};
   const std::string& name = args[0];
-  if (!hook_asks(args[1], args[2]) || !may_have_pci_hostdev(domain_xml)) return {};
+  if (!hook_asks(args[1], args[2])) return {};
+  if (domain_xml_cut_short)
+    return oversized(name, "its XML is larger");  // a hostdev may hide past the part read
+  if (!may_have_pci_hostdev(domain_xml)) return {};
 
   const auto settings = settings_source();
   if (!settings) {
@@ -126,12 +138,8 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
   q.body = json::serialize(json::object{{"domainXml", domain_xml}});
   q.content_type = "application/json";
   q.timeout = kAskBound;
-  if (q.body.size() > kAdmissionBody) {  // the agent would answer 413 while this is still writing it
-    return agent_down(
-        socket,
-        fmt::format("the domain's admission request is {} bytes, over the {} bytes the agent takes",
-                    q.body.size(), kAdmissionBody),
-        settings->when_agent_down);
+  if (q.body.size() > kAdmissionBodyLimit) {  // the agent would answer 413 while this is still writing it
+    return oversized(name, fmt::format("its admission request is {} bytes", q.body.size()));
   }
   ctl::UnixClient client(socket, "gpunode-libvirt-hook",
                          [&socket](int fd) { return ctl::vet_agent_socket(socket, fd); });

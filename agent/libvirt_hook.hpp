@@ -37,9 +37,12 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
 using HookSettingsSource = std::function<std::expected<HookSettings, std::string>()>;
 
 // The whole hook. `args`: NAME OPERATION SUB-OPERATION [EXTRA]. `socket_flag`: --socket.
-// `domain_xml` is stdin's text. Settings are taken only when the call asks the agent.
+// `domain_xml` is stdin's text, `domain_xml_cut_short` when stdin held more than
+// kAdmissionBodyLimit (then refused). Settings are taken only when the call asks the agent. A
+// domain too large to ask about is refused whatever when_agent_down says.
 HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
                              const std::optional<std::string>& socket_flag,
-                             const HookSettingsSource& settings, std::string_view domain_xml);
+                             const HookSettingsSource& settings, std::string_view domain_xml,
+                             bool domain_xml_cut_short = false);
 
 }  // namespace gpunode::agent

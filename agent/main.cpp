@@ -5,11 +5,14 @@
 // event of every domain, so its path maps only what it uses (CONTRACT §9 "Speed"): nothing at all for the
 // calls that never ask, and gpunode-agent-hook.so for those that do. Not even CLI11, whose
 // validators and iostreams are constructed at start-up in every program that includes it.
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +28,8 @@ namespace agent = gpunode::agent;
 
 constexpr int kExitOk = 0;
 constexpr int kExitBroken = 70;  // an installation without its modules: not the caller's fault
+constexpr int kRefuse = 1;       // the hook's answer to any error of its own before an answer (CONTRACT §9)
+constexpr int kStdinWaitMs = 5000;  // a non-blocking stdin that stays empty this long: refused
 
 // The entry `entry` of `module`, beside the executable; nullptr (said on stderr) when missing.
 void* entry_of(const char* module, const char* entry) {
@@ -36,15 +41,34 @@ void* entry_of(const char* module, const char* entry) {
   return *found;
 }
 
-// stdin, whole: the domain XML libvirt writes to every hook.
-std::string read_stdin() {
-  std::string text;
+// The domain XML libvirt writes to every hook's stdin: its first `keep` bytes, the rest drained.
+struct Stdin {
+  std::string text;        // at most `keep` bytes
+  bool cut_short = false;  // there was more than `keep`
+  int error = 0;           // errno of a read that failed (0: read to the end)
+};
+
+Stdin read_stdin(std::size_t keep) {
+  Stdin in;
   std::array<char, 65536> buf;  // not zeroed: read() fills what is used (zeroing it costs 16 page faults)
   for (;;) {
     const ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return text;  // end, or an error: what was read is what the hook judges
-    text.append(buf.data(), static_cast<std::size_t>(n));
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // a non-blocking pipe: wait for it
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      if (::poll(&p, 1, kStdinWaitMs) > 0) continue;
+      in.error = ETIMEDOUT;
+      return in;
+    }
+    if (n < 0) {
+      in.error = errno;
+      return in;
+    }
+    if (n == 0) return in;
+    const auto got = static_cast<std::size_t>(n);
+    const std::size_t room = keep - in.text.size();
+    in.text.append(buf.data(), std::min(got, room));
+    if (got > room) in.cut_short = true;
   }
 }
 
@@ -57,22 +81,32 @@ int libvirt_hook(int argc, char** argv) {
   auto parsed = agent::parse_hook_command(args);
   if (!parsed) {
     std::fprintf(stderr, "gpunode: libvirt-hook refuses: %s\n", parsed.error().c_str());
-    return 1;
+    return kRefuse;
   }
-  std::string xml = read_stdin();  // read even when it does not ask: libvirt writes it to every hook
-  if (!agent::hook_asks(parsed->args[1], parsed->args[2]) || !agent::may_have_pci_hostdev(xml))
-    return kExitOk;
+  const bool asks = agent::hook_asks(parsed->args[1], parsed->args[2]);
+  // Read even when it does not ask (libvirt writes it to every hook), but kept only when it asks:
+  // up to one byte past what the agent takes, the rest drained.
+  Stdin in = read_stdin(asks ? agent::kAdmissionBodyLimit + 1 : 0);
+  if (!asks) return kExitOk;
+  if (in.error != 0) {
+    std::fprintf(stderr, "gpunode: libvirt-hook refuses: cannot read the domain XML on stdin: %s\n",
+                 std::strerror(in.error));
+    return kRefuse;
+  }
+  // Cut short, a hostdev could hide past what was kept: never judged on a part (the module refuses it).
+  if (!in.cut_short && !agent::may_have_pci_hostdev(in.text)) return kExitOk;
   agent::CommandLine line;
   line.command = agent::CommandLine::Command::libvirt_hook;
   line.config_file = std::move(parsed->config_file);
   line.hook_args = std::move(parsed->args);
   line.hook_socket = std::move(parsed->socket);
-  line.hook_domain_xml = std::move(xml);
+  line.hook_domain_xml = std::move(in.text);
+  line.hook_domain_xml_cut_short = in.cut_short;
   auto* entry =
       reinterpret_cast<agent::CommandEntry*>(entry_of("gpunode-agent-hook.so", agent::kCommandEntry));
   if (entry == nullptr) {
     std::fprintf(stderr, "gpunode: libvirt-hook refuses: the hook's module cannot be loaded\n");
-    return 1;  // fails closed, as every failure before an answer
+    return kRefuse;  // fails closed, as every failure before an answer
   }
   return entry(line);
 }
@@ -80,7 +114,14 @@ int libvirt_hook(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string_view(argv[1]) == "libvirt-hook") return libvirt_hook(argc, argv);
+  if (argc >= 2 && std::string_view(argv[1]) == "libvirt-hook") {
+    try {
+      return libvirt_hook(argc, argv);
+    } catch (const std::exception& e) {  // out of memory, say: an error of the hook's own refuses (§9)
+      std::fprintf(stderr, "gpunode: libvirt-hook refuses: internal error: %s\n", e.what());
+      return kRefuse;
+    }
+  }
   if (argc == 2 && std::string_view(argv[1]) ==
                        "version") {  // without a module: what fleets poll (`version --help` is CLI11's)
     std::printf("gpunode-agent %s\n", GPUNODE_VERSION);

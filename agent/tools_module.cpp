@@ -182,11 +182,12 @@ int run_command_line(int argc, char** argv) {
 
 // The hook's settings read by the agent's reader, for gpunode-agent-hook.so's cache misses
 // (hook_settings.hpp). Read as `discover` reads: the file's syntax and values, not its files.
-extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings(
-    const std::string& config_file, std::expected<agent::HookSettings, std::string>* out) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings), agent::HookSettingsEntry>);
+extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings_v2(
+    const std::string& config_file, std::string_view bytes,
+    std::expected<agent::HookSettings, std::string>* out) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings_v2), agent::HookSettingsEntry>);
   try {
-    auto loaded = cfg::load_file(config_file, cfg::Purpose::discover);
+    auto loaded = cfg::load_string(bytes, config_file, cfg::Purpose::discover);
     if (!loaded.ok()) {
       *out =
           std::unexpected(fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
@@ -198,7 +199,7 @@ extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings(
   }
 }
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_main(int argc, char** argv) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_main), agent::MainEntry>);
+extern "C" GPUNODE_EXPORT int gpunode_agent_main_v2(int argc, char** argv) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_main_v2), agent::MainEntry>);
   return agent::report_internal_errors([&] { return run_command_line(argc, argv); });
 }

@@ -15,8 +15,9 @@ spawn to exit:
   3. `... prepare begin -` with a domain without hostdevs: never asks either (the tag scan);
   4. the same with an on-demand domain on a free GPU unit, against the running agent: an allowed
      start (the hook's module, its settings from the cache, the admin socket, the agent parsing the
-     XML and deciding). The settings cache (agent/hook_settings.hpp) is filled first, as it is from
-     the second GPU start after a boot; the first run after a change of agent.yaml reads the file.
+     XML and deciding). The settings cache (agent/hook_settings.hpp) is filled by the warm-up runs,
+     as it is from the second GPU start after a boot; the first run after a change of agent.yaml
+     loads the config reader.
 
 The four run round robin, so that load from elsewhere on a shared machine falls on all alike.
 Prints min, median, p99 and max of each, the shared libraries the binary maps, §9's bounds against
@@ -84,8 +85,6 @@ def main():
                  ("libvirt-hook, started begin (never asks)", hook + ["bench-gpu", "started", "begin", "-"], gpu),
                  ("libvirt-hook, no hostdev (never asks)", hook + ["bench-plain", "prepare", "begin", "-"], plain),
                  ("libvirt-hook, allowed GPU start (asks the agent)", hook + ["bench-gpu", "prepare", "begin", "-"], gpu))
-        # agent.yaml's settings are cached once the file is 2 s old (a younger one is read each time).
-        time.sleep(max(0.0, os.stat(lab.cfg).st_mtime + 2.2 - time.time()))
         for _, argv, xml in cases:  # warm the page cache and the settings cache
             for _ in range(5):
                 run_once(argv, xml)

@@ -146,4 +146,13 @@ TEST_CASE(
         std::vector<std::string>{
             "gpunode: domain vm\\x0a refused: /etc/gpunode/agent.yaml is invalid: x\\x1b"});
   CHECK(run_libvirt_hook({"vm"}, nowhere, defaults, gpu).exit_code == 1);  // fails closed
+  // More XML than the agent takes: refused whatever when_agent_down says (never judged on a part,
+  // and never let through as "agent down"), but only for a call that asks.
+  const auto cut = run_libvirt_hook({"vm", "prepare", "begin", "-"}, std::nullopt, allow, "<domain>", true);
+  CHECK(cut.exit_code == 1);
+  CHECK(cut.stderr_lines ==
+        std::vector<std::string>{
+            "gpunode: domain vm refused: its XML is larger, over the 16777216 bytes the agent takes"});
+  CHECK(run_libvirt_hook({"vm", "stopped", "end", "-"}, std::nullopt, allow, "<domain>", true).exit_code ==
+        0);
 }
