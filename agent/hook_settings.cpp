@@ -20,8 +20,9 @@ namespace json = boost::json;
 using ctl::Fd;
 
 constexpr std::int64_t kEntryVersion = 2;  // 2: keyed by the config's bytes (1 was by its metadata)
-constexpr std::size_t kMaxConfig = 16 * 1024 * 1024;  // agent.yaml past this is refused, not read
-constexpr std::string_view kAside = ".tmp-";          // an entry being written: SLOT.tmp-PID
+constexpr std::size_t kMaxConfig =
+    config::kMaxFileSize;                     // agent.yaml past this is refused (as the agent refuses it)
+constexpr std::string_view kAside = ".tmp-";  // an entry being written: SLOT.tmp-PID
 constexpr auto kAsideStale = std::chrono::minutes(1);
 
 // config::to_string and values::when_agent_down live with the YAML reader, which this library does not link.
@@ -78,7 +79,7 @@ std::expected<std::optional<std::string>, std::string> read_config_bytes(const s
     const int e = text.error();
     return std::unexpected("cannot read " + path + ": " +
                            (e == EINVAL  ? std::string("not a regular file")
-                            : e == EFBIG ? "larger than " + std::to_string(kMaxConfig) + " bytes"
+                            : e == EFBIG ? std::string("larger than 1 MiB")
                                          : std::string(std::strerror(e))));
   }
   return std::optional<std::string>(std::move(*text));

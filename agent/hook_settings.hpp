@@ -4,8 +4,8 @@
 // Why a cache: libvirtd runs the hook on every domain start and its whole run counts (§9 "Speed":
 // at most 5 ms over /bin/true). Parsing agent.yaml means mapping yaml-cpp and running its scanner,
 // which measured 1.0 ms of the hook's 6 ms over /bin/true on a 2-core VM. So the hook's module
-// (gpunode-agent-hook.so) links no YAML reader: it reads agent.yaml's bytes (one open, one read of
-// a small file) and takes the two settings from a cache entry made from exactly those bytes. Only
+// (gpunode-agent-hook.so) links no YAML reader: it reads agent.yaml's bytes (one open, reading a
+// small file to its end) and takes the two settings from a cache entry made from exactly those bytes. Only
 // on a miss (the first GPU start after a boot, or after the file changed) does the agent's one
 // config reader (config::load_string, in gpunode-agent-tools.so) parse the bytes that were read,
 // and the entry stores what it said beside them.

@@ -43,21 +43,25 @@ void* entry_of(const char* module, const char* entry) {
 
 // The domain XML libvirt writes to every hook's stdin: its first `keep` bytes, the rest drained.
 struct Stdin {
-  std::string text;        // at most `keep` bytes
-  bool cut_short = false;  // there was more than `keep`
-  int error = 0;           // errno of a read that failed (0: read to the end)
+  std::string text;            // at most `keep` bytes
+  bool cut_short = false;      // there was more than `keep`
+  bool hostdev_after = false;  // "<hostdev" occurs in what was drained past `keep`
+  int error = 0;               // errno of a read that failed (0: read to the end)
 };
 
 Stdin read_stdin(std::size_t keep) {
+  static constexpr std::string_view kTag = "<hostdev";
   Stdin in;
+  std::string carry;            // the drained text's last bytes, so that a tag split across reads is seen
   std::array<char, 65536> buf;  // not zeroed: read() fills what is used (zeroing it costs 16 page faults)
   for (;;) {
     const ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // a non-blocking pipe: wait for it
       pollfd p{STDIN_FILENO, POLLIN, 0};
-      if (::poll(&p, 1, kStdinWaitMs) > 0) continue;
-      in.error = ETIMEDOUT;
+      const int ready = ::poll(&p, 1, kStdinWaitMs);
+      if (ready > 0 || (ready < 0 && errno == EINTR)) continue;
+      in.error = ready == 0 ? ETIMEDOUT : errno;
       return in;
     }
     if (n < 0) {
@@ -65,10 +69,19 @@ Stdin read_stdin(std::size_t keep) {
       return in;
     }
     if (n == 0) return in;
-    const auto got = static_cast<std::size_t>(n);
+    const std::string_view got(buf.data(), static_cast<std::size_t>(n));
     const std::size_t room = keep - in.text.size();
-    in.text.append(buf.data(), std::min(got, room));
-    if (got > room) in.cut_short = true;
+    in.text.append(got.substr(0, room));
+    if (got.size() <= room || keep == 0) continue;
+    // Past what is kept: drained, but looked at for a hostdev (a domain without one exits 0 at any
+    // size; one with one is refused as too large to ask about, never judged on a part).
+    if (!in.cut_short)
+      carry.assign(
+          std::string_view(in.text).substr(in.text.size() - std::min(in.text.size(), kTag.size() - 1)));
+    in.cut_short = true;
+    carry.append(got.substr(room));
+    if (carry.find(kTag) != std::string::npos) in.hostdev_after = true;
+    carry.erase(0, carry.size() - std::min(carry.size(), kTag.size() - 1));
   }
 }
 
@@ -93,8 +106,9 @@ int libvirt_hook(int argc, char** argv) {
                  std::strerror(in.error));
     return kRefuse;
   }
-  // Cut short, a hostdev could hide past what was kept: never judged on a part (the module refuses it).
-  if (!in.cut_short && !agent::may_have_pci_hostdev(in.text)) return kExitOk;
+  // Cut short with a hostdev anywhere: too large to ask about, refused by the module (never judged
+  // on a part). Without one, at any size, it does not ask.
+  if (!in.hostdev_after && !agent::may_have_pci_hostdev(in.text)) return kExitOk;
   agent::CommandLine line;
   line.command = agent::CommandLine::Command::libvirt_hook;
   line.config_file = std::move(parsed->config_file);

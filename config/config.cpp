@@ -27,8 +27,6 @@
 namespace gpunode::config {
 namespace {
 
-constexpr std::size_t kMaxFileSize = std::size_t{1} << 20;  // no sane agent.yaml comes near
-
 // --- problems ------------------------------------------------------------------------------------
 
 struct Pos {
@@ -647,7 +645,8 @@ std::expected<std::string, std::string> read_file(const std::string& file) {
     if (n < 0) return std::unexpected(errno_text(errno));
     if (n == 0) return content;
     content.append(buffer, static_cast<std::size_t>(n));
-    if (content.size() > kMaxFileSize) return std::unexpected(std::string("larger than 1 MiB"));
+    if (content.size() > kMaxFileSize)
+      return std::unexpected(std::string("larger than 1 MiB"));  // stop reading
   }
 }
 
@@ -671,7 +670,9 @@ LoadResult load_file(const std::string& file, Purpose purpose) {
 LoadResult load_string(std::string_view source, const std::string& file, Purpose purpose) {
   LoadResult result;
   Problems problems(file);
-  if (const auto fault = text::find_binary(source)) {
+  if (source.size() > kMaxFileSize) {  // every reader, the hook's included, refuses what the agent refuses
+    problems.add(kNowhere, "cannot read the file: larger than 1 MiB");
+  } else if (const auto fault = text::find_binary(source)) {
     problems.add({fault->line, fault->column}, fault->message);
   } else if (const auto document = parse(source, problems)) {
     try {

@@ -704,6 +704,12 @@ TEST_CASE("files that cannot be read are one problem without a position") {
   const LoadResult too_large = load_file(huge, Purpose::discover);
   REQUIRE(too_large.problems.size() == 1);
   CHECK(too_large.problems[0].message == "cannot read the file: larger than 1 MiB");
+  // The same text in memory (the hook's reader parses bytes it read): refused alike, never parsed.
+  const LoadResult too_large_text = load_string(
+      "enforcement:\n  when_agent_down: allow\n# " + std::string(gpunode::config::kMaxFileSize, 'x') + "\n",
+      huge, Purpose::discover);
+  REQUIRE(too_large_text.problems.size() == 1);
+  CHECK(too_large_text.problems[0].to_string() == huge + ": cannot read the file: larger than 1 MiB");
 
   const std::string good = dir.write("agent.yaml", "log:\n  level: warning\n  formt: json\n");
   const LoadResult read = load_file(good, Purpose::discover);

@@ -87,6 +87,14 @@ TEST_CASE("hook settings: a missing file is the defaults, read by nobody; an unr
     CHECK(bad.error() == "cannot read " + path.string() + ": " + why);
   }
   CHECK(reader.calls == 0);
+
+  // Larger than the agent takes (config::kMaxFileSize): refused here too, never parsed.
+  write(dir / "big.yaml",
+        config_text("/nonexistent/admin.sock", "allow") + std::string(gpunode::config::kMaxFileSize, '#'));
+  const auto big = gpunode::agent::hook_settings((dir / "big.yaml").string(), cache, reader.fn());
+  REQUIRE_FALSE(big);
+  CHECK(big.error() == "cannot read " + (dir / "big.yaml").string() + ": larger than 1 MiB");
+  CHECK(reader.calls == 0);
 }
 
 TEST_CASE("hook settings: read once, then taken from the cache while the bytes are the same") {

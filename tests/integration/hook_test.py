@@ -550,6 +550,9 @@ def body(c, agent):
         hidden = padded(dom("hidden", (OUTSIDER, "on-demand"), [U43]), 16 * 1024 * 1024 + 1)
         h.case("a PCI hostdev after 16 MiB of metadata (when_agent_down: allow): refused", "hidden", *ask, hidden, 1,
                config=big_allow)
+        # Without any hostdev a domain never asks, at any size (§9): 17 MiB of metadata starts.
+        h.case("17 MiB of metadata and no hostdev: never asks, exit 0", "plain-huge", *ask,
+               padded(domain_xml("plain-huge", (OUTSIDER, "on-demand")), 17 * 1024 * 1024), 0, [])
 
         # -- the race: a start let through holds its unit against a create (up to 120 s) -------
         h.case("on-demand on free 24 (then a create on 24)", "race-24", *ask,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <string>
@@ -124,11 +125,15 @@ struct LoadResult {
   [[nodiscard]] bool ok() const { return problems.empty(); }
 };
 
+// The largest agent.yaml any reader takes (the agent, check-config and the hook alike).
+inline constexpr std::size_t kMaxFileSize = std::size_t{1} << 20;  // no sane agent.yaml comes near
+
 // Reads and validates a file. `file` is used verbatim in every Problem. A file that cannot be
-// read (missing, a directory, over 1 MiB) is one Problem without a position:
+// read (missing, a directory, over kMaxFileSize) is one Problem without a position:
 // "cannot read FILE: REASON".
 LoadResult load_file(const std::string& file, Purpose purpose);
-// Same over text already in memory; `file` labels the problems.
+// Same over text already in memory; `file` labels the problems. Text over kMaxFileSize is refused
+// as load_file refuses such a file.
 LoadResult load_string(std::string_view text, const std::string& file, Purpose purpose);
 
 // "30s", "5m", "1h", "250ms", "0s", "1m30s" -> milliseconds. Error text says what is wrong.
