@@ -53,6 +53,10 @@ using MainEntry = int(int argc, char** argv);
 // CommandLine or an entry's signature changes. An executable and a module from two builds (a
 // package half unpacked, a partial install) then find no entry and stop (the hook refusing the
 // start) instead of reading each other's structures wrongly.
+// Exit 70 (EX_SOFTWARE): the agent's own fault, an internal error or an installation without
+// its modules; never the caller's.
+inline constexpr int kExitInternal = 70;
+
 inline constexpr const char* kCommandEntry = "gpunode_agent_command_v2";
 inline constexpr const char* kMainEntry = "gpunode_agent_main_v2";
 
@@ -60,7 +64,7 @@ inline constexpr const char* kMainEntry = "gpunode_agent_main_v2";
 // is reported as one (exit `failure`: 70, or 1 for the hook, which refuses the start on any error
 // of its own) instead of escaping into main() or dying silently.
 template <class Run>
-int report_internal_errors(Run&& run, int failure = 70) noexcept {
+int report_internal_errors(Run&& run, int failure = kExitInternal) noexcept {
   try {
     return run();
   } catch (const std::exception& e) {

@@ -27,8 +27,7 @@ namespace {
 namespace agent = gpunode::agent;
 
 constexpr int kExitOk = 0;
-constexpr int kExitBroken = 70;  // an installation without its modules: not the caller's fault
-constexpr int kRefuse = 1;       // the hook's answer to any error of its own before an answer (CONTRACT §9)
+constexpr int kRefuse = 1;  // the hook's answer to any error of its own before an answer (CONTRACT §9)
 constexpr int kStdinWaitMs = 5000;  // a non-blocking stdin that stays empty this long: refused
 
 // The entry `entry` of `module`, beside the executable; nullptr (said on stderr) when missing.
@@ -142,5 +141,5 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   auto* entry = reinterpret_cast<agent::MainEntry*>(entry_of("gpunode-agent-tools.so", agent::kMainEntry));
-  return entry != nullptr ? entry(argc, argv) : kExitBroken;
+  return entry != nullptr ? entry(argc, argv) : agent::kExitInternal;
 }

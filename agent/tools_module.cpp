@@ -36,7 +36,6 @@ namespace disc = gpunode::discovery;
 constexpr int kExitOk = 0;
 constexpr int kExitInvalid = 1;  // invalid config or input
 constexpr int kExitUsage = 2;
-constexpr int kExitBroken = 70;  // an installation without its modules: not the caller's fault
 
 void print_problems(const std::vector<cfg::Problem>& problems) {
   for (const auto& p : problems) fmt::print(stderr, "{}\n", p.to_string());
@@ -105,7 +104,7 @@ int run_in_daemon(const agent::CommandLine& line) {
   auto entry = path ? agent::load_entry(*path, agent::kCommandEntry) : std::unexpected(path.error());
   if (!entry) {
     fmt::print(stderr, "gpunode-agent: {}\n", entry.error());
-    return kExitBroken;
+    return agent::kExitInternal;
   }
   return reinterpret_cast<agent::CommandEntry*>(*entry)(line);
 }
