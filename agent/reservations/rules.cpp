@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <set>
 
+#include "gpunode/reservations/permissions.hpp"
+
 namespace gpunode::reservations {
 namespace {
 
@@ -118,31 +120,14 @@ bool in_audience(const Caller& caller, const Reservation& r) {
   return caller.org && contains(r.audience_org_ids, *caller.org);
 }
 
-bool sees_node(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations) {
-  if (caller.admin() || caller.operator_role() || is_owner(caller, node)) return true;
-  return std::any_of(reservations.begin(), reservations.end(), [&](const Reservation& r) {
-    return !r.ended() && (manages(caller, r) || in_audience(caller, r));
-  });
-}
-
-bool may_list_units(const Caller& caller, const NodeView& node,
-                    const std::vector<Reservation>& reservations) {
-  if (caller.admin() || caller.operator_role() || is_owner(caller, node)) return true;
-  return std::any_of(reservations.begin(), reservations.end(),
-                     [&](const Reservation& r) { return !r.ended() && manages(caller, r); });
-}
-
-bool sees_reservation(const Caller& caller, const NodeView& node, const Reservation& r) {
-  return caller.admin() || caller.operator_role() || is_owner(caller, node) || manages(caller, r) ||
-         in_audience(caller, r);
-}
-
 std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
                                                  const std::vector<Reservation>& reservations,
                                                  const std::string& unit_id) {
   std::vector<std::string> out;
   for (const auto& r : reservations) {
-    if (!r.ended() && r.holds_unit(unit_id) && sees_reservation(caller, node, r)) out.push_back(r.id);
+    if (!r.ended() && r.holds_unit(unit_id) &&
+        may(Action::see_reservation, caller, Subject{node, {}, &r, {}}))
+      out.push_back(r.id);
   }
   std::sort(out.begin(), out.end());
   return out;

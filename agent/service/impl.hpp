@@ -22,6 +22,7 @@
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/live_index.hpp"
+#include "gpunode/reservations/permissions.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/shared_reads.hpp"
@@ -131,6 +132,11 @@ struct NodeService::Impl {
   Impl& operator=(const Impl&) = delete;
 
   r::NodeView node() const { return {opt.node_id, opt.owner_org}; }
+  // CONTRACT §4's relation table (reservations::may) for this caller on this node, and on `x` when
+  // the action is on one reservation.
+  bool allowed(r::Action action, const Caller& c, const r::Reservation* x = nullptr) const {
+    return r::may(action, c.who, r::Subject{node(), all_reservations(), x, {}});
+  }
   r::Time now() const { return detail::to_time(clock()); }
   // The reservations as one list for the rules; rebuilt only after a commit changed them.
   const std::vector<r::Reservation>& all_reservations() const;

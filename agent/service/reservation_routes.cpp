@@ -74,7 +74,7 @@ ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
 
 Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
                                       const std::vector<std::string>& seg) {
-  if (seg[2] != opt.node_id || !r::sees_node(c.who, node(), all_reservations())) return not_found();
+  if (seg[2] != opt.node_id || !allowed(r::Action::see_node, c)) return not_found();
   const std::size_t n = seg.size();
   if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
@@ -92,7 +92,7 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
   }
   if (n >= 5 && seg[3] == "reservations") {
     auto it = reservations.find(seg[4]);
-    if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) return not_found();
+    if (it == reservations.end() || !allowed(r::Action::see_reservation, c, &it->second)) return not_found();
     if (n == 5) {
       if (q.method == "GET")
         return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
@@ -112,7 +112,7 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
 ApiResponse NodeService::Impl::list_units(const ApiRequest& q, const Caller& c) {
   // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
   // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
-  if (!r::may_list_units(c.who, node(), all_reservations())) return not_found();
+  if (!allowed(r::Action::list_units, c)) return not_found();
   return cached_read("units", q, c, [&] {
     return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
   });
@@ -150,13 +150,14 @@ ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Call
                    "pageToken is not one this node gave: pass the nextPageToken of the previous page",
                    {{"pageToken", "must be a nextPageToken from this list"}});
   }
+  const bool all = allowed(r::Action::list_all_reservations, c);
   json::array list;
   std::string last;
   bool more = false;
   for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token);
        it != reservations.end(); ++it) {
     const auto& x = it->second;
-    if (!r::sees_reservation(c.who, node(), x) || (state && x.state != *state)) continue;
+    if (!(all || allowed(r::Action::see_reservation, c, &x)) || (state && x.state != *state)) continue;
     if (list.size() == limit) {
       more = true;
       break;
@@ -217,7 +218,7 @@ std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation
 }
 
 Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
-  if (!c.who.admin()) return forbidden("only a platform admin reserves units");
+  if (!allowed(r::Action::create, c)) return forbidden("only a platform admin reserves units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, false);
@@ -274,7 +275,7 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
 }
 
 Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!c.who.admin()) return forbidden("only a platform admin amends reservations");
+  if (!allowed(r::Action::amend, c, &current)) return forbidden("only a platform admin amends reservations");
   const auto ct = q.header("content-type").value_or("");
   if (!ct.starts_with("application/merge-patch+json") && !ct.starts_with("application/json")) {
     return problem(415, "unsupported-media-type", "send application/merge-patch+json or application/json");
@@ -344,7 +345,7 @@ Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::
 }
 
 ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!c.who.admin()) return forbidden("only a platform admin ends reservations");
+  if (!allowed(r::Action::end, c, &current)) return forbidden("only a platform admin ends reservations");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;
   auto body = parse_object(q.body, true);
@@ -375,7 +376,7 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
 // arrived): the driver handles it again when the revision moves, or at the deadline with
 // wait_over, which makes it a 304.
 Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role()))
+  if (!allowed(r::Action::read_state, c))
     return forbidden("the node's state is for platform admins and operators");
   std::optional<std::int64_t> after;
   if (auto a = q.query_param("after")) {
@@ -424,8 +425,7 @@ Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
 }
 
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node())))
-    return forbidden("the audit log is for operators and the owner");
+  if (!allowed(r::Action::read_audit, c)) return forbidden("the audit log is for operators and the owner");
   auto page = paging(q);
   if (!page) return page.error();
   const auto& [limit, token] = *page;
@@ -466,11 +466,9 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
 
 ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c,
                                                  const std::string& org) {
-  if (q.method != "GET") {
-    if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
-    return method_not_allowed("GET");
-  }
-  if (!(c.who.admin() || c.who.operator_role() || c.who.org == org)) return not_found();
+  const r::Subject about_org{node(), all_reservations(), nullptr, org};
+  if (!r::may(r::Action::read_reserved_capacity, c.who, about_org)) return not_found();
+  if (q.method != "GET") return method_not_allowed("GET");
   json::array entries;
   std::int64_t total_units = 0, total_gpus = 0;
   for (const auto& [id, x] : reservations) {
@@ -504,7 +502,7 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
   r::Caller as_org;
   as_org.org = org;
   const json::value node_id =
-      r::sees_node(as_org, node(), all_reservations()) ? json::value(opt.node_id) : json::value(nullptr);
+      r::may(r::Action::see_node, as_org, about_org) ? json::value(opt.node_id) : json::value(nullptr);
   return json_response(json::object{{"orgId", org},
                                     {"nodeId", node_id},
                                     {"reservations", std::move(entries)},

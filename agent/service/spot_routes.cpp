@@ -309,10 +309,7 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
 }
 
 Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
-  const bool manager = std::any_of(reservations.begin(), reservations.end(), [&](const auto& kv) {
-    return !kv.second.ended() && r::manages(c.who, kv.second);
-  });
-  if (!(c.who.admin() || r::is_owner(c.who, node()) || manager)) {
+  if (!allowed(r::Action::terminate_spot, c)) {
     return forbidden("spot workloads are terminated by platform admins, the node's owner and managing orgs");
   }
   std::optional<IdempotencyDraft> idem;
@@ -336,7 +333,7 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   const r::Reservation* rx = nullptr;
   if (rid) {
     auto it = reservations.find(*rid);
-    if (it == reservations.end() || !r::sees_reservation(c.who, node(), it->second)) {
+    if (it == reservations.end() || !allowed(r::Action::see_reservation, c, &it->second)) {
       return problem(422, "unknown-reservation",
                      fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
                      {{"reservationId", "is not a reservation of this node"}});
@@ -381,7 +378,7 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
 }
 
 Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!(c.who.admin() || r::manages(c.who, current)))
+  if (!allowed(r::Action::reclaim, c, &current))
     return forbidden("only a platform admin or a managing org reclaims units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;

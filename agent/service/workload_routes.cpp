@@ -59,7 +59,7 @@ json::object NodeService::Impl::workload_json(const Workload& w) {
 }
 
 Outcome NodeService::Impl::workloads(const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role() || r::is_owner(c.who, node())))
+  if (!allowed(r::Action::list_workloads, c))
     return forbidden("workloads are listed for operators and the owner");
   auto ws = workloads_now();
   if (!ws) return ws.error();
@@ -198,7 +198,7 @@ r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier t
 }
 
 ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role()))
+  if (!allowed(r::Action::read_capacity, c))
     return forbidden("capacity is answered for platform admins and operators");
   auto org = q.query_param("org");
   if (!org || org->empty())
@@ -220,7 +220,7 @@ ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
 }
 
 ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
-  if (!(c.who.admin() || c.who.operator_role()))
+  if (!allowed(r::Action::ask_admission, c))
     return forbidden("admission is answered for platform admins and operators");
   // A POST: an Idempotency-Key replays the first answer (CONTRACT §4 Conventions), even though
   // the question changes nothing.
@@ -364,7 +364,7 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
 
 // ---- release (CONTRACT §4) -----------------------------------------------------------------------
 ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!(c.who.admin() || r::manages(c.who, current)))
+  if (!allowed(r::Action::release, c, &current))
     return forbidden("only a platform admin or a managing org releases units");
   std::optional<IdempotencyDraft> idem;
   if (auto replay = idempotent_replay(q, c, idem)) return *replay;

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpunode/reservations/permissions.hpp"
+
 using namespace gpunode::reservations;
 using std::chrono::hours;
 using std::chrono::seconds;
@@ -183,9 +185,9 @@ TEST_CASE("who sees the node, its units and its reservations") {
   };
   for (const auto& c : cases) {
     CAPTURE(c.name);
-    CHECK(sees_node(c.caller, kNode, rs) == c.node);
-    CHECK(may_list_units(c.caller, kNode, rs) == c.units);
-    CHECK(sees_reservation(c.caller, kNode, rs[0]) == c.reservation);
+    CHECK(may(Action::see_node, c.caller, Subject{kNode, rs, nullptr, {}}) == c.node);
+    CHECK(may(Action::list_units, c.caller, Subject{kNode, rs, nullptr, {}}) == c.units);
+    CHECK(may(Action::see_reservation, c.caller, Subject{kNode, rs, &rs[0], {}}) == c.reservation);
     CHECK(visible_reservation_ids(c.caller, kNode, rs, "u-1") ==
           (c.reservation ? std::vector<std::string>{"rsv_1"} : std::vector<std::string>{}));
   }

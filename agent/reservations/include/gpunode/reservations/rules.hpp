@@ -71,15 +71,7 @@ bool is_owner(const Caller& caller, const NodeView& node);
 bool manages(const Caller& caller, const Reservation& r);
 bool in_audience(const Caller& caller, const Reservation& r);
 
-// A caller sees the node if it is admin, operator, owner, or manager or audience of a
-// non-ended reservation here. One that does not gets 404 on every node path.
-bool sees_node(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations);
-
-// May read the units list: admin, operator, owner, manager of a non-ended reservation.
-bool may_list_units(const Caller& caller, const NodeView& node, const std::vector<Reservation>& reservations);
-
-// Sees this reservation: admin, operator, owner, its managers and its audience.
-bool sees_reservation(const Caller& caller, const NodeView& node, const Reservation& r);
+// Who may do what (sees the node, lists units, sees a reservation, ...): permissions.hpp's may().
 
 // The non-ended reservations holding `unit_id` that the caller sees, sorted by id.
 std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,

@@ -1,0 +1,122 @@
+// may(): CONTRACT §4's relation table, row by row: every action against every relation a caller can
+// have to the node. The expected column is written from the contract's table, not from the code.
+#include "gpunode/reservations/permissions.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace gpunode::reservations;
+
+namespace {
+
+Reservation rsv(std::string id, std::vector<std::string> audience, std::vector<std::string> managers,
+                State state) {
+  Reservation r;
+  r.id = std::move(id);
+  r.node_id = "node-1";
+  r.unit_ids = {"u1"};
+  r.audience_org_ids = std::move(audience);
+  r.managing_org_ids = std::move(managers);
+  r.state = state;
+  return r;
+}
+
+const NodeView kNode{"node-1", "org-owner"};
+
+// The callers: one per relation, and a stranger. "ex-*" held the relation through a reservation that
+// has ended.
+const std::map<std::string, Caller> kCallers = {
+    {"admin", Caller{"a", std::nullopt, {"platform-admin"}, "https"}},
+    {"operator", Caller{"o", std::nullopt, {"platform-operator"}, "https"}},
+    {"owner", Caller{"w", "org-owner", {}, "https"}},
+    {"manager", Caller{"m", "org-mgr", {}, "https"}},
+    {"audience", Caller{"u", "org-aud", {}, "https"}},
+    {"ex-manager", Caller{"x", "org-old-mgr", {}, "https"}},
+    {"ex-audience", Caller{"y", "org-old-aud", {}, "https"}},
+    {"stranger", Caller{"s", "org-other", {}, "https"}},
+    {"no-org", Caller{"n", std::nullopt, {}, "https"}},
+};
+
+// Row: an action and the callers allowed it (on the live reservation R for actions on one, on
+// org-aud for reserved-capacity); every caller not listed is refused.
+struct Row {
+  Action action;
+  std::vector<std::string> allowed;
+};
+
+const std::vector<Row> kTable = {
+    {Action::see_node, {"admin", "operator", "owner", "manager", "audience"}},
+    {Action::list_units, {"admin", "operator", "owner", "manager"}},
+    {Action::list_all_reservations, {"admin", "operator", "owner"}},
+    {Action::see_reservation, {"admin", "operator", "owner", "manager", "audience"}},
+    {Action::create, {"admin"}},
+    {Action::amend, {"admin"}},
+    {Action::end, {"admin"}},
+    {Action::release, {"admin", "manager"}},
+    {Action::reclaim, {"admin", "manager"}},
+    {Action::terminate_spot, {"admin", "owner", "manager"}},
+    {Action::list_workloads, {"admin", "operator", "owner"}},
+    {Action::read_capacity, {"admin", "operator"}},
+    {Action::ask_admission, {"admin", "operator"}},
+    {Action::read_audit, {"admin", "operator", "owner"}},
+    {Action::read_state, {"admin", "operator"}},
+    {Action::read_reserved_capacity, {"admin", "operator", "audience"}},
+};
+
+}  // namespace
+
+TEST_CASE("may(): CONTRACT §4's relation table, every action by every relation") {
+  const std::vector<Reservation> all = {
+      rsv("rsv_live", {"org-aud"}, {"org-mgr"}, State::active),
+      rsv("rsv_old", {"org-old-aud"}, {"org-old-mgr"}, State::ended),
+  };
+  const Reservation& live = all[0];
+  for (const auto& row : kTable) {
+    for (const auto& [name, caller] : kCallers) {
+      const bool expected = std::find(row.allowed.begin(), row.allowed.end(), name) != row.allowed.end();
+      const Subject s{kNode, all, &live, "org-aud"};
+      CHECK_MESSAGE(may(row.action, caller, s) == expected,
+                    fmt::format("{} by {}: expected {}", to_string(row.action), name,
+                                expected ? "allowed" : "refused"));
+    }
+  }
+}
+
+TEST_CASE("may(): an ended reservation's managers and audience still read it, and act on nothing else") {
+  const std::vector<Reservation> all = {rsv("rsv_old", {"org-old-aud"}, {"org-old-mgr"}, State::ended)};
+  const Subject on_old{kNode, all, &all[0], ""};
+  for (const char* who : {"ex-manager", "ex-audience"}) {
+    const Caller& c = kCallers.at(who);
+    CHECK_MESSAGE(may(Action::see_reservation, c, on_old), who);
+    CHECK_MESSAGE(!may(Action::see_node, c, on_old), who);
+    CHECK_MESSAGE(!may(Action::list_units, c, on_old), who);
+    CHECK_MESSAGE(!may(Action::terminate_spot, c, on_old), who);
+  }
+  // The manager of an ended reservation may still ask to release or reclaim it; the route answers
+  // 409 reservation-not-active, not 403 (the relation is to the reservation, not to its term).
+  CHECK(may(Action::release, kCallers.at("ex-manager"), on_old));
+  CHECK(!may(Action::release, kCallers.at("ex-audience"), on_old));
+}
+
+TEST_CASE("may(): an action on a reservation without one named is refused, even to an admin") {
+  const std::vector<Reservation> none;
+  const Subject bare{kNode, none, nullptr, ""};
+  for (auto a : {Action::see_reservation, Action::release, Action::reclaim})
+    CHECK_MESSAGE(!may(a, kCallers.at("admin"), bare), to_string(a));
+  CHECK(may(Action::see_node, kCallers.at("admin"), bare));
+  CHECK(!may(Action::see_node, kCallers.at("manager"), bare));  // no reservation: no relation through one
+}
+
+TEST_CASE("may(): the org named decides reserved-capacity, not the caller's other relations") {
+  const std::vector<Reservation> all = {rsv("rsv_live", {"org-aud"}, {"org-mgr"}, State::active)};
+  CHECK(may(Action::read_reserved_capacity, kCallers.at("stranger"),
+            Subject{kNode, all, nullptr, "org-other"}));
+  CHECK(!may(Action::read_reserved_capacity, kCallers.at("owner"), Subject{kNode, all, nullptr, "org-aud"}));
+  CHECK(!may(Action::read_reserved_capacity, kCallers.at("no-org"), Subject{kNode, all, nullptr, "org-aud"}));
+  CHECK(!may(Action::read_reserved_capacity, kCallers.at("no-org"), Subject{kNode, all, nullptr, ""}));
+}
