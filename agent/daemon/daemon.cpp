@@ -154,7 +154,7 @@ struct Daemon::Parts {
   config::Config cfg;  // as started; immutable after start() (a reload compares against it)
   std::optional<discovery::PciIds> names;
   std::optional<store::StateLock> lock;
-  // Core thread only, except shared_reads() (any thread). Set in start() before the threads run.
+  // Core thread only, except read() (any thread). Set in start() before the threads run.
   std::unique_ptr<service::NodeService> node;
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   std::shared_ptr<AdminPeers> peers;
@@ -367,8 +367,8 @@ struct Daemon::Parts {
 
   // ---- net thread ----
   // Every request: /metrics on the admin socket and metrics.listen is the daemon's own; the
-  // metrics listener serves nothing else but /healthz (as HTTPS answers it); a read the service
-  // shared (service::SharedReads) is answered here; the rest goes to the core thread's Driver.
+  // metrics listener serves nothing else but /healthz (as HTTPS answers it); a read the service's
+  // snapshot answers (NodeService::read) is answered here; the rest goes to the core thread's Driver.
   void on_request(http::Request q, http::Reply reply) {
     const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
     if (q.peer.kind == http::Peer::Kind::unix_socket) {
@@ -383,9 +383,8 @@ struct Daemon::Parts {
     if (plain && q.path != "/healthz")
       return reply(http::problem(404, "not-found", "Not found", "no such resource"));
     auto a = to_api(std::move(q));
-    // A read the state thread answered already for this caller at this revision: given again here.
-    if (auto kept =
-            node->shared_reads().find(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
+    // A read the published snapshot answers (units, state, reservations): answered here, no hop.
+    if (auto kept = node->read(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
       return reply(http::Response{kept->status, std::move(kept->headers), std::move(kept->body)});
     }
     asio::post(core, [this, a = std::move(a), reply = std::move(reply)]() mutable {

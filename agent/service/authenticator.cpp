@@ -29,6 +29,7 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
   }
   const std::string header(q.header("authorization").value_or(""));
   const bool sent = !header.empty();
+  std::lock_guard lock(mu_);
   if (!verifier_) return std::unexpected(unauthenticated("no token keys are configured", sent));
   const auto secs = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
   if (auto hit = cache_.find(header); hit != cache_.end()) {
@@ -60,6 +61,7 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
 }
 
 void Authenticator::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
+  std::lock_guard lock(mu_);
   verifier_ = std::move(verifier);
   cache_.clear();
   order_.clear();

@@ -5,6 +5,8 @@
 // A token whose signature was verified once is not verified again (an Ed25519 verify costs about
 // 100 µs): its claims are kept in a cache of at most `capacity` tokens, least recently used out
 // first, and its times are checked again on every use. The cache goes with the keys on reload.
+// Thread-safe: the core thread and the network threads (NodeService::read) share one; a mutex
+// guards the keys and the cache.
 #pragma once
 
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <expected>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -43,7 +46,10 @@ class Authenticator {
                                                          std::chrono::system_clock::time_point now,
                                                          std::string& why);
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
-  [[nodiscard]] std::size_t cached() const { return cache_.size(); }
+  [[nodiscard]] std::size_t cached() const {
+    std::lock_guard lock(mu_);
+    return cache_.size();
+  }
 
  private:
   using Order = std::list<std::string>;  // most recently used first
@@ -51,10 +57,11 @@ class Authenticator {
     auth::Claims claims;
     Order::iterator at;
   };
-  std::shared_ptr<const auth::TokenVerifier> verifier_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const auth::TokenVerifier> verifier_;  // guarded by mu_
   std::size_t capacity_;
-  Order order_;
-  std::unordered_map<std::string, Entry> cache_;
+  Order order_;                                   // guarded by mu_
+  std::unordered_map<std::string, Entry> cache_;  // guarded by mu_
 };
 
 }  // namespace gpunode::service

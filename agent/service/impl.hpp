@@ -12,8 +12,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <boost/json.hpp>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string_view>
 
@@ -25,9 +27,10 @@
 #include "gpunode/reservations/permissions.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
-#include "gpunode/service/shared_reads.hpp"
 #include "gpunode/service/spot_plan.hpp"
 #include "inventory.hpp"
+#include "reservation_table.hpp"
+#include "snapshot.hpp"
 #include "state_store.hpp"
 #include "termination_ledger.hpp"
 
@@ -92,7 +95,7 @@ struct NodeService::Impl {
   detail::StateStore store;
   std::unique_ptr<discovery::SysfsReader> reader;
 
-  std::map<std::string, r::Reservation, std::less<>> reservations;
+  detail::ReservationTable reservations;
   // The reservations not ended, by unit and start: what a create or an amend checks for overlap,
   // so its cost follows the few terms near the candidate's, not the unit's whole calendar or the
   // history. Follows `reservations` in load() and commit().
@@ -126,7 +129,7 @@ struct NodeService::Impl {
   double last_scan_seconds = 0;
 
   Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {
-    store.on_revision_moved([this] { shared_reads.withdraw_all(); });  // before the commit's answer goes out
+    store.on_revision_moved([this] { touch(); });  // before the commit's answer goes out
   }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
@@ -138,10 +141,24 @@ struct NodeService::Impl {
     return r::may(action, c.who, r::Subject{node(), all_reservations(), x, {}});
   }
   r::Time now() const { return detail::to_time(clock()); }
-  // The reservations as one list for the rules; rebuilt only after a commit changed them.
-  const std::vector<r::Reservation>& all_reservations() const;
-  mutable std::vector<r::Reservation> list_cache;
-  mutable bool list_stale = true;
+  const std::vector<r::Reservation>& all_reservations() const { return reservations.all(); }
+
+  // The snapshot (snapshot.hpp). `generation` moves with anything a snapshot shows (a commit, a
+  // revision bump, a reload setting, a new inventory): core thread writes, any thread reads.
+  // `published_` is the last one built: the core thread stores it, network threads copy it, under
+  // `publish_mu` (held for a shared_ptr copy).
+  std::atomic<std::uint64_t> generation{1};
+  mutable std::mutex publish_mu;
+  std::shared_ptr<const detail::Snapshot> published_;  // guarded by publish_mu
+  std::shared_ptr<const detail::Snapshot> published() const {
+    std::lock_guard lock(publish_mu);
+    return published_;
+  }
+  void touch() { generation.fetch_add(1, std::memory_order_acq_rel); }
+  // Core thread: the snapshot of the current state, built and published when the state moved.
+  std::shared_ptr<const detail::Snapshot> snapshot();
+  // Any thread: the answer to a read the published snapshot can give (NodeService::read).
+  std::optional<ApiResponse> read(const ApiRequest& q, std::chrono::system_clock::time_point now);
 
   HeldLog* held_log = nullptr;  // the current request's, while handle(request, held) runs
   void say(LogLevel level, const std::string& text) const {
@@ -159,10 +176,6 @@ struct NodeService::Impl {
   std::expected<detail::Committed, store::DbError> commit(const Change& c);
 
   // units
-  json::object unit_view(const discovery::Unit& u, const Caller& caller) const;
-  json::object absent_view(const std::string& id, json::object doc, const Caller& caller) const;
-  json::array units_json(const Caller& caller) const { return units_json(caller, inventory); }
-  json::array units_json(const Caller& caller, const detail::Inventory& of) const;
   void scan(bool first);
   // The reader's fingerprint taken before the last full read whose answer is in `inventory`
   // (nothing after a read whose change could not be stored: the next backstop reads again).
@@ -179,20 +192,6 @@ struct NodeService::Impl {
   std::optional<r::Time> apply_terms();
   std::optional<r::Time> next_term() const;
 
-  // GET units' and GET state's answers at the current revision, by route and caller class (what
-  // the rules look at: org, roles, via), each with its ETag: built once per revision and class, not
-  // per request. Everything they show moves the revision when it changes. Bounded: cleared when
-  // the revision moves, and when a 65th class comes.
-  std::int64_t read_cache_revision = -1;
-  std::map<std::string, ApiResponse, std::less<>> read_cache;
-  static constexpr std::size_t kReadCacheClasses = 64;
-  template <class Build>
-  ApiResponse cached_read(std::string_view route, const ApiRequest& q, const Caller& c, Build&& build);
-  // The same answers for the network thread to give again to the same request (SharedReads),
-  // until the next term or the caller's token expiry. The store withdraws them as the revision moves.
-  SharedReads shared_reads;
-  void share_read(const ApiRequest& q, const Caller& c, const ApiResponse& answer);
-
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
   static std::string caller_key(const Caller& c);
@@ -206,19 +205,13 @@ struct NodeService::Impl {
   Outcome route(const ApiRequest& q);
   ApiResponse method_not_allowed(std::string allow);
   Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
-  ApiResponse list_units(const ApiRequest& q, const Caller& c);
-  std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) const;
-  ApiResponse list_reservations(const ApiRequest& q, const Caller& c);
   std::optional<ApiResponse> check_units(const std::vector<std::string>& ids);
   std::optional<ApiResponse> check_overlap(const r::Reservation& candidate);
   Outcome create(const ApiRequest& q, const Caller& c);
   Outcome amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
   ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current);
-  Outcome state(const ApiRequest& q, const Caller& c);
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
-  ApiResponse conditional(const ApiRequest& q, ApiResponse resp) const;
-  static std::string strong_etag(std::string_view body);
 
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
   using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
@@ -265,28 +258,5 @@ struct NodeService::Impl {
   Outcome terminate_spot(const ApiRequest& q, const Caller& c);
   Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
 };
-
-template <class Build>
-ApiResponse NodeService::Impl::cached_read(std::string_view route, const ApiRequest& q, const Caller& c,
-                                           Build&& build) {
-  if (const auto rev = store.revision(); rev != read_cache_revision) {
-    read_cache.clear();
-    read_cache_revision = rev;
-  }
-  std::string key = fmt::format("{}\x1f{}\x1f{}\x1f", route, c.who.via, c.who.org.value_or(""));
-  auto roles = c.who.roles;
-  std::sort(roles.begin(), roles.end());
-  for (const auto& r : roles) (key += r) += '\x1e';
-  auto hit = read_cache.find(key);
-  if (hit == read_cache.end()) {
-    ApiResponse resp = build();
-    if (resp.status != 200) return resp;
-    if (!resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
-    if (read_cache.size() >= kReadCacheClasses) read_cache.clear();
-    hit = read_cache.emplace(std::move(key), std::move(resp)).first;
-  }
-  share_read(q, c, hit->second);
-  return hit->second;
-}
 
 }  // namespace gpunode::service

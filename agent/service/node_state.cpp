@@ -17,25 +17,19 @@ constexpr std::int64_t kIdempotencyWindowSeconds = 24 * 3600;
 
 }  // namespace
 
-const std::vector<r::Reservation>& NodeService::Impl::all_reservations() const {
-  if (list_stale) {
-    list_cache.clear();
-    list_cache.reserve(reservations.size());
-    for (const auto& [id, x] : reservations) list_cache.push_back(x);
-    list_stale = false;
-  }
-  return list_cache;
-}
-
 // ---- loading -----------------------------------------------------------------------------------
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
-  reservations = std::move(loaded.reservations);
+  {
+    ReservationTable::List sorted;
+    sorted.reserve(loaded.reservations.size());
+    for (auto& [id, x] : loaded.reservations) sorted.push_back(std::move(x));
+    reservations.assign(std::move(sorted));
+  }
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
-  list_stale = true;
   live.clear();
-  for (const auto& [id, x] : reservations) {
+  for (const auto& x : reservations) {
     live.follow(nullptr, &x);
     queue_term(x);
   }
@@ -54,22 +48,9 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
   }
   // Committed: now memory follows.
   for (const auto& x : c.upserts) {
-    auto& slot = reservations[x.id];
-    live.follow(slot.id.empty() ? nullptr : &slot, &x);
-    slot = x;
+    live.follow(reservations.find(x.id), &x);
+    reservations.put(x);
     queue_term(x);
-  }
-  // The rules' list follows in place (it is in id order, like the map): no copy of every
-  // reservation per commit, which made a create cost grow with the number of reservations.
-  if (!list_stale) {
-    for (const auto& x : c.upserts) {
-      auto at = std::lower_bound(list_cache.begin(), list_cache.end(), x.id,
-                                 [](const r::Reservation& a, const std::string& id) { return a.id < id; });
-      if (at != list_cache.end() && at->id == x.id)
-        *at = x;
-      else
-        list_cache.insert(at, x);
-    }
   }
   for (const auto& row : c.terminations) {
     TerminationRow stored = row;
@@ -81,28 +62,6 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
 }
 
 // ---- units ---------------------------------------------------------------------------------------
-json::object NodeService::Impl::unit_view(const discovery::Unit& u, const Caller& caller) const {
-  return discovery::unit_to_json(u, r::visible_reservation_ids(caller.who, node(), all_reservations(), u.id));
-}
-
-json::object NodeService::Impl::absent_view(const std::string& id, json::object doc,
-                                            const Caller& caller) const {
-  doc["reservationIds"] =
-      strings_json(r::visible_reservation_ids(caller.who, node(), all_reservations(), id));
-  return doc;
-}
-
-json::array NodeService::Impl::units_json(const Caller& caller, const detail::Inventory& of) const {
-  std::map<std::string, json::object> all;
-  for (const auto& u : of.present()) all.emplace(u.id, unit_view(u, caller));
-  for (const auto& [id, doc] : of.absent()) {
-    if (!all.contains(id)) all.emplace(id, absent_view(id, doc, caller));
-  }
-  json::array out;
-  for (auto& [id, o] : all) out.emplace_back(std::move(o));
-  return out;
-}
-
 void NodeService::Impl::scan(bool first) {
   const auto started = std::chrono::steady_clock::now();
   if (!reader) reader = std::make_unique<discovery::SysfsReader>(opt.host_root, opt.policy, names);
@@ -115,6 +74,7 @@ void NodeService::Impl::scan(bool first) {
                              [this](const std::string& id) { return store.unit_doc(id); });
   if (!next.changed(store.inventory_digest())) {
     inventory = std::move(next.next);
+    touch();
     scanned_fingerprint = std::move(fingerprint);
     return;
   }
@@ -127,7 +87,8 @@ void NodeService::Impl::scan(bool first) {
   for (const auto& u : next.next.present())
     c.units.push_back({u.id, {json::serialize(discovery::unit_to_json(u)), false}});
   Caller admin{r::Caller{"gpunode-agent", std::nullopt, {"platform-admin"}, "agent"}};
-  c.events.push_back(EventDraft{"inventory.changed", json::object{{"units", units_json(admin, next.next)}}});
+  c.events.push_back(EventDraft{
+      "inventory.changed", json::object{{"units", units_json(node(), reservations, next.next, admin.who)}}});
   c.inventory_digest = next.digest;
   // A failed commit keeps the old inventory: the next scan tries again (the stored digest is unchanged).
   if (!commit(c)) {
@@ -135,6 +96,7 @@ void NodeService::Impl::scan(bool first) {
     return;
   }
   inventory = std::move(next.next);
+  touch();
   scanned_fingerprint = std::move(fingerprint);
   say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent",
                                   inventory.present().size(), inventory.absent().size()));
@@ -160,7 +122,7 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
     unit(cls && cls->is_string() ? std::string_view(cls->get_string()) : std::string_view("none"),
          res && res->is_bool() && res->get_bool());
   }
-  for (const auto& [id, x] : reservations) {
+  for (const auto& x : reservations) {
     if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(x.state))) ++g.reservations[*i];
   }
   g.revision = store.revision();
@@ -225,13 +187,6 @@ std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequ
     return std::unexpected(std::move(who.error()));
   }
   return Caller{std::move(who->who), who->until};
-}
-
-void NodeService::Impl::share_read(const ApiRequest& q, const Caller& c, const ApiResponse& answer) {
-  auto until = std::chrono::system_clock::time_point::max();
-  if (c.until) until = std::min(until, *c.until);
-  if (const auto term = next_term()) until = std::min(until, std::chrono::system_clock::time_point(*term));
-  shared_reads.keep(q, answer, until);
 }
 
 std::string NodeService::Impl::caller_key(const Caller& c) {
@@ -306,6 +261,7 @@ std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(
   impl->load();
   impl->apply_terms();  // terms that came while the agent was down, in time order, before serving
   impl->scan(true);
+  impl->snapshot();  // published before the first request: reads need no hop from the start
   return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
 }
 
@@ -333,7 +289,7 @@ Outcome NodeService::handle(const ApiRequest& request) {
     ~Clear() { impl.listing = nullptr; }
   } clear{*impl_};
   Outcome out = impl_->route(request);
-  if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = impl_->conditional(request, std::move(*resp));
+  if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = conditional(request, std::move(*resp));
   return out;
 }
 
@@ -351,16 +307,15 @@ void NodeService::set_has_hypervisor(bool has) {
   impl_->has_hypervisor = has;
 }
 void NodeService::set_enforcement(config::EnforcementMode mode) {
-  impl_->shared_reads.withdraw_all();
   impl_->opt.enforcement = mode;
+  impl_->touch();
 }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
-  impl_->shared_reads.withdraw_all();
   impl_->authenticator.set_verifier(std::move(verifier));
 }
 void NodeService::set_unsellable(std::vector<std::string> unsellable) {
-  impl_->shared_reads.withdraw_all();
   impl_->opt.policy.unsellable = std::move(unsellable);
+  impl_->touch();
   impl_->reader.reset();
   impl_->scan(false);
 }
@@ -370,8 +325,9 @@ std::int64_t NodeService::revision() const {
 std::optional<reservations::Time> NodeService::next_term() const {
   return impl_->next_term();
 }
-const SharedReads& NodeService::shared_reads() const {
-  return impl_->shared_reads;
+std::optional<ApiResponse> NodeService::read(const ApiRequest& request,
+                                             std::chrono::system_clock::time_point now) const {
+  return impl_->read(request, now);
 }
 metrics::NodeGauges NodeService::gauges() const {
   return impl_->gauges();

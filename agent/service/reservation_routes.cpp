@@ -15,20 +15,9 @@ using namespace detail;
 
 namespace {
 
-constexpr std::size_t kDefaultLimit = 100;
-constexpr std::size_t kMaxLimit = 500;
-
 ApiResponse not_found() {
   // Holds nothing from the request: every 404 for an unseen node is byte-identical (§7).
   return problem(404, "not-found", "no such resource");
-}
-
-// rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
-bool is_reservation_id(std::string_view s) {
-  if (s.size() != 30 || !s.starts_with("rsv_")) return false;
-  return std::all_of(s.begin() + 4, s.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u');
-  });
 }
 
 }  // namespace
@@ -76,9 +65,13 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
                                       const std::vector<std::string>& seg) {
   if (seg[2] != opt.node_id || !allowed(r::Action::see_node, c)) return not_found();
   const std::size_t n = seg.size();
-  if (n == 4 && seg[3] == "units") return q.method == "GET" ? list_units(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "units")
+    return q.method == "GET" ? units_answer(*snapshot(), c.who) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "state") return q.method == "GET" ? state(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "state") {
+    if (q.method != "GET") return method_not_allowed("GET");
+    return std::visit([](auto&& a) -> Outcome { return std::move(a); }, state_answer(*snapshot(), q, c.who));
+  }
   if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "capacity") return q.method == "GET" ? capacity(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "admission")
@@ -86,87 +79,25 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
   if (n == 4 && seg[3] == "terminate-spot")
     return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
   if (n == 4 && seg[3] == "reservations") {
-    if (q.method == "GET") return list_reservations(q, c);
+    if (q.method == "GET") return reservations_answer(*snapshot(), q, c.who);
     if (q.method == "POST") return create(q, c);
     return method_not_allowed("GET, POST");
   }
   if (n >= 5 && seg[3] == "reservations") {
-    auto it = reservations.find(seg[4]);
-    if (it == reservations.end() || !allowed(r::Action::see_reservation, c, &it->second)) return not_found();
+    const auto* x = reservations.find(seg[4]);
+    if (x == nullptr || !allowed(r::Action::see_reservation, c, x)) return not_found();
     if (n == 5) {
-      if (q.method == "GET")
-        return with_header(json_response(to_json(it->second)), "ETag", etag_of_version(it->second.version));
-      if (q.method == "PATCH") return amend(q, c, it->second);
+      if (q.method == "GET") return reservation_answer(*snapshot(), *x);
+      if (q.method == "PATCH") return amend(q, c, *x);
       return method_not_allowed("GET, PATCH");
     }
-    if (n == 6 && seg[5] == "end")
-      return q.method == "POST" ? end(q, c, it->second) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "end") return q.method == "POST" ? end(q, c, *x) : method_not_allowed("POST");
     if (n == 6 && seg[5] == "release")
-      return q.method == "POST" ? release(q, c, it->second) : method_not_allowed("POST");
+      return q.method == "POST" ? release(q, c, *x) : method_not_allowed("POST");
     if (n == 6 && seg[5] == "reclaim")
-      return q.method == "POST" ? reclaim(q, c, it->second) : method_not_allowed("POST");
+      return q.method == "POST" ? reclaim(q, c, *x) : method_not_allowed("POST");
   }
   return not_found();
-}
-
-ApiResponse NodeService::Impl::list_units(const ApiRequest& q, const Caller& c) {
-  // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does
-  // not see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
-  if (!allowed(r::Action::list_units, c)) return not_found();
-  return cached_read("units", q, c, [&] {
-    return json_response(json::object{{"nodeId", opt.node_id}, {"units", units_json(c)}});
-  });
-}
-
-// limit and pageToken; pageToken is the last id of the previous page.
-std::expected<std::pair<std::size_t, std::string>, ApiResponse> NodeService::Impl::paging(
-    const ApiRequest& q) const {
-  std::size_t limit = kDefaultLimit;
-  if (auto l = q.query_param("limit")) {
-    std::size_t v = 0;
-    auto [p, ec] = std::from_chars(l->data(), l->data() + l->size(), v);
-    if (ec != std::errc{} || p != l->data() + l->size() || v < 1 || v > kMaxLimit) {
-      return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500",
-                                     {{"limit", "must be an integer from 1 to 500"}}));
-    }
-    limit = v;
-  }
-  return std::pair{limit, q.query_param("pageToken").value_or("")};
-}
-
-ApiResponse NodeService::Impl::list_reservations(const ApiRequest& q, const Caller& c) {
-  std::optional<r::State> state;
-  if (auto s = q.query_param("state"); s && !s->empty()) {
-    state = r::parse_state(*s);
-    if (!state)
-      return problem(400, "invalid-request", "state must be scheduled, active or ended",
-                     {{"state", "must be scheduled, active or ended"}});
-  }
-  auto page = paging(q);
-  if (!page) return page.error();
-  const auto& [limit, token] = *page;
-  if (!token.empty() && !is_reservation_id(token)) {
-    return problem(400, "invalid-request",
-                   "pageToken is not one this node gave: pass the nextPageToken of the previous page",
-                   {{"pageToken", "must be a nextPageToken from this list"}});
-  }
-  const bool all = allowed(r::Action::list_all_reservations, c);
-  json::array list;
-  std::string last;
-  bool more = false;
-  for (auto it = token.empty() ? reservations.begin() : reservations.upper_bound(token);
-       it != reservations.end(); ++it) {
-    const auto& x = it->second;
-    if (!(all || allowed(r::Action::see_reservation, c, &x)) || (state && x.state != *state)) continue;
-    if (list.size() == limit) {
-      more = true;
-      break;
-    }
-    list.emplace_back(to_json(x));
-    last = x.id;
-  }
-  return json_response(json::object{{"reservations", std::move(list)},
-                                    {"nextPageToken", more ? json::value(last) : json::value(nullptr)}});
 }
 
 // Units named in a request: 422 unknown-unit, 409 unit-not-reservable.
@@ -207,7 +138,7 @@ std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation
   // Only the live reservations on its units whose terms come near can block it; the rule decides.
   std::vector<const r::Reservation*> near;
   for (const auto id : live.near(candidate.unit_ids, candidate.starts_at, candidate.ends_at)) {
-    if (auto x = reservations.find(id); x != reservations.end()) near.push_back(&x->second);
+    if (const auto* x = reservations.find(id)) near.push_back(x);
   }
   auto blockers = r::blocking_reservations(candidate, std::span<const r::Reservation* const>(near));
   if (blockers.empty()) return std::nullopt;
@@ -371,59 +302,6 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
   return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
 }
 
-// GET .../state[?after=REV&wait=30s]: units, reservations, workloads and the revision. A long
-// poll whose revision has not passed REV yet is parked until its deadline (counted from when it
-// arrived): the driver handles it again when the revision moves, or at the deadline with
-// wait_over, which makes it a 304.
-Outcome NodeService::Impl::state(const ApiRequest& q, const Caller& c) {
-  if (!allowed(r::Action::read_state, c))
-    return forbidden("the node's state is for platform admins and operators");
-  std::optional<std::int64_t> after;
-  if (auto a = q.query_param("after")) {
-    std::int64_t v = 0;
-    auto [p, ec] = std::from_chars(a->data(), a->data() + a->size(), v);
-    if (ec != std::errc{} || p != a->data() + a->size() || v < 0) {
-      return problem(400, "invalid-request", "after must be a revision (a non-negative integer)",
-                     {{"after", "must be a non-negative integer"}});
-    }
-    after = v;
-  }
-  std::chrono::milliseconds wait = std::chrono::seconds(30);
-  if (auto w = q.query_param("wait")) {
-    auto d = config::parse_duration(*w);
-    if (!d || *d > std::chrono::seconds(120)) {
-      return problem(400, "invalid-request", "wait must be a duration of at most 120s, e.g. 30s",
-                     {{"wait", d ? "must be at most 120s" : d.error()}});
-    }
-    wait = *d;
-  }
-  const std::int64_t revision = store.revision();
-  const std::string etag = fmt::format("\"{}\"", revision);
-  if (after && revision <= *after) {
-    const auto deadline = q.received + wait;
-    if (q.wait_over || wait.count() == 0) {
-      ApiResponse not_modified;
-      not_modified.status = 304;
-      not_modified.headers.emplace_back("ETag", etag);
-      // A poll that does not wait gets the same 304 until the revision moves: the network thread
-      // may give it (one that waits must park, so its 304 at the deadline is never kept).
-      if (wait.count() == 0) share_read(q, c, not_modified);
-      return not_modified;
-    }
-    return Park{*after, deadline};
-  }
-  return cached_read("state", q, c, [&] {
-    json::array rs;
-    for (const auto& [id, x] : reservations) rs.emplace_back(to_json(x));
-    return with_header(json_response(json::object{{"nodeId", opt.node_id},
-                                                  {"revision", revision},
-                                                  {"units", units_json(c)},
-                                                  {"reservations", std::move(rs)},
-                                                  {"workloads", observed_workloads}}),
-                       "ETag", etag);
-  });
-}
-
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
   if (!allowed(r::Action::read_audit, c)) return forbidden("the audit log is for operators and the owner");
   auto page = paging(q);
@@ -471,7 +349,7 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
   if (q.method != "GET") return method_not_allowed("GET");
   json::array entries;
   std::int64_t total_units = 0, total_gpus = 0;
-  for (const auto& [id, x] : reservations) {
+  for (const auto& x : reservations) {
     if (x.ended() ||
         std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), org) == x.audience_org_ids.end())
       continue;
@@ -480,10 +358,10 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
     for (const auto& uid : x.unit_ids) {
       if (const auto* u = inventory.find(uid)) {
         gpus += u->gpu_count();
-        units_out.emplace_back(unit_view(*u, c));
+        units_out.emplace_back(unit_json(node(), reservations, *u, c.who));
       } else if (const auto* a = inventory.absent_doc(uid)) {
         if (const auto* g = a->if_contains("gpuCount"); g && g->is_int64()) gpus += g->get_int64();
-        units_out.emplace_back(absent_view(uid, *a, c));
+        units_out.emplace_back(absent_unit_json(node(), reservations, uid, *a, c.who));
       }
     }
     total_units += static_cast<std::int64_t>(x.unit_ids.size());
@@ -507,29 +385,6 @@ ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Call
                                     {"nodeId", node_id},
                                     {"reservations", std::move(entries)},
                                     {"totals", json::object{{"units", total_units}, {"gpus", total_gpus}}}});
-}
-
-// GETs carry an ETag and answer If-None-Match with 304.
-std::string NodeService::Impl::strong_etag(std::string_view body) {
-  return fmt::format("\"{}\"", store::sha256_hex(body).value_or("0").substr(0, 20));
-}
-
-ApiResponse NodeService::Impl::conditional(const ApiRequest& q, ApiResponse resp) const {
-  if (q.method != "GET" || resp.status != 200) return resp;
-  std::string etag;
-  if (auto e = resp.header("ETag")) {
-    etag = std::string(*e);
-  } else {
-    etag = strong_etag(resp.body);
-    resp.headers.emplace_back("ETag", etag);
-  }
-  if (auto inm = q.header("if-none-match"); inm && etag_matches(*inm, etag)) {
-    ApiResponse not_modified;
-    not_modified.status = 304;
-    not_modified.headers.emplace_back("ETag", etag);
-    return not_modified;
-  }
-  return resp;
 }
 
 }  // namespace gpunode::service

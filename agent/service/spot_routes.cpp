@@ -49,7 +49,7 @@ json::object NodeService::Impl::left_json(const vmctl::Domain& d, const std::vec
 // Reclaiming units that no active spot workload occupies any more leave reclaimingUnitIds.
 void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
   const auto occupied = spot::spot_occupied(ws);
-  for (const auto& [id, current] : reservations) {
+  for (const auto& current : reservations) {
     if (current.state != r::State::active || current.reclaiming_unit_ids.empty()) continue;
     r::Reservation x = current;
     const auto vacated = r::vacate(x, occupied);
@@ -332,13 +332,12 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   const auto reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
   const r::Reservation* rx = nullptr;
   if (rid) {
-    auto it = reservations.find(*rid);
-    if (it == reservations.end() || !allowed(r::Action::see_reservation, c, &it->second)) {
+    rx = reservations.find(*rid);
+    if (rx == nullptr || !allowed(r::Action::see_reservation, c, rx)) {
       return problem(422, "unknown-reservation",
                      fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
                      {{"reservationId", "is not a reservation of this node"}});
     }
-    rx = &it->second;
   }
   std::set<std::string> targets;
   if (ids) {

@@ -18,6 +18,7 @@
 #include "gpunode/store/database.hpp"
 #include "gpunode/vmctl/fake_hypervisor.hpp"
 #include "jwt_signer.hpp"
+#include "snapshot.hpp"
 #include "sysfs_tree.hpp"
 
 namespace json = boost::json;
@@ -657,105 +658,116 @@ TEST_CASE("the backstop rescan reads the host again only when a function, a driv
 }
 
 TEST_CASE(
-    "shared reads: the network thread gives a read again only to the same request, until anything it shows "
-    "may change") {
+    "snapshot reads: any thread answers GET units, state and reservations from the published snapshot, "
+    "until anything it shows may change") {
   Lab lab;
   const auto admin = lab.token("org-platform", {"platform-admin"}, 120);
   const auto other = lab.token("org-platform", {"platform-admin"}, 600);
-  const SharedReads& shared = lab.service_->shared_reads();
+  const auto aud = lab.token("org-a", {}, 600);
+  const auto& node = *lab.service_;
   const auto units = Lab::request("GET", Lab::path("/units"), admin);
-  CHECK_FALSE(shared.find(units, lab.now_));  // nothing kept before the state thread answered it
-
+  // Published at open: the first read needs no hop. Then the same bytes as the state thread.
+  auto read = node.read(units, lab.now_);
+  REQUIRE(read);
   const auto first = lab.call_request(units);
   REQUIRE(first.status == 200);
-  auto kept = shared.find(units, lab.now_);
-  REQUIRE(kept);
-  CHECK(kept->status == 200);
-  CHECK(kept->body == first.body);
-  CHECK(kept->header("ETag") == first.header("ETag"));
-  CHECK(kept->header("Content-Type") == first.header("Content-Type"));
+  CHECK(read->status == 200);
+  CHECK(read->body == first.body);
+  CHECK(read->header("ETag") == first.header("ETag"));
+  CHECK(read->header("Content-Type") == first.header("Content-Type"));
   auto conditional = units;
   conditional.headers.emplace_back("if-none-match", std::string(*first.header("ETag")));
-  auto not_modified = shared.find(conditional, lab.now_);
+  auto not_modified = node.read(conditional, lab.now_);
   REQUIRE(not_modified);
   CHECK(not_modified->status == 304);
   CHECK(not_modified->body.empty());
 
-  // Another token, another query, the admin socket, another route: not this request.
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), other), lab.now_));
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));
-  CHECK(lab.call("GET", Lab::path("/units"), "admin-socket").status == 200);
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units"), "admin-socket"), lab.now_));
-  CHECK(lab.call("GET", Lab::path("/units?x=1"), admin).status == 200);
-  CHECK(
-      shared.find(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_));  // kept as its own request
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/units?x=2"), admin), lab.now_));
-  CHECK(lab.call("GET", Lab::path("/reservations"), admin).status == 200);
-  CHECK_FALSE(shared.find(Lab::request("GET", Lab::path("/reservations"), admin), lab.now_));
-  auto post = Lab::request("POST", Lab::path("/units"), admin);
-  CHECK_FALSE(shared.find(post, lab.now_));
+  // Another token of the same class, another query, the admin socket: the same answer.
+  CHECK(node.read(Lab::request("GET", Lab::path("/units"), other), lab.now_)->body == first.body);
+  CHECK(node.read(Lab::request("GET", Lab::path("/units?x=1"), admin), lab.now_)->body == first.body);
+  CHECK(node.read(Lab::request("GET", Lab::path("/units"), "admin-socket"), lab.now_)->body == first.body);
+  // What the state thread answers: anything but a 200 or a 304 of these routes.
+  CHECK_FALSE(node.read(Lab::request("POST", Lab::path("/units"), admin), lab.now_));
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/units"), aud), lab.now_));              // a 404
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/units"), "no-such-token"), lab.now_));  // a 401
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/audit"), admin), lab.now_));
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/workloads"), admin), lab.now_));
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/reservations?limit=0"), admin), lab.now_));  // a 400
+  CHECK_FALSE(node.read(Lab::request("GET", "/healthz", ""), lab.now_));
 
   // The token's expiry (exp + the 60 s leeway) ends it: the state thread answers 401 then.
-  CHECK(shared.find(units, lab.now_ + std::chrono::seconds(180)));
-  CHECK_FALSE(shared.find(units, lab.now_ + std::chrono::seconds(181)));
+  CHECK(node.read(units, lab.now_ + std::chrono::seconds(180)));
+  CHECK_FALSE(node.read(units, lab.now_ + std::chrono::seconds(181)));
 
-  // A commit withdraws every kept answer before its own answer is given.
-  CHECK(lab.call("GET", Lab::path("/state"), other).status == 200);
-  CHECK(shared.find(Lab::request("GET", Lab::path("/state"), other), lab.now_));
+  // A commit moves the generation before its own answer is given: nothing is answered from the
+  // old snapshot, and the next read on the state thread publishes the new one.
   const auto t0 = lab.now_;
-  lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)),
-             iso(t0 + std::chrono::hours(1)));
-  CHECK(shared.size() == 0);
-  CHECK_FALSE(shared.find(units, lab.now_));
+  auto created = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)),
+                            iso(t0 + std::chrono::hours(1)));
+  CHECK_FALSE(node.read(units, lab.now_));
   const auto after = lab.call_request(units);
   CHECK(after.header("ETag") != first.header("ETag"));
+  REQUIRE(node.read(units, lab.now_));
+  CHECK(node.read(units, lab.now_)->body == after.body);
+  // The audience sees its reservation, alone, from the snapshot too.
+  const auto id = created.at("id").as_string();
+  const auto mine =
+      node.read(Lab::request("GET", Lab::path(fmt::format("/reservations/{}", id.c_str())), aud), lab.now_);
+  REQUIRE(mine);
+  CHECK(mine->header("ETag") == std::optional<std::string_view>("\"1\""));
+  const auto list = node.read(Lab::request("GET", Lab::path("/reservations"), aud), lab.now_);
+  REQUIRE(list);
+  CHECK(list->body == lab.call("GET", Lab::path("/reservations"), aud).body);
   // The next term (startsAt in 30 s) ends it too: the clock changes what the node shows then.
-  CHECK(shared.find(units, t0 + std::chrono::seconds(29)));
-  CHECK_FALSE(shared.find(units, t0 + std::chrono::seconds(30)));
+  CHECK(node.read(units, t0 + std::chrono::seconds(29)));
+  CHECK_FALSE(node.read(units, t0 + std::chrono::seconds(30)));
 
-  // State polls: one answered at once is kept (the full answer past its revision, a 304 that does
-  // not wait); one that waits parks, and is never kept.
-  const auto rev = lab.service_->revision();
+  // State polls: one answered at once is read (the full answer past its revision, a 304 that does
+  // not wait); one that waits parks on the state thread.
+  const auto rev = node.revision();
   const auto past = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=30s", rev - 1)), admin);
   CHECK(lab.call_request(past).status == 200);
-  auto full = shared.find(past, lab.now_);
+  auto full = node.read(past, lab.now_);
   REQUIRE(full);
   CHECK(full->status == 200);
+  CHECK(full->body == lab.call_request(past).body);
   const auto now_poll = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=0s", rev)), admin);
-  CHECK(lab.call_request(now_poll).status == 304);
-  auto not_yet = shared.find(now_poll, lab.now_);
+  auto not_yet = node.read(now_poll, lab.now_);
   REQUIRE(not_yet);
   CHECK(not_yet->status == 304);
   CHECK(not_yet->header("ETag") == std::optional<std::string_view>(fmt::format("\"{}\"", rev)));
   const auto waiting = Lab::request("GET", Lab::path(fmt::format("/state?after={}&wait=30s", rev)), admin);
+  CHECK_FALSE(node.read(waiting, lab.now_));
   CHECK(std::holds_alternative<gpunode::service::Park>(lab.service_->handle(waiting)));
-  CHECK_FALSE(shared.find(waiting, lab.now_));
-  // A change withdraws the 304 before its own answer: the next poll sees the new revision.
+  // A change ends the 304 before its own answer: the next poll sees the new revision.
   lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(2)),
              iso(t0 + std::chrono::hours(3)));
-  CHECK_FALSE(shared.find(now_poll, lab.now_));
+  CHECK_FALSE(node.read(now_poll, lab.now_));
   CHECK(lab.call_request(now_poll).status == 200);
+  CHECK(node.read(now_poll, lab.now_)->status == 200);
 
-  // New token keys withdraw everything.
-  CHECK(lab.call_request(units).status == 200);
-  REQUIRE(shared.find(units, lab.now_));
+  // New token keys: the old token is refused, here as on the state thread.
+  REQUIRE(node.read(units, lab.now_));
   lab.service_->set_verifier(nullptr);
-  CHECK_FALSE(shared.find(units, lab.now_));
+  CHECK_FALSE(node.read(units, lab.now_));
+  CHECK(lab.call_request(units).status == 401);
 }
 
-TEST_CASE("shared reads are bounded") {
-  SharedReads shared;
-  ApiResponse ok;
-  ok.headers.emplace_back("ETag", "\"1\"");
-  const auto until = system_clock::now() + std::chrono::hours(1);
-  for (std::size_t i = 0; i <= SharedReads::kMaxAnswers * 2; ++i) {
-    shared.keep(Lab::request("GET", Lab::path("/units"), fmt::format("token-{}", i)), ok, until);
-    CHECK(shared.size() <= SharedReads::kMaxAnswers);
+TEST_CASE("a snapshot keeps at most 64 renderings") {
+  gpunode::service::detail::Snapshot s;
+  int rendered = 0;
+  for (int i = 0; i < 200; ++i) {
+    s.answer(fmt::format("class-{}", i), [&] {
+      ++rendered;
+      return ApiResponse{};
+    });
   }
-  ApiResponse no_etag;
-  shared.withdraw_all();
-  shared.keep(Lab::request("GET", Lab::path("/units"), "t"), no_etag, until);  // never without its ETag
-  CHECK(shared.size() == 0);
+  CHECK(rendered == 200);
+  s.answer("class-199", [&] {
+    ++rendered;
+    return ApiResponse{};
+  });
+  CHECK(rendered == 200);  // kept
 }
 
 TEST_CASE(

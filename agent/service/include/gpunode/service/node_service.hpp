@@ -2,7 +2,7 @@
 //
 // One NodeService owns the SQLite state file and the in-memory view of units and reservations.
 // It is not thread-safe: the daemon calls it from one worker thread only, never from the I/O
-// threads (SQLite commits wait for fsync); shared_reads() alone may be used from any thread. Every mutation
+// threads (SQLite commits wait for fsync); read() alone may be used from any thread. Every mutation
 // is one transaction holding the change, its audit record and its outbox event; memory is updated only after
 // the commit.
 #pragma once
@@ -26,7 +26,6 @@
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
-#include "gpunode/service/shared_reads.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
 
 namespace gpunode::service {
@@ -143,9 +142,12 @@ class NodeService {
   void set_enforcement(config::EnforcementMode mode);
 
   [[nodiscard]] std::int64_t revision() const;
-  // The answers the network thread may give again without a hop to this thread (the only member
-  // another thread may use: SharedReads is thread-safe).
-  [[nodiscard]] const SharedReads& shared_reads() const;
+  // Any thread (the only member another thread may use): the answer to a GET of units, state,
+  // reservations or one reservation, from the last published snapshot, when it is current (no
+  // commit, revision bump or reload setting since, no term due by `now`) and the answer is a 200 or
+  // a 304; otherwise nothing, and the request goes to handle() on the state thread.
+  [[nodiscard]] std::optional<ApiResponse> read(const ApiRequest& request,
+                                                std::chrono::system_clock::time_point now) const;
 
   // The node's numbers for /metrics (CONTRACT §6), as of the last change or tick: units by class
   // and reservable as GET units lists them (absent ones included), reservations by state, the

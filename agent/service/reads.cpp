@@ -1,0 +1,225 @@
+// The read routes over a snapshot (GET units, state, reservations and one reservation), the same on
+// the core thread and the network threads; conditional GETs.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+#include "gpunode/config/config.hpp"
+#include "gpunode/discovery/json.hpp"
+#include "gpunode/reservations/permissions.hpp"
+#include "gpunode/service/reservation_json.hpp"
+#include "gpunode/store/audit_chain.hpp"
+#include "snapshot.hpp"
+
+namespace gpunode::service::detail {
+namespace r = gpunode::reservations;
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::size_t kDefaultLimit = 100;
+constexpr std::size_t kMaxLimit = 500;
+
+// The rules look at the caller's org, roles and transport: callers alike there get the same
+// answer, so one rendering serves them all.
+std::string class_key(std::string_view route, const r::Caller& who) {
+  std::string key = fmt::format("{}\x1f{}\x1f{}\x1f", route, who.via, who.org.value_or(""));
+  auto roles = who.roles;
+  std::sort(roles.begin(), roles.end());
+  for (const auto& role : roles) (key += role) += '\x1e';
+  return key;
+}
+
+ApiResponse with_etag(ApiResponse resp) {
+  if (resp.status == 200 && !resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
+  return resp;
+}
+
+r::Subject on_node(const Snapshot& s, const r::Reservation* x = nullptr) {
+  return r::Subject{s.node, s.reservations.all(), x, {}};
+}
+
+// rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
+bool is_reservation_id(std::string_view id) {
+  if (id.size() != 30 || !id.starts_with("rsv_")) return false;
+  return std::all_of(id.begin() + 4, id.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u');
+  });
+}
+
+struct StatePoll {
+  std::optional<std::int64_t> after;
+  std::chrono::milliseconds wait = std::chrono::seconds(30);
+};
+
+std::expected<StatePoll, ApiResponse> state_poll(const ApiRequest& q) {
+  StatePoll poll;
+  if (auto a = q.query_param("after")) {
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(a->data(), a->data() + a->size(), v);
+    if (ec != std::errc{} || p != a->data() + a->size() || v < 0) {
+      return std::unexpected(problem(400, "invalid-request",
+                                     "after must be a revision (a non-negative integer)",
+                                     {{"after", "must be a non-negative integer"}}));
+    }
+    poll.after = v;
+  }
+  if (auto w = q.query_param("wait")) {
+    auto d = config::parse_duration(*w);
+    if (!d || *d > std::chrono::seconds(120)) {
+      return std::unexpected(problem(400, "invalid-request",
+                                     "wait must be a duration of at most 120s, e.g. 30s",
+                                     {{"wait", d ? "must be at most 120s" : d.error()}}));
+    }
+    poll.wait = *d;
+  }
+  return poll;
+}
+
+}  // namespace
+
+json::object unit_json(const r::NodeView& node, const ReservationTable& reservations,
+                       const discovery::Unit& u, const r::Caller& who) {
+  return discovery::unit_to_json(u, r::visible_reservation_ids(who, node, reservations.all(), u.id));
+}
+
+json::object absent_unit_json(const r::NodeView& node, const ReservationTable& reservations,
+                              const std::string& id, json::object doc, const r::Caller& who) {
+  doc["reservationIds"] = strings_json(r::visible_reservation_ids(who, node, reservations.all(), id));
+  return doc;
+}
+
+json::array units_json(const r::NodeView& node, const ReservationTable& reservations,
+                       const Inventory& inventory, const r::Caller& who) {
+  std::map<std::string, json::object> all;
+  for (const auto& u : inventory.present()) all.emplace(u.id, unit_json(node, reservations, u, who));
+  for (const auto& [id, doc] : inventory.absent()) {
+    if (!all.contains(id)) all.emplace(id, absent_unit_json(node, reservations, id, doc, who));
+  }
+  json::array out;
+  for (auto& [id, o] : all) out.emplace_back(std::move(o));
+  return out;
+}
+
+// Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does not
+// see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
+ApiResponse units_answer(const Snapshot& s, const r::Caller& who) {
+  if (!r::may(r::Action::list_units, who, on_node(s))) return problem(404, "not-found", "no such resource");
+  return *s.answer(class_key("units", who), [&] {
+    return with_etag(json_response(json::object{
+        {"nodeId", s.node.node_id}, {"units", units_json(s.node, s.reservations, s.inventory, who)}}));
+  });
+}
+
+// GET .../state[?after=REV&wait=30s]: units, reservations, workloads and the revision. A long poll
+// whose revision has not passed REV yet parks until its deadline (counted from when it arrived);
+// the driver handles it again when the revision moves, or at the deadline with wait_over, which
+// makes it a 304.
+std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest& q, const r::Caller& who) {
+  if (!r::may(r::Action::read_state, who, on_node(s)))
+    return problem(403, "forbidden", "the node's state is for platform admins and operators");
+  auto poll = state_poll(q);
+  if (!poll) return poll.error();
+  const std::string etag = fmt::format("\"{}\"", s.revision);
+  if (poll->after && s.revision <= *poll->after) {
+    if (!q.wait_over && poll->wait.count() != 0) return Park{*poll->after, q.received + poll->wait};
+    ApiResponse not_modified;
+    not_modified.status = 304;
+    not_modified.headers.emplace_back("ETag", etag);
+    return not_modified;
+  }
+  return *s.answer(class_key("state", who), [&] {
+    json::array rs;
+    for (const auto& x : s.reservations) rs.emplace_back(to_json(x));
+    auto resp = json_response(json::object{{"nodeId", s.node.node_id},
+                                           {"revision", s.revision},
+                                           {"units", units_json(s.node, s.reservations, s.inventory, who)},
+                                           {"reservations", std::move(rs)},
+                                           {"workloads", s.workloads}});
+    resp.headers.emplace_back("ETag", etag);
+    return resp;
+  });
+}
+
+ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const r::Caller& who) {
+  std::optional<r::State> state;
+  if (auto v = q.query_param("state"); v && !v->empty()) {
+    state = r::parse_state(*v);
+    if (!state)
+      return problem(400, "invalid-request", "state must be scheduled, active or ended",
+                     {{"state", "must be scheduled, active or ended"}});
+  }
+  auto page = paging(q);
+  if (!page) return page.error();
+  const auto& [limit, token] = *page;
+  if (!token.empty() && !is_reservation_id(token)) {
+    return problem(400, "invalid-request",
+                   "pageToken is not one this node gave: pass the nextPageToken of the previous page",
+                   {{"pageToken", "must be a nextPageToken from this list"}});
+  }
+  const bool all = r::may(r::Action::list_all_reservations, who, on_node(s));
+  json::array list;
+  std::string last;
+  bool more = false;
+  for (auto it = token.empty() ? s.reservations.begin() : s.reservations.after(token);
+       it != s.reservations.end(); ++it) {
+    if (!(all || r::may(r::Action::see_reservation, who, on_node(s, &*it))) || (state && it->state != *state))
+      continue;
+    if (list.size() == limit) {
+      more = true;
+      break;
+    }
+    list.emplace_back(to_json(*it));
+    last = it->id;
+  }
+  return with_etag(
+      json_response(json::object{{"reservations", std::move(list)},
+                                 {"nextPageToken", more ? json::value(last) : json::value(nullptr)}}));
+}
+
+ApiResponse reservation_answer(const Snapshot&, const r::Reservation& x) {
+  auto resp = json_response(to_json(x));
+  resp.headers.emplace_back("ETag", fmt::format("\"{}\"", x.version));
+  return resp;
+}
+
+std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) {
+  std::size_t limit = kDefaultLimit;
+  if (auto l = q.query_param("limit")) {
+    std::size_t v = 0;
+    auto [p, ec] = std::from_chars(l->data(), l->data() + l->size(), v);
+    if (ec != std::errc{} || p != l->data() + l->size() || v < 1 || v > kMaxLimit) {
+      return std::unexpected(problem(400, "invalid-request", "limit must be an integer from 1 to 500",
+                                     {{"limit", "must be an integer from 1 to 500"}}));
+    }
+    limit = v;
+  }
+  return std::pair{limit, q.query_param("pageToken").value_or("")};
+}
+
+std::string strong_etag(std::string_view body) {
+  return fmt::format("\"{}\"", store::sha256_hex(body).value_or("0").substr(0, 20));
+}
+
+// GETs carry an ETag and answer If-None-Match with 304.
+ApiResponse conditional(const ApiRequest& q, ApiResponse resp) {
+  if (q.method != "GET" || resp.status != 200) return resp;
+  std::string etag;
+  if (auto e = resp.header("ETag")) {
+    etag = std::string(*e);
+  } else {
+    etag = strong_etag(resp.body);
+    resp.headers.emplace_back("ETag", etag);
+  }
+  if (auto inm = q.header("if-none-match"); inm && etag_matches(*inm, etag)) {
+    ApiResponse not_modified;
+    not_modified.status = 304;
+    not_modified.headers.emplace_back("ETag", etag);
+    return not_modified;
+  }
+  return resp;
+}
+
+}  // namespace gpunode::service::detail

@@ -1,0 +1,89 @@
+// One state of the node, immutable once published (private to gpunode_service): the units, the
+// reservations, the workloads as last listed and the revision. The core thread builds one when a
+// read needs it and the state moved (its generation: every commit, revision bump and reload
+// setting moves it) and publishes it; the network threads answer GET units, state and
+// reservations from the published one without a hop, as long as its generation is the current one
+// and no term has come since (NodeService::read). What it renders for a class of caller is kept in
+// it, so an answer lives exactly as long as the state it shows.
+#pragma once
+
+#include <boost/json.hpp>
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "gpunode/reservations/model.hpp"
+#include "gpunode/reservations/rules.hpp"
+#include "gpunode/service/api.hpp"
+#include "gpunode/service/node_service.hpp"
+#include "inventory.hpp"
+#include "reservation_table.hpp"
+
+namespace gpunode::service::detail {
+
+struct Snapshot {
+  std::uint64_t generation = 0;  // the core's generation it was built at
+  std::int64_t revision = 0;
+  reservations::NodeView node;
+  ReservationTable reservations;
+  Inventory inventory;
+  boost::json::array workloads;  // as last listed (GET state)
+  // The next term's instant: from then on the clock changes what the node shows, and only the
+  // core thread (which applies the term first) may answer.
+  std::optional<std::chrono::system_clock::time_point> next_term;
+
+  // The answer for `key` (a route and a class of caller), rendered by `render` the first time.
+  // Any thread; at most kMaxAnswers kept (then the table starts again).
+  template <class Render>
+  std::shared_ptr<const ApiResponse> answer(const std::string& key, Render&& render) const {
+    {
+      std::lock_guard lock(mu_);
+      if (auto hit = answers_.find(key); hit != answers_.end()) return hit->second;
+    }
+    auto made = std::make_shared<const ApiResponse>(render());
+    std::lock_guard lock(mu_);
+    if (answers_.size() >= kMaxAnswers) answers_.clear();
+    return answers_.emplace(key, std::move(made)).first->second;
+  }
+  static constexpr std::size_t kMaxAnswers = 64;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::map<std::string, std::shared_ptr<const ApiResponse>, std::less<>> answers_;  // guarded by mu_
+};
+
+// The read routes, as functions of a snapshot and a caller: the same code answers on the core
+// thread and on a network thread. Each returns the answer: a 200 with its ETag, or a refusal.
+ApiResponse units_answer(const Snapshot& s, const reservations::Caller& who);
+// GET state: the full answer, a 304, or (a poll whose revision has not passed `after` and that
+// waits) Park.
+std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest& q,
+                                             const reservations::Caller& who);
+ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
+ApiResponse reservation_answer(const Snapshot& s, const reservations::Reservation& x);
+
+// A unit as `who` sees it (its reservationIds: the non-ended ones holding it that `who` sees); an
+// absent unit from its last JSON; all units, present ones first by id.
+boost::json::object unit_json(const reservations::NodeView& node, const ReservationTable& reservations,
+                              const discovery::Unit& u, const reservations::Caller& who);
+boost::json::object absent_unit_json(const reservations::NodeView& node, const ReservationTable& reservations,
+                                     const std::string& id, boost::json::object doc,
+                                     const reservations::Caller& who);
+boost::json::array units_json(const reservations::NodeView& node, const ReservationTable& reservations,
+                              const Inventory& inventory, const reservations::Caller& who);
+
+// A page's limit and pageToken (the last id of the previous page), or the 400 for a bad limit.
+std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q);
+
+// A strong ETag over a body; the answer to If-None-Match (304 when it matches).
+std::string strong_etag(std::string_view body);
+ApiResponse conditional(const ApiRequest& q, ApiResponse resp);
+
+}  // namespace gpunode::service::detail
