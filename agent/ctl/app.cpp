@@ -7,10 +7,13 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "gpunode/ctl/model.hpp"
 #include "gpunode/ctl/outcome.hpp"
@@ -178,19 +181,7 @@ std::expected<std::string, Failure> reservation_text(Session& s, const json::val
   return fmt::format("{} {}\n{}", headline, r->id, render_reservation(*r, s.style()));
 }
 
-// ---- the commands --------------------------------------------------------------------------
-
-Result cmd_units(Session& s) {
-  if (s.json_out()) {
-    auto n = s.node();
-    if (!n) return s.fail(n.error());
-    auto a = s.call(units_request(*n));
-    return a ? s.print(*a, {}) : s.fail(a.error());
-  }
-  auto st = s.state();
-  if (!st) return s.fail(st.error());
-  return Result{kExitOk, render_units_tree(*st, s.style()), {}};
-}
+// ---- what the commands share ----------------------------------------------------------------
 
 Result print_list(
     Session& s, std::string_view key, std::optional<std::size_t> max_items,
@@ -214,36 +205,6 @@ Result print_list(
   return Result{kExitOk, *text, {}};
 }
 
-Result cmd_reservations(Session& s, const Options& o) {
-  std::optional<std::string> state;
-  if (!o.state.empty()) state = o.state;
-  return print_list(
-      s, "reservations", std::nullopt,
-      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) {
-        return reservations_page(node, state, limit, token);
-      },
-      [&](const json::value& doc) -> std::expected<std::string, Failure> {
-        auto list = s.decoded(decode_reservations(doc));
-        if (!list) return std::unexpected(list.error());
-        return render_reservations(*list, s.style());
-      });
-}
-
-Result cmd_audit(Session& s, const Options& o) {
-  std::optional<std::string> after;
-  if (!o.after.empty()) after = o.after;
-  std::optional<std::size_t> max;
-  if (o.limit > 0) max = o.limit;
-  return print_list(
-      s, "records", max,
-      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) {
-        return audit_page(node, after, limit, token);
-      },
-      [&](const json::value& doc) -> std::expected<std::string, Failure> {
-        return render_audit(doc, s.style());
-      });
-}
-
 // A route answered with one body: --json prints it, else `people` renders it.
 Result one(Session& s, const std::function<Request(const std::string& node)>& request,
            const std::function<std::expected<std::string, Failure>(const json::value&)>& people) {
@@ -261,7 +222,266 @@ const json::value& field(const json::value& v, std::string_view key) {
   return f == nullptr ? null : *f;
 }
 
-Result cmd_status(Session& s) {
+std::string terminations_text(Session& s, const json::value& body) {
+  return render_terminations(body, s.style());
+}
+
+std::optional<std::string> unless_empty(const std::string& v) {
+  return v.empty() ? std::nullopt : std::optional<std::string>(v);
+}
+
+// The value of the option `name` when it was given, even as "".
+std::optional<std::string> if_given(const CLI::App& cmd, const std::string& name, const std::string& value) {
+  return cmd.count(name) > 0 ? std::optional<std::string>(value) : std::nullopt;
+}
+
+// ---- the commands, each an `arguments` (its options into Options) and a `cmd_` (its run) ----
+
+void no_arguments(CLI::App&, Options&, Time) {}
+
+Result cmd_units(Session& s, const Options&, const CLI::App&) {
+  if (s.json_out()) {
+    auto n = s.node();
+    if (!n) return s.fail(n.error());
+    auto a = s.call(units_request(*n));
+    return a ? s.print(*a, {}) : s.fail(a.error());
+  }
+  auto st = s.state();
+  if (!st) return s.fail(st.error());
+  return Result{kExitOk, render_units_tree(*st, s.style()), {}};
+}
+
+void reservations_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("--state", o.state, "Only reservations in this state")
+      ->check(CLI::IsMember({"scheduled", "active", "ended"}));
+}
+
+Result cmd_reservations(Session& s, const Options& o, const CLI::App&) {
+  const auto state = unless_empty(o.state);
+  return print_list(
+      s, "reservations", std::nullopt,
+      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) {
+        return reservations_page(node, state, limit, token);
+      },
+      [&](const json::value& doc) -> std::expected<std::string, Failure> {
+        auto list = s.decoded(decode_reservations(doc));
+        if (!list) return std::unexpected(list.error());
+        return render_reservations(*list, s.style());
+      });
+}
+
+void reservation_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("ID", o.id, "The reservation id (rsv_...)")->required();
+}
+
+Result cmd_reservation(Session& s, const Options& o, const CLI::App&) {
+  return one(
+      s, [&](const std::string& n) { return reservation_request(n, o.id); },
+      [&](const json::value& b) { return reservation_text(s, b, "reservation"); });
+}
+
+void reserve_arguments(CLI::App& cmd, Options& o, Time now) {
+  cmd.add_option("--units", o.units, "Units to reserve (u-0000-41-00-0,...)")
+      ->required()
+      ->check(ids_validator());
+  cmd.add_option("--audience", o.audience, "Orgs that may use the units")->required()->check(ids_validator());
+  cmd.add_option("--managers", o.managers,
+                 "Orgs that manage the reservation (release, reclaim); default none")
+      ->check(ids_validator(true));
+  cmd.add_option("--starts", o.starts, "When the term starts (default: now)")->check(time_validator(now));
+  cmd.add_option("--ends", o.ends, "When the term ends")->required()->check(time_validator(now));
+  cmd.add_option("--note", o.note, "A note (at most 1024 characters)");
+}
+
+// The reservation made, and the spot VMs already on its units.
+std::expected<std::string, Failure> created_text(Session& s, const json::value& body) {
+  auto text = reservation_text(s, body, "created reservation");
+  if (!text) return text;
+  auto spot = decode_workloads(json::object{{"workloads", field(body, "spotWorkloads")}});
+  if (spot && !spot->empty())
+    *text += "spot VMs on its units (allowed; they may be terminated on reclaim):\n" +
+             render_workloads(*spot, s.style());
+  return text;
+}
+
+Result cmd_reserve(Session& s, const Options& o, const CLI::App& cmd) {
+  const Time now = s.env().now;
+  ReserveArgs a{
+      ids_of(o.units),      ids_of(o.audience),
+      ids_of(o.managers),   o.starts.empty() ? std::nullopt : std::optional<Time>(when_of(o.starts, now)),
+      when_of(o.ends, now), if_given(cmd, "--note", o.note)};
+  return one(
+      s, [&](const std::string& n) { return reserve_request(n, a); },
+      [&](const json::value& b) { return created_text(s, b); });
+}
+
+void amend_arguments(CLI::App& cmd, Options& o, Time now) {
+  cmd.add_option("ID", o.id, "The reservation id")->required();
+  cmd.add_option("--units", o.units, "The new units")->check(ids_validator());
+  cmd.add_option("--audience", o.audience, "The new audience orgs")->check(ids_validator());
+  cmd.add_option("--managers", o.managers, "The new managing orgs (\"\": none)")->check(ids_validator(true));
+  cmd.add_option("--starts", o.starts, "The new start (only while scheduled)")->check(time_validator(now));
+  cmd.add_option("--ends", o.ends, "The new end (after now)")->check(time_validator(now));
+  cmd.add_option("--note", o.note, "The new note");
+  cmd.add_option("--if-match", o.if_match,
+                 "Only if the reservation is at this version (else 412 version-mismatch)");
+}
+
+// An amend that changes nothing is a usage error, told before the agent is asked.
+std::optional<Result> amend_usage(const CLI::App& cmd, const Options& o) {
+  if (!o.units.empty() || !o.audience.empty() || cmd.count("--managers") > 0 || !o.starts.empty() ||
+      !o.ends.empty() || cmd.count("--note") > 0)
+    return std::nullopt;
+  return Result{kExitUsage,
+                {},
+                fmt::format("gpunodectl: amend: nothing to change: give at least one of --units, "
+                            "--audience, --managers, --starts, --ends, --note\n\n{}",
+                            cmd.help("gpunodectl"))};
+}
+
+Result cmd_amend(Session& s, const Options& o, const CLI::App& cmd) {
+  const Time now = s.env().now;
+  AmendArgs a;
+  if (!o.units.empty()) a.units = ids_of(o.units);
+  if (!o.audience.empty()) a.audience = ids_of(o.audience);
+  if (cmd.count("--managers") > 0) a.managers = ids_of(o.managers);
+  if (!o.starts.empty()) a.starts = when_of(o.starts, now);
+  if (!o.ends.empty()) a.ends = when_of(o.ends, now);
+  a.note = if_given(cmd, "--note", o.note);
+  a.if_match = unless_empty(o.if_match);
+  return one(
+      s, [&](const std::string& n) { return amend_request(n, o.id, a); },
+      [&](const json::value& b) { return reservation_text(s, b, "amended reservation"); });
+}
+
+void end_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("ID", o.id, "The reservation id")->required();
+  cmd.add_option("--reason", o.reason, "Why (kept in the audit log)");
+}
+
+Result cmd_end(Session& s, const Options& o, const CLI::App& cmd) {
+  const auto reason = if_given(cmd, "--reason", o.reason);
+  return one(
+      s, [&](const std::string& n) { return end_request(n, o.id, reason); },
+      [&](const json::value& b) { return reservation_text(s, b, "ended reservation"); });
+}
+
+void release_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("ID", o.id, "The reservation id")->required();
+  cmd.add_option("--units", o.units, "The units to release")->required()->check(ids_validator());
+}
+
+Result cmd_release(Session& s, const Options& o, const CLI::App&) {
+  return one(
+      s, [&](const std::string& n) { return release_request(n, o.id, ids_of(o.units)); },
+      [&](const json::value& b) {
+        return reservation_text(s, field(b, "reservation"), fmt::format("released {} to spot from", o.units));
+      });
+}
+
+void reclaim_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("ID", o.id, "The reservation id")->required();
+  cmd.add_option("--units", o.units, "The units to take back")->required()->check(ids_validator());
+  cmd.add_flag("--terminate-spot", o.terminate_spot,
+               "Terminate the spot VMs on them now (else they stay reclaiming until vacated)");
+}
+
+Result cmd_reclaim(Session& s, const Options& o, const CLI::App&) {
+  return one(
+      s, [&](const std::string& n) { return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot); },
+      [&](const json::value& b) -> std::expected<std::string, Failure> {
+        auto text =
+            reservation_text(s, field(b, "reservation"), fmt::format("reclaimed {} from spot for", o.units));
+        if (!text) return text;
+        return *text + "\n" + terminations_text(s, b);
+      });
+}
+
+void terminate_spot_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("--units", o.units, "Only on these units")->check(ids_validator());
+  cmd.add_option("--reservation", o.reservation, "Only on this reservation's units");
+  cmd.add_option("--grace", o.grace,
+                 "Seconds of graceful shutdown before destroy, 0..300 (default: libvirt.shutdown_grace)")
+      ->check(CLI::Range(0, 300));
+  cmd.add_option("--reason", o.reason, "Why (kept in the audit log)");
+}
+
+Result cmd_terminate_spot(Session& s, const Options& o, const CLI::App& cmd) {
+  TerminateArgs a;
+  if (!o.units.empty()) a.units = ids_of(o.units);
+  a.reservation = unless_empty(o.reservation);
+  if (o.grace >= 0) a.grace_seconds = o.grace;
+  a.reason = if_given(cmd, "--reason", o.reason);
+  return one(
+      s, [&](const std::string& n) { return terminate_spot_request(n, a); },
+      [&](const json::value& b) -> std::expected<std::string, Failure> { return terminations_text(s, b); });
+}
+
+Result cmd_workloads(Session& s, const Options&, const CLI::App&) {
+  return one(
+      s, [&](const std::string& n) { return workloads_request(n); },
+      [&](const json::value& b) -> std::expected<std::string, Failure> {
+        auto list = s.decoded(decode_workloads(b));
+        if (!list) return std::unexpected(list.error());
+        return render_workloads(*list, s.style());
+      });
+}
+
+void capacity_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("ORG", o.org, "The org id")->required();
+}
+
+Result cmd_capacity(Session& s, const Options& o, const CLI::App&) {
+  return one(
+      s, [&](const std::string& n) { return capacity_request(n, o.org); },
+      [&](const json::value& b) -> std::expected<std::string, Failure> {
+        return render_capacity(b, s.style());
+      });
+}
+
+void audit_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("--after", o.after, "Records after this one (aud_N)");
+  cmd.add_option("--limit", o.limit, "At most N records")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
+}
+
+Result cmd_audit(Session& s, const Options& o, const CLI::App&) {
+  const auto after = unless_empty(o.after);
+  std::optional<std::size_t> max;
+  if (o.limit > 0) max = o.limit;
+  return print_list(
+      s, "records", max,
+      [&](const std::string& node, const std::optional<std::string>& token, std::size_t limit) {
+        return audit_page(node, after, limit, token);
+      },
+      [&](const json::value& doc) -> std::expected<std::string, Failure> {
+        return render_audit(doc, s.style());
+      });
+}
+
+// libvirt as the agent's metrics say (CONTRACT §6), else from whether it lists the workloads: in
+// `v`, or the failure that ends the command (the agent unreachable).
+std::optional<Failure> find_libvirt(Session& s, StatusView& v, std::optional<double> libvirt_up) {
+  if (libvirt_up) {
+    v.libvirt = *libvirt_up > 0 ? "connected" : "disconnected";
+    return std::nullopt;
+  }
+  auto w = s.call(workloads_request(v.node_id));
+  if (w) {
+    v.libvirt = "connected";
+  } else if (w.error().exit_code == kExitUnreachable) {
+    return w.error();
+  } else {
+    v.libvirt = "disconnected";
+    v.libvirt_detail = w.error().message;
+    const auto colon = v.libvirt_detail.find(": ", std::string_view("gpunodectl: ").size());
+    if (colon != std::string::npos) v.libvirt_detail = v.libvirt_detail.substr(colon + 2);
+    while (!v.libvirt_detail.empty() && v.libvirt_detail.back() == '\n') v.libvirt_detail.pop_back();
+  }
+  return std::nullopt;
+}
+
+Result cmd_status(Session& s, const Options&, const CLI::App&) {
   auto st = s.state();
   if (!st) return s.fail(st.error());
   StatusView v;
@@ -278,27 +498,25 @@ Result cmd_status(Session& s) {
   } else if (m.error().exit_code == kExitUnreachable) {
     return s.fail(m.error());
   }
-  if (libvirt_up) {
-    v.libvirt = *libvirt_up > 0 ? "connected" : "disconnected";
-  } else {
-    auto w = s.call(workloads_request(v.node_id));
-    if (w) {
-      v.libvirt = "connected";
-    } else if (w.error().exit_code == kExitUnreachable) {
-      return s.fail(w.error());
-    } else {
-      v.libvirt = "disconnected";
-      v.libvirt_detail = w.error().message;
-      const auto colon = v.libvirt_detail.find(": ", std::string_view("gpunodectl: ").size());
-      if (colon != std::string::npos) v.libvirt_detail = v.libvirt_detail.substr(colon + 2);
-      while (!v.libvirt_detail.empty() && v.libvirt_detail.back() == '\n') v.libvirt_detail.pop_back();
-    }
-  }
+  if (auto f = find_libvirt(s, v, libvirt_up)) return s.fail(*f);
   if (s.json_out()) return Result{kExitOk, json::serialize(status_json(v)) + "\n", {}};
   return Result{kExitOk, render_status(v, s.style()), {}};
 }
 
-Result cmd_timeline(Session& s, const Options& o) {
+Result cmd_rescan(Session& s, const Options&, const CLI::App&) {
+  auto a = s.call(rescan_request());
+  if (!a) return s.fail(a.error());
+  return s.print(*a, [&]() -> std::expected<std::string, Failure> {
+    const auto* rev = field(a->doc, "revision").if_int64();
+    return fmt::format("rescanned: revision {}\n", rev == nullptr ? std::string("?") : std::to_string(*rev));
+  });
+}
+
+void timeline_arguments(CLI::App& cmd, Options& o, Time) {
+  cmd.add_option("--weeks", o.weeks, "How many weeks (default 4)")->check(CLI::Range(1, 520));
+}
+
+Result cmd_timeline(Session& s, const Options& o, const CLI::App&) {
   auto st = s.state();
   if (!st) return s.fail(st.error());
   const Time now = s.env().now;
@@ -323,21 +541,54 @@ Result cmd_timeline(Session& s, const Options& o) {
   return Result{kExitOk, json::serialize(doc) + "\n", {}};
 }
 
-std::string terminations_text(Session& s, const json::value& body) {
-  return render_terminations(body, s.style());
-}
+// ---- the command line ----------------------------------------------------------------------
 
-}  // namespace
+// One gpunodectl command, described once: its name and summary (the help), its options, a usage
+// check the parser cannot make (told before the socket is looked for), and its run.
+struct Command {
+  const char* name;
+  const char* about;
+  void (*arguments)(CLI::App& cmd, Options& o, Time now);
+  Result (*run)(Session& s, const Options& o, const CLI::App& cmd);
+  std::optional<Result> (*usage)(const CLI::App& cmd, const Options& o) = nullptr;
+};
 
-Result run(const std::vector<std::string>& args, const Env& env) {
-  Options o;
-  CLI::App app{
-      "gpunodectl: operate the gpunode agent of this host over its admin socket.\n"
-      "The socket is --socket, else admin.socket of /etc/gpunode/agent.yaml, else /run/gpunode/admin.sock.\n"
-      "Times: RFC 3339 (2027-01-31T00:00:00Z) or + a duration from now (+30d, +12h, +90m; units w d h m s).\n"
-      "Lists of ids are comma-separated. Exit status: 0 done, 1 the agent answered a problem,\n"
-      "2 a usage error, 3 the socket is missing, unreachable or refuses the caller.",
-      "gpunodectl"};
+// In the order of the help.
+const std::array<Command, 15> kCommands{{
+    {"units",
+     "The node's GPU units: a tree NUMA node -> unit -> devices, reservations "
+     "and VMs (GET .../units with --json)",
+     no_arguments, cmd_units},
+    {"reservations", "List the node's reservations (every page)", reservations_arguments, cmd_reservations},
+    {"reservation", "Show one reservation", reservation_arguments, cmd_reservation},
+    {"reserve", "Reserve units for orgs (POST .../reservations)", reserve_arguments, cmd_reserve},
+    {"amend", "Amend a reservation (PATCH; each list given replaces the old one whole)", amend_arguments,
+     cmd_amend, amend_usage},
+    {"end", "End a reservation now (its released units leave the spot market)", end_arguments, cmd_end},
+    {"release", "Release units of an active reservation to the spot market", release_arguments, cmd_release},
+    {"reclaim", "Take released units back from the spot market", reclaim_arguments, cmd_reclaim},
+    {"terminate-spot", "Terminate spot VMs (only tier spot; every other VM is left running)",
+     terminate_spot_arguments, cmd_terminate_spot},
+    {"workloads", "The VMs on the node (libvirt domains) and their units", no_arguments, cmd_workloads},
+    {"capacity", "What ORG may place on the node now, per unit and tier", capacity_arguments, cmd_capacity},
+    {"audit", "The audit log, oldest first (every page, or --limit records)", audit_arguments, cmd_audit},
+    {"status",
+     "The node at a glance: agent version, units by class, reservations by "
+     "state, workloads, outbox, libvirt",
+     no_arguments, cmd_status},
+    {"rescan", "Rescan the host's GPUs now (POST /v1/admin/rescan)", no_arguments, cmd_rescan},
+    {"timeline", "The reservations per unit over the coming weeks, drawn", timeline_arguments, cmd_timeline},
+}};
+
+constexpr const char* kAbout =
+    "gpunodectl: operate the gpunode agent of this host over its admin socket.\n"
+    "The socket is --socket, else admin.socket of /etc/gpunode/agent.yaml, else /run/gpunode/admin.sock.\n"
+    "Times: RFC 3339 (2027-01-31T00:00:00Z) or + a duration from now (+30d, +12h, +90m; units w d h m s).\n"
+    "Lists of ids are comma-separated. Exit status: 0 done, 1 the agent answered a problem,\n"
+    "2 a usage error, 3 the socket is missing, unreachable or refuses the caller.";
+
+// gpunodectl's options and its commands (kCommands' order), each command's CLI::App returned.
+std::vector<CLI::App*> define_command_line(CLI::App& app, Options& o, Time now) {
   app.require_subcommand(1);
   app.fallthrough();
   app.set_help_all_flag("--help-all", "Show help for every command");
@@ -348,84 +599,37 @@ Result run(const std::vector<std::string>& args, const Env& env) {
                "Print the route's response body exactly (one JSON document; lists whole, every page)");
   app.add_flag_callback(
       "--version", [&] { throw CLI::Success(); }, "Print gpunodectl's version");
+  std::vector<CLI::App*> commands;
+  for (const auto& c : kCommands) {
+    auto* cmd = app.add_subcommand(c.name, c.about);
+    c.arguments(*cmd, o, now);
+    commands.push_back(cmd);
+  }
+  return commands;
+}
 
-  auto* units = app.add_subcommand("units",
-                                   "The node's GPU units: a tree NUMA node -> unit -> devices, reservations "
-                                   "and VMs (GET .../units with --json)");
-  auto* reservations = app.add_subcommand("reservations", "List the node's reservations (every page)");
-  reservations->add_option("--state", o.state, "Only reservations in this state")
-      ->check(CLI::IsMember({"scheduled", "active", "ended"}));
-  auto* reservation = app.add_subcommand("reservation", "Show one reservation");
-  reservation->add_option("ID", o.id, "The reservation id (rsv_...)")->required();
+// A usage error: what the parser said, and the usage of the command named, else gpunodectl's.
+Result usage_error(CLI::App& app, const std::vector<std::string>& args, const CLI::ParseError& e) {
+  const CLI::App* named = &app;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--socket") {
+      ++i;
+    } else if (!args[i].starts_with('-')) {
+      for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+        if (sub->get_name() == args[i]) named = sub;
+      }
+      break;
+    }
+  }
+  return Result{
+      kExitUsage,
+      {},
+      fmt::format("gpunodectl: {}\n\n{}", e.what(), named == &app ? app.help() : named->help("gpunodectl"))};
+}
 
-  auto* reserve = app.add_subcommand("reserve", "Reserve units for orgs (POST .../reservations)");
-  reserve->add_option("--units", o.units, "Units to reserve (u-0000-41-00-0,...)")
-      ->required()
-      ->check(ids_validator());
-  reserve->add_option("--audience", o.audience, "Orgs that may use the units")
-      ->required()
-      ->check(ids_validator());
-  reserve
-      ->add_option("--managers", o.managers,
-                   "Orgs that manage the reservation (release, reclaim); default none")
-      ->check(ids_validator(true));
-  reserve->add_option("--starts", o.starts, "When the term starts (default: now)")
-      ->check(time_validator(env.now));
-  reserve->add_option("--ends", o.ends, "When the term ends")->required()->check(time_validator(env.now));
-  reserve->add_option("--note", o.note, "A note (at most 1024 characters)");
-
-  auto* amend =
-      app.add_subcommand("amend", "Amend a reservation (PATCH; each list given replaces the old one whole)");
-  amend->add_option("ID", o.id, "The reservation id")->required();
-  amend->add_option("--units", o.units, "The new units")->check(ids_validator());
-  amend->add_option("--audience", o.audience, "The new audience orgs")->check(ids_validator());
-  amend->add_option("--managers", o.managers, "The new managing orgs (\"\": none)")
-      ->check(ids_validator(true));
-  amend->add_option("--starts", o.starts, "The new start (only while scheduled)")
-      ->check(time_validator(env.now));
-  amend->add_option("--ends", o.ends, "The new end (after now)")->check(time_validator(env.now));
-  amend->add_option("--note", o.note, "The new note");
-  amend->add_option("--if-match", o.if_match,
-                    "Only if the reservation is at this version (else 412 version-mismatch)");
-
-  auto* end = app.add_subcommand("end", "End a reservation now (its released units leave the spot market)");
-  end->add_option("ID", o.id, "The reservation id")->required();
-  end->add_option("--reason", o.reason, "Why (kept in the audit log)");
-
-  auto* release = app.add_subcommand("release", "Release units of an active reservation to the spot market");
-  release->add_option("ID", o.id, "The reservation id")->required();
-  release->add_option("--units", o.units, "The units to release")->required()->check(ids_validator());
-
-  auto* reclaim = app.add_subcommand("reclaim", "Take released units back from the spot market");
-  reclaim->add_option("ID", o.id, "The reservation id")->required();
-  reclaim->add_option("--units", o.units, "The units to take back")->required()->check(ids_validator());
-  reclaim->add_flag("--terminate-spot", o.terminate_spot,
-                    "Terminate the spot VMs on them now (else they stay reclaiming until vacated)");
-
-  auto* terminate = app.add_subcommand("terminate-spot",
-                                       "Terminate spot VMs (only tier spot; every other VM is left running)");
-  terminate->add_option("--units", o.units, "Only on these units")->check(ids_validator());
-  terminate->add_option("--reservation", o.reservation, "Only on this reservation's units");
-  terminate
-      ->add_option("--grace", o.grace,
-                   "Seconds of graceful shutdown before destroy, 0..300 (default: libvirt.shutdown_grace)")
-      ->check(CLI::Range(0, 300));
-  terminate->add_option("--reason", o.reason, "Why (kept in the audit log)");
-
-  auto* workloads = app.add_subcommand("workloads", "The VMs on the node (libvirt domains) and their units");
-  auto* capacity = app.add_subcommand("capacity", "What ORG may place on the node now, per unit and tier");
-  capacity->add_option("ORG", o.org, "The org id")->required();
-  auto* audit = app.add_subcommand("audit", "The audit log, oldest first (every page, or --limit records)");
-  audit->add_option("--after", o.after, "Records after this one (aud_N)");
-  audit->add_option("--limit", o.limit, "At most N records")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
-  auto* status = app.add_subcommand("status",
-                                    "The node at a glance: agent version, units by class, reservations by "
-                                    "state, workloads, outbox, libvirt");
-  auto* rescan = app.add_subcommand("rescan", "Rescan the host's GPUs now (POST /v1/admin/rescan)");
-  auto* timeline = app.add_subcommand("timeline", "The reservations per unit over the coming weeks, drawn");
-  timeline->add_option("--weeks", o.weeks, "How many weeks (default 4)")->check(CLI::Range(1, 520));
-
+// Parses `args` into the options: nothing when a command is to run, else what to answer at once
+// (help, the version, a usage error).
+std::optional<Result> parse(CLI::App& app, const std::vector<std::string>& args, const Env& env) {
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -437,30 +641,23 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   } catch (const CLI::Success&) {  // --version
     return Result{kExitOk, fmt::format("gpunodectl {}\n", env.version), {}};
   } catch (const CLI::ParseError& e) {
-    // The usage of the command named, else gpunodectl's.
-    const CLI::App* named = &app;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (args[i] == "--socket") {
-        ++i;
-      } else if (!args[i].starts_with('-')) {
-        for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-          if (sub->get_name() == args[i]) named = sub;
-        }
-        break;
-      }
-    }
-    return Result{kExitUsage,
-                  {},
-                  fmt::format("gpunodectl: {}\n\n{}", e.what(),
-                              named == &app ? app.help() : named->help("gpunodectl"))};
+    return usage_error(app, args, e);
   }
-  if (amend->parsed() && o.units.empty() && o.audience.empty() && amend->count("--managers") == 0 &&
-      o.starts.empty() && o.ends.empty() && amend->count("--note") == 0) {
-    return Result{kExitUsage,
-                  {},
-                  fmt::format("gpunodectl: amend: nothing to change: give at least one of --units, "
-                              "--audience, --managers, --starts, --ends, --note\n\n{}",
-                              amend->help("gpunodectl"))};
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result run(const std::vector<std::string>& args, const Env& env) {
+  Options o;
+  CLI::App app{kAbout, "gpunodectl"};
+  const auto commands = define_command_line(app, o, env.now);
+  if (auto answer = parse(app, args, env)) return *answer;
+  const auto chosen = std::find_if(commands.begin(), commands.end(), [](auto* c) { return c->parsed(); });
+  const Command* command =
+      chosen == commands.end() ? nullptr : &kCommands[static_cast<std::size_t>(chosen - commands.begin())];
+  if (command != nullptr && command->usage != nullptr) {
+    if (auto refused = command->usage(**chosen, o)) return *refused;
   }
 
   auto socket =
@@ -468,114 +665,8 @@ Result run(const std::vector<std::string>& args, const Env& env) {
   if (!socket) return Result{kExitUnreachable, {}, fmt::format("gpunodectl: {}\n", socket.error())};
   auto transport = env.connect(socket->path);
   Session s(*transport, env, o.json, Style{use_color(env.stdout_tty, env.no_color)});
-  const Time now = env.now;
-  auto opt = [](const std::string& v) { return v.empty() ? std::nullopt : std::optional<std::string>(v); };
-
-  if (units->parsed()) return cmd_units(s);
-  if (reservations->parsed()) return cmd_reservations(s, o);
-  if (audit->parsed()) return cmd_audit(s, o);
-  if (status->parsed()) return cmd_status(s);
-  if (timeline->parsed()) return cmd_timeline(s, o);
-  if (reservation->parsed()) {
-    return one(
-        s, [&](const std::string& n) { return reservation_request(n, o.id); },
-        [&](const json::value& b) { return reservation_text(s, b, "reservation"); });
-  }
-  if (reserve->parsed()) {
-    ReserveArgs a{ids_of(o.units),
-                  ids_of(o.audience),
-                  ids_of(o.managers),
-                  o.starts.empty() ? std::nullopt : std::optional<Time>(when_of(o.starts, now)),
-                  when_of(o.ends, now),
-                  reserve->count("--note") > 0 ? std::optional<std::string>(o.note) : std::nullopt};
-    return one(
-        s, [&](const std::string& n) { return reserve_request(n, a); },
-        [&](const json::value& b) -> std::expected<std::string, Failure> {
-          auto text = reservation_text(s, b, "created reservation");
-          if (!text) return text;
-          auto spot = decode_workloads(json::object{{"workloads", field(b, "spotWorkloads")}});
-          if (spot && !spot->empty())
-            *text += "spot VMs on its units (allowed; they may be terminated on reclaim):\n" +
-                     render_workloads(*spot, s.style());
-          return text;
-        });
-  }
-  if (amend->parsed()) {
-    AmendArgs a;
-    if (!o.units.empty()) a.units = ids_of(o.units);
-    if (!o.audience.empty()) a.audience = ids_of(o.audience);
-    if (amend->count("--managers") > 0) a.managers = ids_of(o.managers);
-    if (!o.starts.empty()) a.starts = when_of(o.starts, now);
-    if (!o.ends.empty()) a.ends = when_of(o.ends, now);
-    if (amend->count("--note") > 0) a.note = o.note;
-    a.if_match = opt(o.if_match);
-    return one(
-        s, [&](const std::string& n) { return amend_request(n, o.id, a); },
-        [&](const json::value& b) { return reservation_text(s, b, "amended reservation"); });
-  }
-  if (end->parsed()) {
-    return one(
-        s,
-        [&](const std::string& n) {
-          return end_request(
-              n, o.id, end->count("--reason") > 0 ? std::optional<std::string>(o.reason) : std::nullopt);
-        },
-        [&](const json::value& b) { return reservation_text(s, b, "ended reservation"); });
-  }
-  if (release->parsed()) {
-    return one(
-        s, [&](const std::string& n) { return release_request(n, o.id, ids_of(o.units)); },
-        [&](const json::value& b) {
-          return reservation_text(s, field(b, "reservation"),
-                                  fmt::format("released {} to spot from", o.units));
-        });
-  }
-  if (reclaim->parsed()) {
-    return one(
-        s, [&](const std::string& n) { return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot); },
-        [&](const json::value& b) -> std::expected<std::string, Failure> {
-          auto text = reservation_text(s, field(b, "reservation"),
-                                       fmt::format("reclaimed {} from spot for", o.units));
-          if (!text) return text;
-          return *text + "\n" + terminations_text(s, b);
-        });
-  }
-  if (terminate->parsed()) {
-    TerminateArgs a;
-    if (!o.units.empty()) a.units = ids_of(o.units);
-    a.reservation = opt(o.reservation);
-    if (o.grace >= 0) a.grace_seconds = o.grace;
-    if (terminate->count("--reason") > 0) a.reason = o.reason;
-    return one(
-        s, [&](const std::string& n) { return terminate_spot_request(n, a); },
-        [&](const json::value& b) -> std::expected<std::string, Failure> { return terminations_text(s, b); });
-  }
-  if (workloads->parsed()) {
-    return one(
-        s, [&](const std::string& n) { return workloads_request(n); },
-        [&](const json::value& b) -> std::expected<std::string, Failure> {
-          auto list = s.decoded(decode_workloads(b));
-          if (!list) return std::unexpected(list.error());
-          return render_workloads(*list, s.style());
-        });
-  }
-  if (capacity->parsed()) {
-    return one(
-        s, [&](const std::string& n) { return capacity_request(n, o.org); },
-        [&](const json::value& b) -> std::expected<std::string, Failure> {
-          return render_capacity(b, s.style());
-        });
-  }
-  if (rescan->parsed()) {
-    auto a = s.call(rescan_request());
-    if (!a) return s.fail(a.error());
-    return s.print(*a, [&]() -> std::expected<std::string, Failure> {
-      const auto* rev = field(a->doc, "revision").if_int64();
-      return fmt::format("rescanned: revision {}\n",
-                         rev == nullptr ? std::string("?") : std::to_string(*rev));
-    });
-  }
-  return Result{kExitUsage, {}, app.help()};
+  if (command == nullptr) return Result{kExitUsage, {}, app.help()};
+  return command->run(s, o, **chosen);
 }
 
 }  // namespace gpunode::ctl

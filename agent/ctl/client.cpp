@@ -84,6 +84,123 @@ std::optional<std::string> request_text(const Request& r, const std::string& use
   return out;
 }
 
+// One exchange over the socket at `path`: its deadline, and how its failures are told.
+struct Exchange {
+  const std::string& path;
+  Clock::time_point deadline;
+  std::chrono::seconds timeout;
+
+  [[nodiscard]] std::unexpected<TransportError> fail(TransportError::Kind kind, std::string detail) const {
+    return std::unexpected(TransportError{kind, path, std::move(detail)});
+  }
+  [[nodiscard]] std::unexpected<TransportError> timed_out() const {
+    return fail(TransportError::Kind::timeout, fmt::format("{} s", timeout.count()));
+  }
+};
+
+std::expected<sockaddr_un, TransportError> socket_address(const Exchange& x) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (x.path.empty() || x.path.size() >= sizeof sa.sun_path)
+    return x.fail(TransportError::Kind::broken, "the socket path is empty or too long");
+  std::memcpy(sa.sun_path, x.path.c_str(), x.path.size() + 1);
+  return sa;
+}
+
+// A connect to a listener whose queue is full waits: bounded by the deadline (SO_SNDTIMEO).
+std::expected<void, TransportError> connect_within(int fd, const sockaddr_un& sa, const Exchange& x) {
+  const auto wait = std::chrono::duration_cast<std::chrono::microseconds>(x.deadline - Clock::now());
+  timeval tv{static_cast<time_t>(wait.count() / 1000000), static_cast<suseconds_t>(wait.count() % 1000000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    return x.fail(connect_kind(err), std::strerror(err));
+  }
+  return {};
+}
+
+// The whole request written before the deadline. MSG_NOSIGNAL: a peer that closed gives EPIPE,
+// never SIGPIPE.
+std::expected<void, TransportError> send_all(int fd, const std::string& text, const Exchange& x) {
+  for (std::size_t sent = 0; sent < text.size();) {
+    const int ready = wait_for(fd, POLLOUT, x.deadline);
+    if (ready == 0) return x.timed_out();
+    const auto n =
+        ready < 0 ? -1 : ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      const int err = errno;
+      // A refused peer may be closed before the request is written: then the write fails.
+      return x.fail(closed_by_peer(err) ? TransportError::Kind::refused_peer : TransportError::Kind::broken,
+                    std::strerror(err));
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+  return {};
+}
+
+using Parser = http::response_parser<http::string_body>;
+
+// Gives the parser what it takes of `pending` (the bytes received and not yet taken).
+std::expected<void, TransportError> feed(Parser& parser, std::string& pending, const Exchange& x) {
+  while (!pending.empty() && !parser.is_done()) {
+    boost::system::error_code ec;
+    const auto used = parser.put(boost::asio::buffer(pending), ec);
+    if (ec == http::error::need_more) break;
+    if (ec) return x.fail(TransportError::Kind::broken, ec.message());
+    pending.erase(0, used);
+    if (used == 0) break;
+  }
+  return {};
+}
+
+// The answer as parsed, its header names lower-cased.
+Response response_of(http::response<http::string_body>& res) {
+  Response out;
+  out.status = res.result_int();
+  for (const auto& f : res) {
+    std::string name(f.name_string());
+    for (auto& c : name) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    out.headers.emplace_back(std::move(name), std::string(f.value()));
+  }
+  out.body = std::move(res.body());
+  return out;
+}
+
+// Reads until the answer is whole, each read waiting at most until the deadline.
+std::expected<Response, TransportError> read_answer(int fd, const Exchange& x) {
+  Parser parser;
+  parser.body_limit(kBodyLimit);
+  parser.eager(true);
+  std::string pending;  // received bytes the parser has not taken yet
+  bool got_any = false;
+  std::array<char, 65536>
+      buf;  // not zeroed: recv() fills what is used (zeroing 64 KiB costs the hook 16 page faults)
+  while (!parser.is_done()) {
+    const int ready = wait_for(fd, POLLIN, x.deadline);
+    if (ready == 0) return x.timed_out();
+    const auto n = ready < 0 ? -1 : ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      if (n == 0 && parser.is_header_done() && !parser.content_length() && !parser.chunked()) {
+        boost::system::error_code ec;
+        parser.put_eof(ec);  // an answer whose body ends with the connection
+        if (!ec) break;
+      }
+      if (!got_any && closed_by_peer(err))
+        return x.fail(TransportError::Kind::refused_peer, n == 0 ? "end of stream" : std::strerror(err));
+      return x.fail(TransportError::Kind::broken,
+                    n == 0 ? "the connection closed before the answer was whole" : std::strerror(err));
+    }
+    got_any = true;
+    pending.append(buf.data(), static_cast<std::size_t>(n));
+    if (auto fed = feed(parser, pending, x); !fed) return std::unexpected(fed.error());
+  }
+  return response_of(parser.get());
+}
+
 }  // namespace
 
 std::string_view Response::header(std::string_view lower_name) const {
@@ -163,98 +280,20 @@ std::optional<std::string> vet_agent_socket(const std::string& path, int fd) {
 }
 
 std::expected<Response, TransportError> UnixClient::call(const Request& r) {
-  const auto deadline = Clock::now() + r.timeout;
-  const auto fail = [&](TransportError::Kind kind, std::string detail) {
-    return std::unexpected(TransportError{kind, path_, std::move(detail)});
-  };
-  const auto timed_out = [&] {
-    return fail(TransportError::Kind::timeout, fmt::format("{} s", r.timeout.count()));
-  };
+  const Exchange x{path_, Clock::now() + r.timeout, r.timeout};
   auto text = request_text(r, user_agent_);
-  if (!text) return fail(TransportError::Kind::broken, "a header of the request holds a line break");
-
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (path_.empty() || path_.size() >= sizeof sa.sun_path)
-    return fail(TransportError::Kind::broken, "the socket path is empty or too long");
-  std::memcpy(sa.sun_path, path_.c_str(), path_.size() + 1);
+  if (!text) return x.fail(TransportError::Kind::broken, "a header of the request holds a line break");
+  auto address = socket_address(x);
+  if (!address) return std::unexpected(address.error());
   Fd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (sock.get() < 0) return fail(TransportError::Kind::broken, std::strerror(errno));
-  // A connect to a listener whose queue is full waits: bounded by the deadline (SO_SNDTIMEO).
-  const auto wait = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
-  timeval tv{static_cast<time_t>(wait.count() / 1000000), static_cast<suseconds_t>(wait.count() % 1000000)};
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  while (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-    if (errno == EINTR) continue;
-    const int err = errno;
-    return fail(connect_kind(err), std::strerror(err));
-  }
+  if (sock.get() < 0) return x.fail(TransportError::Kind::broken, std::strerror(errno));
+  if (auto connected = connect_within(sock.get(), *address, x); !connected)
+    return std::unexpected(connected.error());
   if (vet_) {
-    if (auto why = vet_(sock.get())) return fail(TransportError::Kind::untrusted, std::move(*why));
+    if (auto why = vet_(sock.get())) return x.fail(TransportError::Kind::untrusted, std::move(*why));
   }
-
-  // Write the whole request, then read until the answer is whole; each step waits at most until
-  // the deadline. MSG_NOSIGNAL: a peer that closed gives EPIPE, never SIGPIPE.
-  for (std::size_t sent = 0; sent < text->size();) {
-    const int ready = wait_for(sock.get(), POLLOUT, deadline);
-    if (ready == 0) return timed_out();
-    const auto n =
-        ready < 0 ? -1
-                  : ::send(sock.get(), text->data() + sent, text->size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      const int err = errno;
-      // A refused peer may be closed before the request is written: then the write fails.
-      return fail(closed_by_peer(err) ? TransportError::Kind::refused_peer : TransportError::Kind::broken,
-                  std::strerror(err));
-    }
-    sent += static_cast<std::size_t>(n);
-  }
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(kBodyLimit);
-  parser.eager(true);
-  std::string pending;  // received bytes the parser has not taken yet
-  bool got_any = false;
-  std::array<char, 65536>
-      buf;  // not zeroed: recv() fills what is used (zeroing 64 KiB costs the hook 16 page faults)
-  while (!parser.is_done()) {
-    const int ready = wait_for(sock.get(), POLLIN, deadline);
-    if (ready == 0) return timed_out();
-    const auto n = ready < 0 ? -1 : ::recv(sock.get(), buf.data(), buf.size(), MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : 0;
-      if (n == 0 && parser.is_header_done() && !parser.content_length() && !parser.chunked()) {
-        boost::system::error_code ec;
-        parser.put_eof(ec);  // an answer whose body ends with the connection
-        if (!ec) break;
-      }
-      if (!got_any && closed_by_peer(err))
-        return fail(TransportError::Kind::refused_peer, n == 0 ? "end of stream" : std::strerror(err));
-      return fail(TransportError::Kind::broken,
-                  n == 0 ? "the connection closed before the answer was whole" : std::strerror(err));
-    }
-    got_any = true;
-    pending.append(buf.data(), static_cast<std::size_t>(n));
-    while (!pending.empty() && !parser.is_done()) {
-      boost::system::error_code ec;
-      const auto used = parser.put(boost::asio::buffer(pending), ec);
-      if (ec == http::error::need_more) break;
-      if (ec) return fail(TransportError::Kind::broken, ec.message());
-      pending.erase(0, used);
-      if (used == 0) break;
-    }
-  }
-  auto& res = parser.get();
-  Response out;
-  out.status = res.result_int();
-  for (const auto& f : res) {
-    std::string name(f.name_string());
-    for (auto& c : name) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-    out.headers.emplace_back(std::move(name), std::string(f.value()));
-  }
-  out.body = std::move(res.body());
-  return out;
+  if (auto sent = send_all(sock.get(), *text, x); !sent) return std::unexpected(sent.error());
+  return read_answer(sock.get(), x);
 }
 
 }  // namespace gpunode::ctl

@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <malloc.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
@@ -14,8 +12,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/json.hpp>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -23,7 +19,6 @@
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
-#include "gpunode/daemon/config_files.hpp"
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
@@ -31,42 +26,18 @@
 #include "gpunode/daemon/uevents.hpp"
 #include "gpunode/daemon/wall_timer.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
-#include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/report/outbox.hpp"
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/store/state_lock.hpp"
+#include "startup.hpp"
 
 namespace gpunode::daemon {
 namespace asio = boost::asio;
 using config::LogLevel;
 
 namespace {
-
-std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(
-    const config::Config& c) {
-  auto v = auth::TokenVerifier::from_files(
-      c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
-  if (!v) return std::unexpected(v.error());
-  return std::make_shared<const auth::TokenVerifier>(std::move(*v));
-}
-
-// The log line naming the token keys loaded: during a key rollover, which `kid`s this node takes.
-std::string token_keys_line(const auth::TokenVerifier& v) {
-  const auto ids = v.key_ids();
-  return fmt::format("token keys: {} loaded (kid {})", ids.size(), fmt::join(ids, ", "));
-}
-
-http::TlsFiles tls_files(const config::Config& c) {
-  return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca};
-}
-
-// The central API's client context, when reporting is on (central.url set); else null.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c) {
-  if (c.central.url.empty()) return nullptr;
-  return http::make_client_tls_context({c.central.ca, c.central.client_cert, c.central.client_key});
-}
 
 service::ApiRequest to_api(http::Request&& q) {
   service::ApiRequest a;
@@ -80,48 +51,6 @@ service::ApiRequest to_api(http::Request&& q) {
   if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
   a.request_id = std::move(q.request_id);
   return a;
-}
-
-// The config at `file` for `run`, and every file it names usable by this process; else every problem.
-std::expected<config::Config, std::vector<config::Problem>> load_checked(const std::string& file) {
-  auto loaded = config::load_file(file, config::Purpose::run);
-  if (!loaded.ok()) return std::unexpected(std::move(loaded.problems));
-  if (auto bad = check_named_files(loaded, file); !bad.empty()) return std::unexpected(std::move(bad));
-  return std::move(loaded.config);
-}
-
-// Connections of metrics.listen (loopback: Prometheus, and an operator's curl).
-constexpr std::size_t kMetricsConnections = 64;
-// Descriptors the agent holds besides its connections: SQLite and its journal, libvirt's socket,
-// the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's.
-constexpr std::size_t kOwnFiles = 256;
-
-// CONTRACT §10: the open-file limit's soft value raised to its hard one, and the connection caps
-// checked to fit below it, so that no stranger's connections can use up the descriptors the agent
-// needs for its own files or its operators. Says what was chosen, or why it cannot start.
-std::expected<std::string, std::string> fit_open_files(const config::Config& c) {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0)
-    return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
-  const rlim_t before = rl.rlim_cur;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
-  }
-  const std::size_t need = c.api.max_connections + c.admin.max_connections + kMetricsConnections + kOwnFiles;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    return std::unexpected(
-        fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
-                    "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
-                    "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
-                    rl.rlim_cur, rl.rlim_max, need, c.api.max_connections, c.admin.max_connections,
-                    kMetricsConnections, kOwnFiles));
-  }
-  return fmt::format(
-      "open files: limit {}{}; connections: HTTPS {} ({} per client address), admin socket {}, "
-      "metrics.listen {}",
-      rl.rlim_cur, rl.rlim_cur != before ? fmt::format(" (raised from {})", before) : std::string(),
-      c.api.max_connections, c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
 }
 
 // 405 naming the one method a route of the daemon's own takes.
@@ -215,6 +144,10 @@ struct Daemon::Parts {
       false;  // run() saw the network loop end after stop(): the admin thread ends by itself
 
   void say(LogLevel level, const std::string& text) const { log.log(level, text); }
+  // The log as the service, the driver and the reporter take it.
+  service::LogSink log_sink() {
+    return [this](service::LogLevel level, const std::string& text) { log.log(level, text); };
+  }
 
   // ---- core thread ----
   // Applies the terms that are due, then sleeps until the next one. Not a tick: an idle agent does
@@ -530,6 +463,141 @@ Daemon::~Daemon() {
   p_->node.reset();
 }
 
+namespace {
+
+// The GPU names, then the node's state opened (applying the terms that passed while the agent was
+// down), and the hypervisor it drives.
+std::expected<void, std::string> open_node(Daemon::Parts& p,
+                                           const std::shared_ptr<const auth::TokenVerifier>& verifier) {
+  const auto& cfg = p.cfg;
+  const discovery::Policy policy = policy_from(cfg);
+  auto names = discovery::PciIds::load(p.opt.pci_ids_file, policy.gpu_vendors);
+  if (names)
+    p.names.emplace(std::move(*names));
+  else
+    p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+
+  service::ServiceOptions so{cfg.node.id,
+                             cfg.node.owner_org,
+                             policy,
+                             cfg.discovery.host_root,
+                             cfg.state.dir,
+                             p.opt.version,
+                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace),
+                             cfg.enforcement.mode};
+  service::Clock clock = p.opt.clock ? p.opt.clock : [] { return std::chrono::system_clock::now(); };
+  auto opened = service::NodeService::open(so, verifier, p.names ? &*p.names : nullptr, clock, p.log_sink());
+  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
+  p.node = std::move(*opened);
+  // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
+  p.hypervisor = p.opt.hypervisor ? p.opt.hypervisor : vmctl::make_libvirt(cfg.libvirt.uri);
+  return {};
+}
+
+// The Driver on the core thread: its pools, a grace's sleep that ends when the agent stops, the
+// terms' timer re-armed (and the reporter woken) at each new revision, the workloads' events.
+std::expected<void, std::string> start_driver(Daemon::Parts& p) {
+  Daemon::Parts* raw = &p;
+  Driver::Options dopt;
+  dopt.lists = p.lists.get_executor();
+  dopt.terminations = p.terminations.get_executor();
+  dopt.sleeper = [raw](std::chrono::milliseconds d) {
+    for (auto left = d; left.count() > 0; left -= std::chrono::milliseconds(50)) {
+      if (raw->stopping) return false;
+      std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(50)));
+    }
+    return !raw->stopping.load();
+  };
+  dopt.max_retry =
+      std::max<std::chrono::milliseconds>(p.cfg.discovery.rescan_interval, std::chrono::seconds(1));
+  p.revision = p.node->revision();
+  auto term_timer = WallTimer::open(p.core);
+  if (!term_timer) return std::unexpected(term_timer.error());
+  p.term_timer = std::move(*term_timer);
+  dopt.on_revision = [raw](std::int64_t revision) {
+    raw->revision = revision;
+    raw->arm_terms();
+    if (raw->reporter) raw->reporter->notify();  // a change is a commit, and every event is one
+  };
+  p.driver.emplace(p.core, *p.node, p.hypervisor, std::move(dopt), p.log_sink());
+  p.hypervisor->watch([raw] { raw->driver->workloads_event(); });
+  return {};
+}
+
+// The admin socket's peers resolved, the open-file limit fitted to the connection caps, and both
+// servers made and bound: HTTPS and metrics.listen on `net`, the admin socket on its own loop.
+std::expected<void, std::string> bind_servers(Daemon::Parts& p,
+                                              const std::shared_ptr<asio::ssl::context>& tls) {
+  const auto& cfg = p.cfg;
+  Daemon::Parts* raw = &p;
+  p.peers = std::make_shared<AdminPeers>(cfg.admin);
+  const auto gid = p.peers->resolve();  // at start, before serving: NSS may block here
+  if (!gid && !cfg.admin.allowed_group.empty()) {
+    p.say(LogLevel::info,
+          fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only",
+                      cfg.admin.allowed_group));
+  }
+  const auto fit = fit_open_files(cfg);
+  if (!fit) return std::unexpected(fit.error());
+  p.say(LogLevel::info, *fit);
+  const auto handle = [raw](http::Request q, http::Reply reply) {
+    raw->on_request(std::move(q), std::move(reply));
+  };
+  const auto log_line = [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); };
+  const auto observe = [raw](const http::Answered& a) {
+    raw->http_metrics.record(a.method, a.path, a.status, a.took);
+  };
+  p.server.emplace(p.net, api_limits(cfg), handle, log_line, observe);
+  p.admin_server.emplace(p.admin_io, admin_limits(cfg), handle, log_line, observe);
+  return listen_all(*p.server, *p.admin_server, cfg, tls, gid, p.peers);
+}
+
+// Reporting to the central API when central.url is set (`central`, its TLS context); else a line
+// saying it is off.
+std::expected<void, std::string> start_reporter(Daemon::Parts& p,
+                                                std::shared_ptr<asio::ssl::context> central) {
+  if (!central) {
+    p.say(LogLevel::info,
+          "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
+    return {};
+  }
+  Daemon::Parts* raw = &p;
+  auto ro = reporter_options(p.cfg, p.opt.version, std::move(central));
+  ro.facts = [raw] {
+    return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()};
+  };
+  ro.log = p.log_sink();
+  auto reporter = report::Reporter::start(std::move(ro));
+  if (!reporter) return std::unexpected(reporter.error());
+  p.reporter = std::move(*reporter);
+  return {};
+}
+
+// The kernel's device events when there are any, the core loop's first turn queued (the terms,
+// the rescan, the workloads), and the core and admin socket threads started.
+void start_threads(Daemon::Parts& p) {
+  Daemon::Parts* raw = &p;
+  p.core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (auto u = UeventMonitor::open(p.core)) {
+    p.uevents = std::move(*u);
+  } else {
+    p.say(LogLevel::info,
+          fmt::format(
+              "kernel device events are not available ({}): rescanning every {} s only", u.error(),
+              std::chrono::duration_cast<std::chrono::seconds>(p.cfg.discovery.rescan_interval).count()));
+  }
+  asio::post(p.core, [raw] {
+    if (raw->uevents) raw->uevents->watch([raw](const UeventNotice& n) { raw->on_uevent(n); });
+    raw->run_terms();
+    raw->arm_rescan();
+    raw->driver->refresh();  // finishes terminations an earlier run left pending
+  });
+  p.core_thread = std::thread([raw] { run_guarded(raw->core, raw->log, "core"); });
+  p.admin_thread = std::thread([raw] { run_guarded(raw->admin_io, raw->log, "admin socket"); });
+}
+
+}  // namespace
+
 std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions options) {
   auto p = std::make_unique<Parts>();
   p->opt = std::move(options);
@@ -551,143 +619,15 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!tls) return std::unexpected(tls.error());
   auto central = central_tls(cfg);
   if (!central) return std::unexpected(central.error());
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.state.dir, ec);
-  if (ec)
-    return std::unexpected(fmt::format("cannot create state directory {}: {}", cfg.state.dir, ec.message()));
-  // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
-  ::chmod(cfg.state.dir.c_str(), 0750);
-  auto lock = store::StateLock::acquire(cfg.state.dir);
+  auto lock = lock_state_dir(cfg);
   if (!lock) return std::unexpected(lock.error());
   p->lock.emplace(std::move(*lock));
 
-  const discovery::Policy policy = policy_from(cfg);
-  auto names = discovery::PciIds::load(p->opt.pci_ids_file, policy.gpu_vendors);
-  if (names)
-    p->names.emplace(std::move(*names));
-  else
-    p->say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
-
-  service::ServiceOptions so{cfg.node.id,
-                             cfg.node.owner_org,
-                             policy,
-                             cfg.discovery.host_root,
-                             cfg.state.dir,
-                             p->opt.version,
-                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace),
-                             cfg.enforcement.mode};
-  Parts* raw = p.get();
-  auto sink = [raw](service::LogLevel level, const std::string& text) { raw->log.log(level, text); };
-  service::Clock clock = p->opt.clock ? p->opt.clock : [] { return std::chrono::system_clock::now(); };
-  auto opened = service::NodeService::open(so, *verifier, p->names ? &*p->names : nullptr, clock, sink);
-  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
-  p->node = std::move(*opened);
-  // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
-  p->hypervisor = p->opt.hypervisor ? p->opt.hypervisor : vmctl::make_libvirt(cfg.libvirt.uri);
-
-  Driver::Options dopt;
-  dopt.lists = p->lists.get_executor();
-  dopt.terminations = p->terminations.get_executor();
-  dopt.sleeper = [raw](std::chrono::milliseconds d) {
-    for (auto left = d; left.count() > 0; left -= std::chrono::milliseconds(50)) {
-      if (raw->stopping) return false;
-      std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(50)));
-    }
-    return !raw->stopping.load();
-  };
-  dopt.max_retry =
-      std::max<std::chrono::milliseconds>(cfg.discovery.rescan_interval, std::chrono::seconds(1));
-  p->revision = p->node->revision();
-  auto term_timer = WallTimer::open(p->core);
-  if (!term_timer) return std::unexpected(term_timer.error());
-  p->term_timer = std::move(*term_timer);
-  dopt.on_revision = [raw](std::int64_t revision) {
-    raw->revision = revision;
-    raw->arm_terms();
-    if (raw->reporter) raw->reporter->notify();  // a change is a commit, and every event is one
-  };
-  p->driver.emplace(p->core, *p->node, p->hypervisor, std::move(dopt), sink);
-  p->hypervisor->watch([raw] { raw->driver->workloads_event(); });
-
-  p->peers = std::make_shared<AdminPeers>(cfg.admin);
-  const auto gid = p->peers->resolve();  // at start, before serving: NSS may block here
-  if (!gid && !cfg.admin.allowed_group.empty()) {
-    p->say(LogLevel::info,
-           fmt::format("admin group {} does not exist: the admin socket is for admin.allowed_uids only",
-                       cfg.admin.allowed_group));
-  }
-  const auto fit = fit_open_files(cfg);
-  if (!fit) return std::unexpected(fit.error());
-  p->say(LogLevel::info, *fit);
-  const auto handle = [raw](http::Request q, http::Reply reply) {
-    raw->on_request(std::move(q), std::move(reply));
-  };
-  const auto log_line = [raw](std::string_view m) { raw->log.log(LogLevel::info, std::string(m)); };
-  const auto observe = [raw](const http::Answered& a) {
-    raw->http_metrics.record(a.method, a.path, a.status, a.took);
-  };
-  http::Limits limits;
-  limits.max_connections = cfg.api.max_connections;
-  limits.max_connections_per_client = cfg.api.max_connections_per_client;
-  limits.max_plain_connections = kMetricsConnections;
-  p->server.emplace(p->net, limits, handle, log_line, observe);
-  http::Limits admin_limits;
-  admin_limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
-  admin_limits.max_unix_connections = cfg.admin.max_connections;
-  p->admin_server.emplace(p->admin_io, admin_limits, handle, log_line, observe);
-  const auto where = config::parse_listen(cfg.api.listen);  // checked when the config was loaded
-  if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
-  if (auto l = p->server->listen_tls(where->host, where->port, *tls); !l) return std::unexpected(l.error());
-  auto peers = p->peers;
-  if (auto l = p->admin_server->listen_unix(cfg.admin.socket, 0660, gid,
-                                            [peers](const http::Peer& peer) { return peers->allowed(peer); });
-      !l) {
-    return std::unexpected(l.error());
-  }
-  if (!cfg.metrics.listen.empty()) {
-    const auto m = config::parse_listen(cfg.metrics.listen);  // checked when the config was loaded
-    if (!m) return std::unexpected(fmt::format("metrics.listen: {}", m.error()));
-    if (auto l = p->server->listen_plain(m->host, m->port); !l)
-      return std::unexpected(fmt::format("metrics.listen: {}", l.error()));
-  }
-
-  if (*central) {
-    report::Options ro;
-    ro.url = cfg.central.url;
-    ro.node_id = cfg.node.id;
-    ro.version = p->opt.version;
-    ro.state_db = std::filesystem::path(cfg.state.dir) / "state.db";
-    ro.tls = *central;
-    ro.heartbeat_interval = cfg.central.heartbeat_interval;
-    ro.facts = [raw] {
-      return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()};
-    };
-    ro.log = sink;
-    auto reporter = report::Reporter::start(std::move(ro));
-    if (!reporter) return std::unexpected(reporter.error());
-    p->reporter = std::move(*reporter);
-  } else {
-    p->say(LogLevel::info,
-           "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
-  }
-
-  p->core_beat = std::chrono::steady_clock::now().time_since_epoch().count();
-  if (auto u = UeventMonitor::open(p->core)) {
-    p->uevents = std::move(*u);
-  } else {
-    p->say(
-        LogLevel::info,
-        fmt::format("kernel device events are not available ({}): rescanning every {} s only", u.error(),
-                    std::chrono::duration_cast<std::chrono::seconds>(cfg.discovery.rescan_interval).count()));
-  }
-  asio::post(p->core, [raw] {
-    if (raw->uevents) raw->uevents->watch([raw](const UeventNotice& n) { raw->on_uevent(n); });
-    raw->run_terms();
-    raw->arm_rescan();
-    raw->driver->refresh();  // finishes terminations an earlier run left pending
-  });
-  p->core_thread = std::thread([raw] { run_guarded(raw->core, raw->log, "core"); });
-  p->admin_thread = std::thread([raw] { run_guarded(raw->admin_io, raw->log, "admin socket"); });
+  if (auto ok = open_node(*p, *verifier); !ok) return std::unexpected(ok.error());
+  if (auto ok = start_driver(*p); !ok) return std::unexpected(ok.error());
+  if (auto ok = bind_servers(*p, *tls); !ok) return std::unexpected(ok.error());
+  if (auto ok = start_reporter(*p, *central); !ok) return std::unexpected(ok.error());
+  start_threads(*p);
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }
 

@@ -259,6 +259,12 @@ struct Reporter::Impl {
     co_await timer.async_wait(redirect_error(use_awaitable, ec));
   }
 
+  // A batch as sent: its first and last seq and how many events it holds.
+  struct Sent {
+    std::int64_t first = 0, last = 0;
+    std::size_t count = 0;
+  };
+
   asio::awaitable<void> deliver_loop() {
     unsigned attempt = 0;
     while (!stopping) {
@@ -285,69 +291,83 @@ struct Reporter::Impl {
         idle = false;
         continue;
       }
-      const std::int64_t first = batch.first(), last = batch.last();
-      const std::size_t count = batch.count();
+      const Sent sent{batch.first(), batch.last(), batch.count()};
       auto answer = co_await events.post(events_path, batch.finish(), opt.request_timeout);
       if (stopping) break;
-
-      std::optional<Failure> failed;
-      std::optional<std::chrono::milliseconds> retry_after;
-      std::string why;
-      std::chrono::milliseconds wait{0};
-      if (!answer) {
-        failed = Failure::transport;
-        why = answer.error();
-      } else if (answer->status < 200 || answer->status > 299) {
-        failed = classify_status(answer->status);
-        if (answer->retry_after) retry_after = parse_retry_after(*answer->retry_after);
-        why = fmt::format("HTTP {} for {} events (seq {}..{}){}", answer->status, count, first, last,
-                          answer->body.empty() ? "" : ": " + snippet(answer->body));
-      } else if (auto acked = parse_ack(answer->body); !acked) {
-        protocol_error(fmt::format("the answer to seq {}..{} is unusable ({}): {}; trying again in {}", first,
-                                   last, acked.error(), snippet(answer->body), seconds_text(Limits::kHold)));
-        wait = Limits::kHold;
-      } else {
-        const AckVerdict v = judge_ack(base, last, *acked);
-        switch (v.kind) {
-          case AckVerdict::Kind::progress:
-            attempt = 0;
-            delivered(first, v.acked, last);
-            continue;  // the next batch at once
-          case AckVerdict::Kind::nothing: {
-            ++attempt;
-            wait = full_jitter(attempt, rng());
-            with_status([](Status& st) { ++st.protocol_errors; });
-            const auto now = Clock::now();
-            if (!nothing_throttle.last || now - *nothing_throttle.last >= kSameFailureLogEvery) {
-              nothing_throttle = Throttle{now, 0};
-              say(LogLevel::warning,
-                  fmt::format("central: acknowledged none of seq {}..{} (ackedSeq {}); trying again in {}",
-                              first, last, v.acked, seconds_text(wait)));
-            }
-            break;
-          }
-          case AckVerdict::Kind::beyond:
-            protocol_error(fmt::format(
-                "ackedSeq {} is beyond the last event sent ({}); nothing is deleted; trying again in {} "
-                "(was the state directory reset while the central API kept this node's events?)",
-                v.acked, last, seconds_text(Limits::kHold)));
-            wait = Limits::kHold;
-            break;
-          case AckVerdict::Kind::backwards:
-            protocol_error(fmt::format(
-                "ackedSeq {} goes back from {} acknowledged before; nothing is deleted; trying again in {}",
-                v.acked, base, seconds_text(Limits::kHold)));
-            wait = Limits::kHold;
-            break;
-        }
-      }
-      if (failed) {
-        ++attempt;
-        wait = retry_delay(*failed, attempt, retry_after, rng());
-        log_failure(*failed, why, wait, attempt);
-      }
-      co_await sleep(backoff, wait);
+      const auto wait = after_answer(sent, answer, attempt);
+      if (!wait) continue;  // the next batch at once
+      co_await sleep(backoff, *wait);
     }
+  }
+
+  // What the answer to a batch means: how long to wait before the next one, or nothing when
+  // events were acknowledged (the next batch goes at once). A failure counts an attempt and is
+  // logged.
+  std::optional<std::chrono::milliseconds> after_answer(
+      const Sent& sent, const std::expected<detail::Answer, std::string>& answer, unsigned& attempt) {
+    std::optional<Failure> failed;
+    std::optional<std::chrono::milliseconds> retry_after;
+    std::string why;
+    std::chrono::milliseconds wait{0};
+    if (!answer) {
+      failed = Failure::transport;
+      why = answer.error();
+    } else if (answer->status < 200 || answer->status > 299) {
+      failed = classify_status(answer->status);
+      if (answer->retry_after) retry_after = parse_retry_after(*answer->retry_after);
+      why = fmt::format("HTTP {} for {} events (seq {}..{}){}", answer->status, sent.count, sent.first,
+                        sent.last, answer->body.empty() ? "" : ": " + snippet(answer->body));
+    } else if (auto acked = parse_ack(answer->body); !acked) {
+      protocol_error(fmt::format("the answer to seq {}..{} is unusable ({}): {}; trying again in {}",
+                                 sent.first, sent.last, acked.error(), snippet(answer->body),
+                                 seconds_text(Limits::kHold)));
+      wait = Limits::kHold;
+    } else {
+      return after_ack(sent, *acked, attempt);
+    }
+    if (failed) {
+      ++attempt;
+      wait = retry_delay(*failed, attempt, retry_after, rng());
+      log_failure(*failed, why, wait, attempt);
+    }
+    return wait;
+  }
+
+  // What an acknowledgement (ackedSeq `acked`) of a batch means, as after_answer.
+  std::optional<std::chrono::milliseconds> after_ack(const Sent& sent, std::int64_t acked,
+                                                     unsigned& attempt) {
+    const AckVerdict v = judge_ack(base, sent.last, acked);
+    switch (v.kind) {
+      case AckVerdict::Kind::progress:
+        attempt = 0;
+        delivered(sent.first, v.acked, sent.last);
+        return std::nullopt;
+      case AckVerdict::Kind::nothing: {
+        ++attempt;
+        const auto wait = full_jitter(attempt, rng());
+        with_status([](Status& st) { ++st.protocol_errors; });
+        const auto now = Clock::now();
+        if (!nothing_throttle.last || now - *nothing_throttle.last >= kSameFailureLogEvery) {
+          nothing_throttle = Throttle{now, 0};
+          say(LogLevel::warning,
+              fmt::format("central: acknowledged none of seq {}..{} (ackedSeq {}); trying again in {}",
+                          sent.first, sent.last, v.acked, seconds_text(wait)));
+        }
+        return wait;
+      }
+      case AckVerdict::Kind::beyond:
+        protocol_error(fmt::format(
+            "ackedSeq {} is beyond the last event sent ({}); nothing is deleted; trying again in {} "
+            "(was the state directory reset while the central API kept this node's events?)",
+            v.acked, sent.last, seconds_text(Limits::kHold)));
+        return Limits::kHold;
+      case AckVerdict::Kind::backwards:
+        protocol_error(fmt::format(
+            "ackedSeq {} goes back from {} acknowledged before; nothing is deleted; trying again in {}",
+            v.acked, base, seconds_text(Limits::kHold)));
+        return Limits::kHold;
+    }
+    return std::chrono::milliseconds{0};
   }
 
   asio::awaitable<void> heartbeat_loop() {

@@ -1,0 +1,138 @@
+#include "startup.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "gpunode/daemon/config_files.hpp"
+#include "gpunode/http/client_tls.hpp"
+
+namespace gpunode::daemon {
+namespace {
+
+// Descriptors the agent holds besides its connections: SQLite and its journal, libvirt's socket,
+// the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's.
+constexpr std::size_t kOwnFiles = 256;
+
+}  // namespace
+
+std::expected<config::Config, std::vector<config::Problem>> load_checked(const std::string& file) {
+  auto loaded = config::load_file(file, config::Purpose::run);
+  if (!loaded.ok()) return std::unexpected(std::move(loaded.problems));
+  if (auto bad = check_named_files(loaded, file); !bad.empty()) return std::unexpected(std::move(bad));
+  return std::move(loaded.config);
+}
+
+std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(
+    const config::Config& c) {
+  auto v = auth::TokenVerifier::from_files(
+      c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
+  if (!v) return std::unexpected(v.error());
+  return std::make_shared<const auth::TokenVerifier>(std::move(*v));
+}
+
+std::string token_keys_line(const auth::TokenVerifier& v) {
+  const auto ids = v.key_ids();
+  return fmt::format("token keys: {} loaded (kid {})", ids.size(), fmt::join(ids, ", "));
+}
+
+http::TlsFiles tls_files(const config::Config& c) {
+  return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca};
+}
+
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c) {
+  if (c.central.url.empty()) return nullptr;
+  return http::make_client_tls_context({c.central.ca, c.central.client_cert, c.central.client_key});
+}
+
+std::expected<std::string, std::string> fit_open_files(const config::Config& c) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
+  const rlim_t before = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
+  }
+  const std::size_t need = c.api.max_connections + c.admin.max_connections + kMetricsConnections + kOwnFiles;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    return std::unexpected(
+        fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
+                    "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
+                    "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
+                    rl.rlim_cur, rl.rlim_max, need, c.api.max_connections, c.admin.max_connections,
+                    kMetricsConnections, kOwnFiles));
+  }
+  return fmt::format(
+      "open files: limit {}{}; connections: HTTPS {} ({} per client address), admin socket {}, "
+      "metrics.listen {}",
+      rl.rlim_cur, rl.rlim_cur != before ? fmt::format(" (raised from {})", before) : std::string(),
+      c.api.max_connections, c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
+}
+
+std::expected<store::StateLock, std::string> lock_state_dir(const config::Config& c) {
+  std::error_code ec;
+  std::filesystem::create_directories(c.state.dir, ec);
+  if (ec)
+    return std::unexpected(fmt::format("cannot create state directory {}: {}", c.state.dir, ec.message()));
+  // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
+  ::chmod(c.state.dir.c_str(), 0750);
+  return store::StateLock::acquire(c.state.dir);
+}
+
+http::Limits api_limits(const config::Config& c) {
+  http::Limits limits;
+  limits.max_connections = c.api.max_connections;
+  limits.max_connections_per_client = c.api.max_connections_per_client;
+  limits.max_plain_connections = kMetricsConnections;
+  return limits;
+}
+
+http::Limits admin_limits(const config::Config& c) {
+  http::Limits limits;
+  limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
+  limits.max_unix_connections = c.admin.max_connections;
+  return limits;
+}
+
+std::expected<void, std::string> listen_all(http::Server& server, http::Server& admin,
+                                            const config::Config& c,
+                                            std::shared_ptr<boost::asio::ssl::context> tls,
+                                            std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers) {
+  const auto where = config::parse_listen(c.api.listen);  // checked when the config was loaded
+  if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
+  if (auto l = server.listen_tls(where->host, where->port, std::move(tls)); !l)
+    return std::unexpected(l.error());
+  if (auto l = admin.listen_unix(c.admin.socket, 0660, group,
+                                 [peers](const http::Peer& peer) { return peers->allowed(peer); });
+      !l) {
+    return std::unexpected(l.error());
+  }
+  if (!c.metrics.listen.empty()) {
+    const auto m = config::parse_listen(c.metrics.listen);  // checked when the config was loaded
+    if (!m) return std::unexpected(fmt::format("metrics.listen: {}", m.error()));
+    if (auto l = server.listen_plain(m->host, m->port); !l)
+      return std::unexpected(fmt::format("metrics.listen: {}", l.error()));
+  }
+  return {};
+}
+
+report::Options reporter_options(const config::Config& c, const std::string& version,
+                                 std::shared_ptr<boost::asio::ssl::context> tls) {
+  report::Options ro;
+  ro.url = c.central.url;
+  ro.node_id = c.node.id;
+  ro.version = version;
+  ro.state_db = std::filesystem::path(c.state.dir) / "state.db";
+  ro.tls = std::move(tls);
+  ro.heartbeat_interval = c.central.heartbeat_interval;
+  return ro;
+}
+
+}  // namespace gpunode::daemon

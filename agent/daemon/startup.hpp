@@ -1,0 +1,66 @@
+// What the daemon makes of its config before daemon.cpp wires the pieces together: the config
+// checked with every file it names, the token keys, the TLS contexts, the open-file limit, the
+// state directory's lock, the servers' limits and listeners, the reporter's options. start() uses
+// them all; reload_now() the ones a reload can change. Plain functions over the config: no thread,
+// no io_context of their own.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/ssl/context.hpp>
+#include <cstddef>
+#include <expected>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpunode/auth/token_verifier.hpp"
+#include "gpunode/config/config.hpp"
+#include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/http/server.hpp"
+#include "gpunode/report/reporter.hpp"
+#include "gpunode/store/state_lock.hpp"
+
+namespace gpunode::daemon {
+
+// Connections of metrics.listen (loopback: Prometheus, and an operator's curl).
+constexpr std::size_t kMetricsConnections = 64;
+
+// The config at `file` for `run`, and every file it names usable by this process; else every problem.
+std::expected<config::Config, std::vector<config::Problem>> load_checked(const std::string& file);
+
+std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(const config::Config& c);
+
+// The log line naming the token keys loaded: during a key rollover, which `kid`s this node takes.
+std::string token_keys_line(const auth::TokenVerifier& v);
+
+http::TlsFiles tls_files(const config::Config& c);
+
+// The central API's client context, when reporting is on (central.url set); else null.
+std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c);
+
+// CONTRACT §10: the open-file limit's soft value raised to its hard one, and the connection caps
+// checked to fit below it, so that no stranger's connections can use up the descriptors the agent
+// needs for its own files or its operators. Says what was chosen, or why it cannot start.
+std::expected<std::string, std::string> fit_open_files(const config::Config& c);
+
+// state.dir made if missing (0750) and locked against a second agent.
+std::expected<store::StateLock, std::string> lock_state_dir(const config::Config& c);
+
+// The HTTPS port's and metrics.listen's limits, and the admin socket's.
+http::Limits api_limits(const config::Config& c);
+http::Limits admin_limits(const config::Config& c);
+
+// Binds api.listen (HTTPS with `tls`) and metrics.listen on `server`, and the admin socket on
+// `admin` (its group `group`, its peers as `peers` allows).
+std::expected<void, std::string> listen_all(http::Server& server, http::Server& admin,
+                                            const config::Config& c,
+                                            std::shared_ptr<boost::asio::ssl::context> tls,
+                                            std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers);
+
+// The reporter's options from central.*, but for `facts` and `log` (the daemon's own).
+report::Options reporter_options(const config::Config& c, const std::string& version,
+                                 std::shared_ptr<boost::asio::ssl::context> tls);
+
+}  // namespace gpunode::daemon
