@@ -236,6 +236,9 @@ struct NodeService::Impl {
   ApiResponse admission(const ApiRequest& q, const Caller& c);
   // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
   ApiResponse domain_admission(const ApiRequest& q);
+  std::vector<std::string> hostdev_units(const vmctl::DomainXmlFacts& facts, json::array& reasons) const;
+  void report_refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
+                      const std::vector<std::string>& unit_ids, const json::array& reasons);
 
   // release (CONTRACT §4)
   ApiResponse release(const ApiRequest& q, const Caller& c, const r::Reservation& current);
@@ -252,6 +255,13 @@ struct NodeService::Impl {
                       const std::optional<std::string>& reason);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts) const;
+  using TermResult = std::expected<vmctl::TerminateResult, vmctl::VmError>;
+  struct BatchTally {  // what a batch's outcomes add to its answer and to gpunode_terminations_total
+    json::array terminated, left;
+    std::optional<std::string> unavailable;  // libvirt went away: those VMs stay pending
+    std::uint64_t ok = 0, failed = 0;
+  };
+  void record_outcome(const BatchVm& vm, const TermResult& result, bool agent, Change& ch, BatchTally& t);
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);

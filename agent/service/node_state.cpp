@@ -78,7 +78,7 @@ void NodeService::Impl::scan(bool first) {
     scanned_fingerprint = std::move(fingerprint);
     return;
   }
-  Change c{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  Change c{.actor = agent_caller(), .at = now()};
   for (const auto& [id, doc] : next.newly_absent) {
     c.units.push_back({id, {json::serialize(doc), true}});
     c.audits.push_back(
@@ -154,7 +154,7 @@ std::optional<r::Time> NodeService::Impl::apply_terms() {
     x.updated_at = t;
     x.version += 1;
     const bool activate = tr.kind == r::Transition::Kind::activate;
-    Change c{agent_caller(), std::nullopt, t, {x}, {}, {}, {}, {}, {}, {}};
+    Change c{.actor = agent_caller(), .at = t, .upserts = {x}};
     c.audits.push_back(
         AuditDraft{activate ? "reservation.activate" : "reservation.expire",
                    x.id,

@@ -190,7 +190,7 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   json::array spot;
   if (auto occupied = check_occupancy(x, x.unit_ids, t, spot)) return *occupied;
 
-  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
   ch.audits.push_back(AuditDraft{"reservation.create", x.id, x.unit_ids, {}, "ok", std::nullopt});
   auto body_out = to_json(x);
   ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", body_out}}});
@@ -261,7 +261,7 @@ Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::
   std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
   x.version += 1;
   x.updated_at = t;
-  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
   ch.audits.push_back(AuditDraft{"reservation.amend", x.id, x.unit_ids, {}, "ok", std::nullopt});
   ch.events.push_back(EventDraft{"reservation.amended", json::object{{"reservation", to_json(x)}}});
   auto amended = to_json(x);
@@ -296,7 +296,7 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
   x.reclaiming_unit_ids.clear();
   x.version += 1;
   x.updated_at = t;
-  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
   ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
   ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
   return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));

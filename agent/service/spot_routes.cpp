@@ -139,6 +139,62 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
   return json_response(out);
 }
 
+// One VM's outcome: its audit record, its event and its row in the batch's commit, and where it goes
+// in the answer. An outcome of `unavailable` leaves the VM pending (the agent finishes it once
+// libvirt answers again) and is noted in `t.unavailable`.
+void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& result, bool agent, Change& ch,
+                                       BatchTally& t) {
+  const auto& d = vm.domain;
+  const std::string vm_id = d.label ? d.label->vm_id : std::string();
+  const auto holder = holder_of(vm.unit_ids);
+  auto row = terminations.row_of(vm);
+  const std::string who = agent ? "finished by the agent: " : "";
+  if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
+    t.unavailable = result.error().message;
+    say(LogLevel::warning, fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to "
+                                       "finish: {}",
+                                       vm_id, d.uuid, result.error().message));
+    return;
+  }
+  if (result && result->terminated) {
+    ch.audits.push_back(AuditDraft{
+        "workload.terminate",
+        holder,
+        vm.unit_ids,
+        {vm_id},
+        "ok",
+        fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
+    ch.events.push_back(EventDraft{"workload.terminated", json::object{{"vmId", vm_id},
+                                                                       {"domainUuid", d.uuid},
+                                                                       {"unitIds", strings_json(vm.unit_ids)},
+                                                                       {"reservationId", opt_str(holder)},
+                                                                       {"by", vm.record.by},
+                                                                       {"auditId", vm.record.audit_id},
+                                                                       {"reason", "capacity-reclaim"}}});
+    row.state = "done";
+    ++t.ok;
+    t.terminated.emplace_back(json::object{
+        {"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
+    say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id,
+                                    d.uuid, vm.record.by, who, result->detail));
+  } else {
+    const std::string why = result ? result->detail : result.error().message;
+    ch.audits.push_back(
+        AuditDraft{"workload.terminate",
+                   holder,
+                   vm.unit_ids,
+                   {vm_id},
+                   "failed",
+                   fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
+    row.state = "failed";
+    ++t.failed;
+    if (result || result.error().kind != vmctl::VmError::Kind::not_found)
+      t.left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
+    say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
+  }
+  ch.terminations.push_back(std::move(row));
+}
+
 ApiResponse NodeService::Impl::finish(
     std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
@@ -146,76 +202,24 @@ ApiResponse NodeService::Impl::finish(
   if (!taken) return problem(500, "internal", "unknown termination batch");
   Batch b = std::move(*taken);
   const bool agent = b.kind == Batch::Kind::agent;
-  Change ch{agent ? agent_caller() : b.caller,
-            agent ? std::nullopt : b.request_id,
-            now(),
-            {},
-            {},
-            {},
-            {},
-            {},
-            {},
-            {}};
-  json::array terminated, left = b.left_running;
-  std::optional<std::string> unavailable;
-  std::uint64_t ok = 0, failed = 0;  // outcomes recorded by this commit (gpunode_terminations_total)
+  Change ch{.actor = agent ? agent_caller() : b.caller,
+            .request_id = agent ? std::nullopt : b.request_id,
+            .at = now()};
+  BatchTally t;
+  t.left = b.left_running;
   for (std::size_t i = 0; i < b.vms.size(); ++i) {
     const auto& vm = b.vms[i];
-    const auto& d = vm.domain;
-    const std::string vm_id = d.label ? d.label->vm_id : std::string();
-    const auto result = i < outcomes.size() && outcomes[i].uuid == d.uuid
-                            ? outcomes[i].result
-                            : std::expected<vmctl::TerminateResult, vmctl::VmError>(std::unexpected(
-                                  vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
-    const auto holder = holder_of(vm.unit_ids);
-    auto row = terminations.row_of(vm);
-    const std::string who = agent ? "finished by the agent: " : "";
-    if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
-      unavailable = result.error().message;  // stays pending: finished once libvirt answers again
-      say(LogLevel::warning,
-          fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to finish: {}",
-                      vm_id, d.uuid, result.error().message));
-      continue;
-    }
-    if (result && result->terminated) {
-      ch.audits.push_back(AuditDraft{
-          "workload.terminate",
-          holder,
-          vm.unit_ids,
-          {vm_id},
-          "ok",
-          fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
-      ch.events.push_back(
-          EventDraft{"workload.terminated", json::object{{"vmId", vm_id},
-                                                         {"domainUuid", d.uuid},
-                                                         {"unitIds", strings_json(vm.unit_ids)},
-                                                         {"reservationId", opt_str(holder)},
-                                                         {"by", vm.record.by},
-                                                         {"auditId", vm.record.audit_id},
-                                                         {"reason", "capacity-reclaim"}}});
-      row.state = "done";
-      ++ok;
-      terminated.emplace_back(json::object{
-          {"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
-      say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id,
-                                      d.uuid, vm.record.by, who, result->detail));
-    } else {
-      const std::string why = result ? result->detail : result.error().message;
-      ch.audits.push_back(
-          AuditDraft{"workload.terminate",
-                     holder,
-                     vm.unit_ids,
-                     {vm_id},
-                     "failed",
-                     fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
-      row.state = "failed";
-      ++failed;
-      if (result || result.error().kind != vmctl::VmError::Kind::not_found)
-        left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
-      say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
-    }
-    ch.terminations.push_back(std::move(row));
+    const TermResult result =
+        i < outcomes.size() && outcomes[i].uuid == vm.domain.uuid
+            ? outcomes[i].result
+            : TermResult(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
+    record_outcome(vm, result, agent, ch, t);
   }
+  json::array& terminated = t.terminated;
+  json::array& left = t.left;
+  const std::optional<std::string>& unavailable = t.unavailable;
+  const std::uint64_t ok = t.ok,
+                      failed = t.failed;  // outcomes recorded by this commit (gpunode_terminations_total)
   if (after) {
     const auto ws = occupants(*after);
     note_workloads(ws);
@@ -257,7 +261,7 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   const auto ws = occupants(domains);
   note_workloads(ws);
   admitted.seen(domains);
-  Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  Change ch{.actor = agent_caller(), .at = now()};
   vacate(ws, ch);
   if (!ch.upserts.empty()) (void)commit(ch);
   Batch run, gone;
@@ -370,7 +374,7 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
   b.caller = c;
   b.request_id = q.request_id;
   b.idempotency = std::move(idem);
-  Change base{c, q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
+  Change base{.actor = c, .request_id = q.request_id, .at = now()};
   const bool whole_node = (c.who.admin() || r::is_owner(c.who, node())) && !ids && !rx;
   return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace,
                      reason);
@@ -407,7 +411,7 @@ Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r
   r::Reservation x = current;
   const auto move = r::reclaim_units(x, named, occupied);
   const r::Time t = now();
-  Change base{c, q.request_id, t, {}, {}, {}, {}, {}, {}, {}};
+  Change base{.actor = c, .request_id = q.request_id, .at = t};
   if (move.changed) {
     x.version += 1;
     x.updated_at = t;

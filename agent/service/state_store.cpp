@@ -165,129 +165,154 @@ std::expected<store::Statement*, DbError> StateStore::cached(std::string_view sq
   return &it->second;
 }
 
+template <class... Args>
+std::expected<void, DbError> StateStore::write(std::string_view sql, const Args&... args) {
+  auto st = cached(sql);
+  if (!st) return std::unexpected(st.error());
+  if (auto b = (*st)->bind_all(args...); !b) return std::unexpected(b.error());
+  return (*st)->run();
+}
+
 std::expected<Committed, DbError> StateStore::commit(const Change& c,
                                                      std::chrono::system_clock::time_point wall) {
   const bool moves = c.moves_state();
-  std::int64_t seq = audit_seq_, ev = event_seq_;
-  std::string last_hash = audit_last_hash_;
-  Committed out;
-  out.audit_seqs.reserve(c.audits.size());
-  // Runs one cached statement with these bindings.
-  auto write = [&](std::string_view sql, const auto&... args) -> std::expected<void, DbError> {
-    auto st = cached(sql);
-    if (!st) return std::unexpected(st.error());
-    if (auto b = (*st)->bind_all(args...); !b) return std::unexpected(b.error());
-    return (*st)->run();
-  };
+  Tally t{audit_seq_, event_seq_, audit_last_hash_, {}};
+  t.out.audit_seqs.reserve(c.audits.size());
   auto result = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
-    for (const auto& x : c.upserts) {
-      if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET "
-                         "doc = excluded.doc",
-                         x.id, json::serialize(to_json(x)));
-          !w) {
-        return w;
-      }
+    for (auto step :
+         {&StateStore::write_reservations, &StateStore::write_units, &StateStore::write_audits,
+          &StateStore::write_events, &StateStore::write_idempotency, &StateStore::write_terminations}) {
+      if (auto w = (this->*step)(c, t, wall); !w) return w;
     }
-    for (const auto& [id, doc_absent] : c.units) {
-      if (auto w = write("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) "
-                         "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent",
-                         id, doc_absent.first, doc_absent.second ? 1 : 0);
-          !w) {
-        return w;
-      }
-    }
-    for (const auto& a : c.audits) {
-      json::object rec;
-      rec["id"] = store::format_audit_id(static_cast<std::uint64_t>(++seq));
-      rec["at"] = r::format_time(c.at);
-      rec["actor"] = c.actor.actor();
-      rec["action"] = a.action;
-      rec["nodeId"] = node_id_;
-      rec["reservationId"] = opt_json(a.reservation_id);
-      rec["unitIds"] = strings_json(a.unit_ids);
-      rec["vmIds"] = strings_json(a.vm_ids);
-      rec["result"] = a.result;
-      rec["detail"] = opt_json(a.detail);
-      rec["requestId"] = opt_json(c.request_id);
-      if (auto sealed = store::seal_audit_record(rec, last_hash); !sealed) {
-        return std::unexpected(DbError{0, "audit record: " + sealed.error()});
-      }
-      last_hash = std::string(rec["hash"].get_string());
-      if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", seq, json::serialize(rec)); !w)
-        return w;
-      out.audit_seqs.push_back(seq);
-    }
-    for (const auto& e : c.events) {
-      json::object evt;
-      evt["seq"] = ++ev;
-      evt["id"] = new_id("evt_", wall);
-      evt["type"] = e.type;
-      evt["at"] = r::format_time(c.at);
-      evt["data"] = e.data;
-      if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", ev, json::serialize(evt)); !w)
-        return w;
-    }
-    if (c.idempotency) {
-      const auto& i = *c.idempotency;
-      json::array headers;
-      for (const auto& [k, v] : i.response.headers)
-        headers.emplace_back(json::array{json::value(k), json::value(v)});
-      // The first answer stays for its 24 hours; only an expired row is replaced.
-      if (auto w =
-              write("INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) "
-                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(caller, key) DO UPDATE SET fingerprint "
-                    "= excluded.fingerprint, "
-                    "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at "
-                    "= excluded.created_at "
-                    "WHERE idempotency.created_at <= excluded.created_at - 86400",
-                    i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status),
-                    json::serialize(headers), i.response.body,
-                    static_cast<std::int64_t>(c.at.time_since_epoch().count()));
-          !w) {
-        return w;
-      }
-    }
-    for (const auto& row : c.terminations) {
-      std::int64_t key = row.audit_seq;
-      if (row.audit_index) {
-        if (*row.audit_index >= out.audit_seqs.size())
-          return std::unexpected(DbError{0, "termination row names no audit record of its change"});
-        key = out.audit_seqs[*row.audit_index];
-      }
-      if (auto w =
-              write("INSERT INTO terminations (audit_seq, domain_uuid, doc, state) VALUES (?1, ?2, ?3, ?4) "
-                    "ON CONFLICT(audit_seq) DO UPDATE SET state = excluded.state",
-                    key, row.domain_uuid, row.doc, row.state);
-          !w) {
-        return w;
-      }
-    }
-    const std::string meta = "UPDATE meta SET value = ?2 WHERE key = ?1";
-    // The audit counters are the audit table's own (load() reads its last record); the event
-    // counter stays here, as the outbox's rows are deleted once delivered.
-    if (moves) {
-      if (auto w = write(meta, "revision", std::to_string(revision_ + 1)); !w) return w;
-    }
-    if (ev != event_seq_) {
-      if (auto w = write(meta, "event_seq", std::to_string(ev)); !w) return w;
-    }
-    if (c.inventory_digest) {
-      if (auto w = write(meta, "inventory_digest", *c.inventory_digest); !w) return w;
-    }
-    return {};
+    return write_meta(c, t, moves);
   });
   if (!result) return std::unexpected(result.error());
   // Committed: the counters follow.
-  audit_seq_ = seq;
-  event_seq_ = ev;
-  audit_last_hash_ = std::move(last_hash);
+  audit_seq_ = t.seq;
+  event_seq_ = t.ev;
+  audit_last_hash_ = std::move(t.last_hash);
   if (c.inventory_digest) inventory_digest_ = *c.inventory_digest;
   if (moves) {
     revision_ += 1;
     if (on_moved_) on_moved_();
   }
-  out.revision = revision_;
-  return out;
+  t.out.revision = revision_;
+  return std::move(t.out);
+}
+
+std::expected<void, DbError> StateStore::write_reservations(const Change& c, Tally&, Wall) {
+  for (const auto& x : c.upserts) {
+    if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET "
+                       "doc = excluded.doc",
+                       x.id, json::serialize(to_json(x)));
+        !w) {
+      return w;
+    }
+  }
+  return {};
+}
+
+std::expected<void, DbError> StateStore::write_units(const Change& c, Tally&, Wall) {
+  for (const auto& [id, doc_absent] : c.units) {
+    if (auto w = write("INSERT INTO units (id, doc, absent) VALUES (?1, ?2, ?3) "
+                       "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc, absent = excluded.absent",
+                       id, doc_absent.first, doc_absent.second ? 1 : 0);
+        !w) {
+      return w;
+    }
+  }
+  return {};
+}
+
+// Each record sealed onto the chain's head (store::seal_audit_record), numbered after the last.
+std::expected<void, DbError> StateStore::write_audits(const Change& c, Tally& t, Wall) {
+  for (const auto& a : c.audits) {
+    json::object rec;
+    rec["id"] = store::format_audit_id(static_cast<std::uint64_t>(++t.seq));
+    rec["at"] = r::format_time(c.at);
+    rec["actor"] = c.actor.actor();
+    rec["action"] = a.action;
+    rec["nodeId"] = node_id_;
+    rec["reservationId"] = opt_json(a.reservation_id);
+    rec["unitIds"] = strings_json(a.unit_ids);
+    rec["vmIds"] = strings_json(a.vm_ids);
+    rec["result"] = a.result;
+    rec["detail"] = opt_json(a.detail);
+    rec["requestId"] = opt_json(c.request_id);
+    if (auto sealed = store::seal_audit_record(rec, t.last_hash); !sealed) {
+      return std::unexpected(DbError{0, "audit record: " + sealed.error()});
+    }
+    t.last_hash = std::string(rec["hash"].get_string());
+    if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", t.seq, json::serialize(rec)); !w)
+      return w;
+    t.out.audit_seqs.push_back(t.seq);
+  }
+  return {};
+}
+
+std::expected<void, DbError> StateStore::write_events(const Change& c, Tally& t, Wall wall) {
+  for (const auto& e : c.events) {
+    json::object evt;
+    evt["seq"] = ++t.ev;
+    evt["id"] = new_id("evt_", wall);
+    evt["type"] = e.type;
+    evt["at"] = r::format_time(c.at);
+    evt["data"] = e.data;
+    if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", t.ev, json::serialize(evt)); !w)
+      return w;
+  }
+  return {};
+}
+
+// The first answer stays for its 24 hours; only an expired row is replaced.
+std::expected<void, DbError> StateStore::write_idempotency(const Change& c, Tally&, Wall) {
+  if (!c.idempotency) return {};
+  const auto& i = *c.idempotency;
+  json::array headers;
+  for (const auto& [k, v] : i.response.headers)
+    headers.emplace_back(json::array{json::value(k), json::value(v)});
+  return write(
+      "INSERT INTO idempotency (caller, key, fingerprint, status, headers, body, created_at) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(caller, key) DO UPDATE SET fingerprint "
+      "= excluded.fingerprint, "
+      "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at "
+      "= excluded.created_at "
+      "WHERE idempotency.created_at <= excluded.created_at - 86400",
+      i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status), json::serialize(headers),
+      i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
+}
+
+std::expected<void, DbError> StateStore::write_terminations(const Change& c, Tally& t, Wall) {
+  for (const auto& row : c.terminations) {
+    std::int64_t key = row.audit_seq;
+    if (row.audit_index) {
+      if (*row.audit_index >= t.out.audit_seqs.size())
+        return std::unexpected(DbError{0, "termination row names no audit record of its change"});
+      key = t.out.audit_seqs[*row.audit_index];
+    }
+    if (auto w =
+            write("INSERT INTO terminations (audit_seq, domain_uuid, doc, state) VALUES (?1, ?2, ?3, ?4) "
+                  "ON CONFLICT(audit_seq) DO UPDATE SET state = excluded.state",
+                  key, row.domain_uuid, row.doc, row.state);
+        !w) {
+      return w;
+    }
+  }
+  return {};
+}
+
+// The audit counters are the audit table's own (load() reads its last record); the event counter
+// stays here, as the outbox's rows are deleted once delivered.
+std::expected<void, DbError> StateStore::write_meta(const Change& c, const Tally& t, bool moves) {
+  const std::string meta = "UPDATE meta SET value = ?2 WHERE key = ?1";
+  if (moves) {
+    if (auto w = write(meta, "revision", std::to_string(revision_ + 1)); !w) return w;
+  }
+  if (t.ev != event_seq_) {
+    if (auto w = write(meta, "event_seq", std::to_string(t.ev)); !w) return w;
+  }
+  if (c.inventory_digest) return write(meta, "inventory_digest", *c.inventory_digest);
+  return {};
 }
 
 std::expected<void, DbError> StateStore::bump_revision() {

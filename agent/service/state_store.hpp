@@ -76,17 +76,18 @@ struct TerminationRow {
 };
 
 // One transaction's worth of change.
+// Built by name (`Change{.actor = c, .at = t, .upserts = {x}}`); what is not named is empty.
 struct Change {
-  Caller actor;
-  std::optional<std::string> request_id;
+  Caller actor{};
+  std::optional<std::string> request_id{};
   reservations::Time at{};
-  std::vector<reservations::Reservation> upserts;
-  std::vector<AuditDraft> audits;
-  std::vector<EventDraft> events;
-  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units;  // id -> (doc, absent)
-  std::optional<std::string> inventory_digest;
-  std::optional<IdempotencyDraft> idempotency;
-  std::vector<TerminationRow> terminations;
+  std::vector<reservations::Reservation> upserts{};
+  std::vector<AuditDraft> audits{};
+  std::vector<EventDraft> events{};
+  std::vector<std::pair<std::string, std::pair<std::string, bool>>> units{};  // id -> (doc, absent)
+  std::optional<std::string> inventory_digest{};
+  std::optional<IdempotencyDraft> idempotency{};
+  std::vector<TerminationRow> terminations{};
 
   // Whether committing it moves the node's revision (an idempotency row alone does not).
   bool moves_state() const {
@@ -164,6 +165,25 @@ class StateStore {
   std::expected<void, store::DbError> load();
   // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
   std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
+  template <class... Args>
+  std::expected<void, store::DbError> write(std::string_view sql, const Args&... args);
+
+  // commit()'s steps, in order, inside its transaction: each writes one part of the change and
+  // counts what it numbered in the Tally (the audit chain's head and sequence, the event sequence).
+  struct Tally {
+    std::int64_t seq = 0;  // the last audit record's
+    std::int64_t ev = 0;   // the last event's
+    std::string last_hash;
+    Committed out;
+  };
+  using Wall = std::chrono::system_clock::time_point;
+  std::expected<void, store::DbError> write_reservations(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_units(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_audits(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_events(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_idempotency(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_terminations(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_meta(const Change& c, const Tally& t, bool moves);
 
   store::Database db_;
   std::string node_id_;

@@ -133,7 +133,7 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
   } done{judging};
   if (&ws != &last_workloads) last_workloads = ws;
   std::map<std::string, json::object> found;
-  Change ch{agent_caller(), std::nullopt, now(), {}, {}, {}, {}, {}, {}, {}};
+  Change ch{.actor = agent_caller(), .at = now()};
   std::vector<std::string> fresh;
   for (const auto& w : ws) {
     const auto& d = w.domain;
@@ -258,37 +258,34 @@ ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   }
   auto answer = json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
   if (!idem) return answer;
-  Change keep{c,  q.request_id, now(),           {}, {}, {},
-              {}, {},           std::move(idem), {}};  // the answer alone: no revision moves
+  Change keep{.actor = c,
+              .request_id = q.request_id,
+              .at = now(),
+              .idempotency = std::move(idem)};  // the answer alone: no revision moves
   return commit_response(keep, std::move(answer));
 }
 
 // ---- the libvirt hook's admission (CONTRACT §9) ---------------------------------------------------
-// The domain's units are those its PCI hostdevs belong to; its org and tier come from its label
-// (unlabelled: on-demand of no org). Allowed exactly when entitled to every unit. A hostdev that
-// is a GPU of no unit, a device discovery never saw, or an address that cannot be read, is
-// unknown-unit: nothing unaccounted for reaches a guest.
-ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"domainXml"});
-  auto xml = f.string("domainXml");
-  if (!body->contains("domainXml")) f.problems().push_back({"domainXml", "is required"});
-  if (!f.problems().empty())
-    return problem(400, "invalid-request", "the body is not a valid domain admission request", f.problems());
-  const auto facts = vmctl::parse_domain_xml(*xml);
-  if (!facts.is_domain) {
-    return problem(400, "invalid-request", "domainXml is not a libvirt domain definition",
-                   {{"domainXml", "must be <domain> XML"}});
-  }
-  const auto mode = opt.enforcement;
-  const std::string org = facts.label ? facts.label->org : std::string();
-  const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
+namespace {
+
+// One reason in domain-admission's answer.
+void add_refusal(json::array& reasons, std::string code, std::string message,
+                 const std::optional<std::string>& unit) {
+  reasons.emplace_back(json::object{{"code", std::move(code)},
+                                    {"message", std::move(message)},
+                                    {"unitId", unit ? json::value(*unit) : json::value(nullptr)}});
+}
+
+}  // namespace
+
+// The units a domain's PCI hostdevs are members of. A hostdev that is a GPU of no unit, a device
+// discovery never saw, or an address that cannot be read, adds an unknown-unit reason: nothing
+// unaccounted for reaches a guest.
+std::vector<std::string> NodeService::Impl::hostdev_units(const vmctl::DomainXmlFacts& facts,
+                                                          json::array& reasons) const {
   std::set<std::string> unit_set;
-  json::array reasons;
   auto refuse = [&](std::string code, std::string message, const std::optional<std::string>& unit) {
-    reasons.emplace_back(
-        json::object{{"code", std::move(code)}, {"message", std::move(message)}, {"unitId", opt_str(unit)}});
+    add_refusal(reasons, std::move(code), std::move(message), unit);
   };
   const auto owner = inventory.unit_of_address();
   for (const auto& a : facts.pci_addresses) {
@@ -311,16 +308,72 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
            fmt::format("{} PCI hostdev(s) without a readable source address", facts.unreadable_pci_hostdevs),
            std::nullopt);
   }
-  const std::vector<std::string> unit_ids(unit_set.begin(), unit_set.end());
+  return {unit_set.begin(), unit_set.end()};
+}
+
+// A refusal (or, in audit mode, what would have been one): the warning line, and a workload.refused
+// event. The refusal stands even if it cannot be stored: the event is lost, the log line is not.
+void NodeService::Impl::report_refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
+                                       const std::vector<std::string>& unit_ids, const json::array& reasons) {
+  const auto mode = opt.enforcement;
+  const std::string org = facts.label ? facts.label->org : std::string();
+  const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
+  const std::string name = facts.name.empty() ? "(unnamed)" : facts.name;
+  std::vector<std::string> why;
+  for (const auto& rv : reasons) {
+    const auto& o = rv.get_object();
+    why.push_back(fmt::format(
+        "{}: {}", o.at("unitId").is_string() ? std::string(o.at("unitId").get_string()) : std::string("-"),
+        std::string(o.at("code").get_string())));
+  }
+  say(LogLevel::warning,
+      fmt::format("DOMAIN={} {} refused{} ({} {}): {}", name, facts.uuid,
+                  mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
+                  vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
+  Change c{.actor = agent_caller(), .request_id = q.request_id, .at = now()};
+  c.events.push_back(
+      EventDraft{"workload.refused",
+                 json::object{{"name", facts.name},
+                              {"domainUuid", facts.uuid},
+                              {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
+                              {"org", org.empty() ? json::value(nullptr) : json::value(org)},
+                              {"tier", vmctl::to_string(tier)},
+                              {"unitIds", strings_json(unit_ids)},
+                              {"reasons", reasons},
+                              {"mode", config::to_string(mode)}}});
+  (void)commit(c);
+}
+
+// The domain's units are those its PCI hostdevs belong to; its org and tier come from its label
+// (unlabelled: on-demand of no org). Allowed exactly when entitled to every unit. A hostdev that
+// is a GPU of no unit, a device discovery never saw, or an address that cannot be read, is
+// unknown-unit: nothing unaccounted for reaches a guest.
+ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
+  auto body = parse_object(q.body, false);
+  if (!body) return body.error();
+  Fields f(*body, {"domainXml"});
+  auto xml = f.string("domainXml");
+  if (!body->contains("domainXml")) f.problems().push_back({"domainXml", "is required"});
+  if (!f.problems().empty())
+    return problem(400, "invalid-request", "the body is not a valid domain admission request", f.problems());
+  const auto facts = vmctl::parse_domain_xml(*xml);
+  if (!facts.is_domain) {
+    return problem(400, "invalid-request", "domainXml is not a libvirt domain definition",
+                   {{"domainXml", "must be <domain> XML"}});
+  }
+  const auto mode = opt.enforcement;
+  const std::string org = facts.label ? facts.label->org : std::string();
+  const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
+  json::array reasons;
+  const std::vector<std::string> unit_ids = hostdev_units(facts, reasons);
   if (mode == config::EnforcementMode::off) {
     return json_response(json::object{
         {"allowed", true}, {"mode", "off"}, {"unitIds", strings_json(unit_ids)}, {"reasons", json::array{}}});
   }
   for (const auto& u : unit_ids) {
-    if (auto e = entitled(org, tier, u); !e.allowed()) refuse(e.code, e.message, u);
+    if (auto e = entitled(org, tier, u); !e.allowed()) add_refusal(reasons, e.code, e.message, u);
   }
   const bool allowed = reasons.empty();
-  const std::string name = facts.name.empty() ? "(unnamed)" : facts.name;
   if (allowed || mode == config::EnforcementMode::audit) {
     // It will start: until libvirt lists it running, a create must see it on its units.
     vmctl::Domain d{facts.uuid, facts.name, "starting", facts.pci_addresses, facts.label, std::nullopt};
@@ -331,30 +384,7 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
   } else {
     counted.count_admission(mode == config::EnforcementMode::audit ? metrics::Admission::audit_refused
                                                                    : metrics::Admission::refused);
-    std::vector<std::string> why;
-    for (const auto& rv : reasons) {
-      const auto& o = rv.get_object();
-      why.push_back(fmt::format(
-          "{}: {}", o.at("unitId").is_string() ? std::string(o.at("unitId").get_string()) : std::string("-"),
-          std::string(o.at("code").get_string())));
-    }
-    say(LogLevel::warning,
-        fmt::format("DOMAIN={} {} refused{} ({} {}): {}", name, facts.uuid,
-                    mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
-                    vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
-    Change c{agent_caller(), q.request_id, now(), {}, {}, {}, {}, {}, {}, {}};
-    c.events.push_back(EventDraft{
-        "workload.refused",
-        json::object{{"name", facts.name},
-                     {"domainUuid", facts.uuid},
-                     {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
-                     {"org", org.empty() ? json::value(nullptr) : json::value(org)},
-                     {"tier", vmctl::to_string(tier)},
-                     {"unitIds", strings_json(unit_ids)},
-                     {"reasons", reasons},
-                     {"mode", config::to_string(mode)}}});
-    // The refusal stands even if it cannot be stored: the event is lost, the log line is not.
-    (void)commit(c);
+    report_refusal(q, facts, unit_ids, reasons);
   }
   return json_response(json::object{{"allowed", allowed},
                                     {"mode", config::to_string(mode)},
@@ -397,14 +427,14 @@ ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, con
     // Its Idempotency-Key keeps this answer too: a retry (after a lost answer or a crash) must
     // replay it, not release again once the units were reclaimed meanwhile. The answer alone is
     // stored; no revision moves.
-    Change keep{c, q.request_id, now(), {}, {}, {}, {}, {}, std::move(idem), {}};
+    Change keep{.actor = c, .request_id = q.request_id, .at = now(), .idempotency = std::move(idem)};
     return commit_response(keep, std::move(answer));
   }
   std::sort(x.released_unit_ids.begin(), x.released_unit_ids.end());
   const r::Time t = now();
   x.version += 1;
   x.updated_at = t;
-  Change ch{c, q.request_id, t, {x}, {}, {}, {}, {}, std::move(idem), {}};
+  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
   ch.audits.push_back(AuditDraft{"units.release", x.id, newly, {}, "ok", std::nullopt});
   ch.events.push_back(
       EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
