@@ -1,48 +1,29 @@
-// Loading agent.yaml (CONTRACT §2, §7): read, parse with yaml-cpp, then one schema pass that
-// reports every unknown, duplicate, mistyped, invalid and (for `run`) missing key with its
-// position. Nothing here throws for any input.
+// Loading agent.yaml (CONTRACT §2, §7): read, parse with yaml-cpp (document.cpp), then one schema
+// pass that reports every unknown, duplicate, mistyped, invalid and (for `run`) missing key with
+// its position. Nothing here throws for any input.
 #include "gpunode/config/config.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml-cpp/depthguard.h>
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <initializer_list>
 #include <optional>
-#include <sstream>
 #include <system_error>
 #include <tuple>
 #include <utility>
 
+#include "document.hpp"
+#include "problems.hpp"
 #include "text.hpp"
 #include "values.hpp"
 
 namespace gpunode::config {
 namespace {
-
-// --- problems ------------------------------------------------------------------------------------
-
-struct Pos {
-  int line = 1;
-  int column = 1;
-};
-
-constexpr Pos kNowhere{0, 0};  // a problem of the whole file: printed as "FILE: message"
-
-// yaml-cpp marks are 0-based (-1 when a node has none).
-Pos pos_of(const YAML::Mark& mark) {
-  return {std::max(mark.line, 0) + 1, std::max(mark.column, 0) + 1};
-}
-Pos pos_of(const YAML::Node& node) {
-  return pos_of(node.Mark());
-}
 
 std::string_view kind_of(const YAML::Node& node) {
   switch (node.Type()) {
@@ -56,27 +37,6 @@ std::string_view kind_of(const YAML::Node& node) {
       return "empty";
   }
 }
-
-class Problems {
- public:
-  explicit Problems(const std::string& file) : file_(file) {}
-
-  void add(Pos pos, std::string message) {
-    list_.push_back({file_, pos.line, pos.column, std::move(message)});
-  }
-
-  // In file order; problems at one position keep the order they were found in.
-  std::vector<Problem> take_sorted() {
-    std::stable_sort(list_.begin(), list_.end(), [](const Problem& a, const Problem& b) {
-      return std::pair(a.line, a.column) < std::pair(b.line, b.column);
-    });
-    return std::move(list_);
-  }
-
- private:
-  const std::string& file_;
-  std::vector<Problem> list_;
-};
 
 // --- the schema --------------------------------------------------------------------------------
 
@@ -451,165 +411,6 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_log(root, out.log);
 }
 
-// --- parsing -------------------------------------------------------------------------------------
-
-// What one pass of yaml-cpp's event parser over the whole stream shows, beyond the first
-// document's tree. It is taken before YAML::Load because of two yaml-cpp 0.7 defects:
-// - a ',' outside any flow collection is never consumed: each further document is a null at the
-//   same place, so YAML::LoadAll loops and allocates forever (jbeder/yaml-cpp#1040, fixed by
-//   #1319 after 0.7): a null document at the same mark as the one before means "stuck";
-// - a quoted scalar that is never closed runs to the end of the file, so `issuer: "https://x`
-//   silently swallows every key after it. Such a scalar is the last one of the stream.
-struct StreamFacts {
-  std::optional<YAML::Mark> stuck;            // where the parser stopped making progress
-  std::optional<YAML::Mark> last_scalar;      // the start of the stream's last scalar
-  std::optional<YAML::Mark> second_document;  // the start of the second document with content
-};
-
-class StreamScan final : public YAML::EventHandler {
- public:
-  struct First {
-    YAML::Mark mark;
-    bool content = false;  // anything but a lone null
-  };
-
-  void start_document() { first_.reset(); }
-  [[nodiscard]] const std::optional<First>& first() const { return first_; }
-  [[nodiscard]] const std::optional<YAML::Mark>& last_scalar() const { return last_scalar_; }
-
-  void OnDocumentStart(const YAML::Mark&) override {}
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { note(mark, false); }
-  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { note(mark, true); }
-  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
-    note(mark, true);
-    last_scalar_ = mark;
-  }
-  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {
-    note(mark, true);
-  }
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {
-    note(mark, true);
-  }
-  void OnMapEnd() override {}
-
- private:
-  void note(const YAML::Mark& mark, bool content) {
-    if (!first_) first_ = First{mark, content};
-  }
-
-  std::optional<First> first_;
-  std::optional<YAML::Mark> last_scalar_;
-};
-
-// Throws what yaml-cpp throws for a syntax error.
-StreamFacts scan_stream(std::string_view source) {
-  std::istringstream in{std::string(source)};
-  YAML::Parser parser(in);
-  StreamScan scan;
-  StreamFacts facts;
-  int with_content = 0;
-  constexpr int kNone = -2;  // a mark's pos is -1 at the least
-  int previous_null = kNone;
-  // Every document but a stuck one consumes input, so this bound is never reached otherwise.
-  for (std::size_t n = 0; n <= source.size() + 1; ++n) {
-    scan.start_document();
-    if (!parser.HandleNextDocument(scan)) break;
-    const auto& first = scan.first();
-    if (first && first->content) {
-      if (++with_content == 2) facts.second_document = first->mark;
-      previous_null = kNone;
-      continue;
-    }
-    const int at = first ? first->mark.pos : -1;
-    if (previous_null == at) {
-      facts.stuck = first ? first->mark : YAML::Mark();
-      break;
-    }
-    previous_null = at;
-  }
-  facts.last_scalar = scan.last_scalar();
-  return facts;
-}
-
-// The byte offset in `source` of a yaml-cpp mark, whose pos does not count a byte order mark.
-std::size_t offset_of(std::string_view source, const YAML::Mark& mark) {
-  const std::size_t bom = source.starts_with("\xef\xbb\xbf") ? 3 : 0;
-  return bom + static_cast<std::size_t>(std::max(mark.pos, 0));
-}
-
-// Whether the quoted scalar opening at source[open] has its closing quote.
-bool quote_closes(std::string_view source, std::size_t open) {
-  const char quote = source[open];
-  for (std::size_t i = open + 1; i < source.size(); ++i) {
-    if (quote == '"' && source[i] == '\\') {
-      ++i;  // an escape: the next character cannot close
-    } else if (source[i] == quote) {
-      if (quote == '\'' && i + 1 < source.size() && source[i + 1] == '\'') {
-        ++i;  // '' is a quote inside single quotes
-      } else {
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
-bool is_unclosed_quote(std::string_view source, const YAML::Mark& mark) {
-  const std::size_t open = offset_of(source, mark);
-  if (open >= source.size() || (source[open] != '"' && source[open] != '\'')) return false;
-  return !quote_closes(source, open);
-}
-
-std::string unexpected_text(std::string_view source, const YAML::Mark& mark) {
-  const std::size_t at = offset_of(source, mark);
-  if (at >= source.size()) return "syntax error: unexpected end of file";
-  const unsigned char c = static_cast<unsigned char>(source[at]);
-  if (c < 0x21 || c > 0x7e) return "syntax error: unexpected character";
-  return "syntax error: unexpected " + text::quote(source.substr(at, 1));
-}
-
-void report_syntax_error(std::string_view source, const YAML::ParserException& e, Problems& problems) {
-  const Pos pos = pos_of(e.mark);
-  // yaml-cpp words a tab in the indentation as "illegal map value" and the like: say what it is.
-  if (const auto tab = text::indentation_tab(source, pos.line)) {
-    problems.add({pos.line, *tab}, "syntax error: tab in indentation (YAML indents with spaces)");
-    return;
-  }
-  problems.add(pos, "syntax error: " + text::printable(e.msg));
-}
-
-// The first document of `source` (a null node when it has none), or nothing when the stream
-// does not parse.
-std::optional<YAML::Node> parse(std::string_view source, Problems& problems) {
-  try {
-    const StreamFacts facts = scan_stream(source);
-    if (facts.stuck) {
-      problems.add(pos_of(*facts.stuck), unexpected_text(source, *facts.stuck));
-      return std::nullopt;
-    }
-    if (facts.last_scalar && is_unclosed_quote(source, *facts.last_scalar)) {
-      problems.add(pos_of(*facts.last_scalar), "syntax error: this quoted string is never closed");
-      return std::nullopt;
-    }
-    if (facts.second_document) {
-      problems.add(pos_of(*facts.second_document),
-                   "a config file holds one YAML document; this is a second one");
-    }
-    return YAML::Load(std::string(source));  // one document: never the loop of LoadAll
-  } catch (const YAML::DeepRecursion& e) {
-    problems.add(pos_of(e.mark), "syntax error: nesting is too deep");
-  } catch (const YAML::ParserException& e) {
-    report_syntax_error(source, e, problems);
-  } catch (const std::exception& e) {  // yaml-cpp's other exceptions, std::bad_alloc
-    problems.add(kNowhere, "cannot parse: " + text::printable(e.what()));
-  }
-  return std::nullopt;
-}
-
 // --- files ---------------------------------------------------------------------------------------
 
 class FileDescriptor {
@@ -674,7 +475,7 @@ LoadResult load_string(std::string_view source, const std::string& file, Purpose
     problems.add(kNowhere, "cannot read the file: larger than 1 MiB");
   } else if (const auto fault = text::find_binary(source)) {
     problems.add({fault->line, fault->column}, fault->message);
-  } else if (const auto document = parse(source, problems)) {
+  } else if (const auto document = document::parse(source, problems)) {
     try {
       read_config(*document, purpose, problems, result.config, result.files);
       std::stable_sort(result.files.begin(), result.files.end(), [](const NamedFile& x, const NamedFile& y) {

@@ -147,27 +147,35 @@ std::string normalized(std::string s) {
   return s;
 }
 
-Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<int> group,
-               const HostSnapshot& host, const Policy& policy) {
-  Unit unit;
-  unit.iommu_group = group;
-  for (const auto* d : members) unit.devices.push_back({*d, role_of(*d, members, policy)});
-  std::sort(unit.devices.begin(), unit.devices.end(),
+// The unit's members with their roles, by address.
+std::vector<UnitDevice> members_with_roles(const std::vector<const DeviceRecord*>& members,
+                                           const Policy& policy) {
+  std::vector<UnitDevice> devices;
+  for (const auto* d : members) devices.push_back({*d, role_of(*d, members, policy)});
+  std::sort(devices.begin(), devices.end(),
             [](const UnitDevice& a, const UnitDevice& b) { return a.device.address < b.device.address; });
+  return devices;
+}
 
+std::vector<const DeviceRecord*> gpus_of(const std::vector<UnitDevice>& devices) {
   std::vector<const DeviceRecord*> gpus;
-  for (const auto& m : unit.devices) {
+  for (const auto& m : devices) {
     if (m.role == Role::gpu) gpus.push_back(&m.device);
   }
-  unit.id = unit_id_for(gpus.front()->address);  // devices are sorted: the first gpu is the lowest
+  return gpus;
+}
+
+std::vector<int> numa_nodes_of(const std::vector<const DeviceRecord*>& gpus) {
   std::set<int> numa;
   for (const auto* g : gpus) {
     if (g->numa_node) numa.insert(*g->numa_node);
   }
-  unit.numa_nodes.assign(numa.begin(), numa.end());
+  return {numa.begin(), numa.end()};
+}
 
-  Reasons reasons;
-  unit.cls = decide_class(unit.devices, reasons);
+// driver-unbound and iommu-disabled: what the gpus' drivers say whatever the unit's class.
+void add_driver_reasons(const std::vector<const DeviceRecord*>& gpus, std::optional<int> group,
+                        const HostSnapshot& host, Reasons& reasons) {
   // A gpu without a driver cannot be handed to a VM or a pod, whatever the unit's class: a
   // vfio-group pair with one unbound gpu could not be sold whole.
   for (const auto* g : gpus) {
@@ -186,17 +194,23 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
                             g->address.to_string(), *g->driver));
     }
   }
-  for (const auto& m : unit.devices) {
+}
+
+// Why a foreign member is named in foreign-device: what could not be read of it, or what it is.
+std::string foreign_detail(const DeviceRecord& d, const std::string& addr) {
+  const Fault* f = d.fault("class") ? d.fault("class") : d.fault("vendor");
+  return f ? fmt::format("{} cannot be identified ({})", addr, f->message)
+           : fmt::format("{} ({}:{} class {:06x}) shares the group", addr,
+                         d.vendor_id ? fmt::format("{:04x}", *d.vendor_id) : "?",
+                         d.device_id ? fmt::format("{:04x}", *d.device_id) : "?", d.class_code.value_or(0));
+}
+
+// foreign-device and host-boot-display: what any member may bring to the unit.
+void add_member_reasons(const std::vector<UnitDevice>& devices, Reasons& reasons) {
+  for (const auto& m : devices) {
     const DeviceRecord& d = m.device;
     const std::string addr = d.address.to_string();
-    if (m.role == Role::foreign) {
-      const Fault* f = d.fault("class") ? d.fault("class") : d.fault("vendor");
-      reasons.add("foreign-device", f ? fmt::format("{} cannot be identified ({})", addr, f->message)
-                                      : fmt::format("{} ({}:{} class {:06x}) shares the group", addr,
-                                                    d.vendor_id ? fmt::format("{:04x}", *d.vendor_id) : "?",
-                                                    d.device_id ? fmt::format("{:04x}", *d.device_id) : "?",
-                                                    d.class_code.value_or(0)));
-    }
+    if (m.role == Role::foreign) reasons.add("foreign-device", foreign_detail(d, addr));
     if (!d.boot_vga.has_value()) {
       const Fault* f = d.fault("boot_vga");
       reasons.add("host-boot-display",
@@ -206,6 +220,10 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
       reasons.add("host-boot-display", fmt::format("{} is the host's boot display (boot_vga 1)", addr));
     }
   }
+}
+
+// sriov-enabled and vgpu-parent: a gpu shared out in parts cannot be handed over whole.
+void add_sharing_reasons(const std::vector<const DeviceRecord*>& gpus, Reasons& reasons) {
   for (const auto* g : gpus) {
     const std::string addr = g->address.to_string();
     if (!g->sriov_numvfs.has_value()) {
@@ -219,15 +237,11 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
     if (g->mdev_parent)
       reasons.add("vgpu-parent", fmt::format("gpu {} is a mediated-device (vGPU) parent", addr));
   }
-  if (host.acs_override) {
-    reasons.add("acs-override",
-                "pcie_acs_override is on the kernel command line: IOMMU groups cannot be trusted");
-  }
-  if (std::find(policy.reservable_classes.begin(), policy.reservable_classes.end(), unit.cls) ==
-      policy.reservable_classes.end()) {
-    reasons.add("class-not-reservable",
-                fmt::format("class {} is not in discovery.reservable_classes", to_string(unit.cls)));
-  }
+}
+
+// not-sellable: the unit, or one of its gpus, is listed in node.unsellable_units.
+void add_unsellable_reasons(const Unit& unit, const std::vector<const DeviceRecord*>& gpus,
+                            const Policy& policy, Reasons& reasons) {
   std::vector<std::string> unsellable;
   for (const auto& u : policy.unsellable) unsellable.push_back(normalized(u));
   if (contains(unsellable, unit.id)) {
@@ -240,6 +254,38 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
       }
     }
   }
+}
+
+// acs-override, class-not-reservable and not-sellable: what the host and the operator say.
+void add_host_and_policy_reasons(const Unit& unit, const std::vector<const DeviceRecord*>& gpus,
+                                 const HostSnapshot& host, const Policy& policy, Reasons& reasons) {
+  if (host.acs_override) {
+    reasons.add("acs-override",
+                "pcie_acs_override is on the kernel command line: IOMMU groups cannot be trusted");
+  }
+  if (std::find(policy.reservable_classes.begin(), policy.reservable_classes.end(), unit.cls) ==
+      policy.reservable_classes.end()) {
+    reasons.add("class-not-reservable",
+                fmt::format("class {} is not in discovery.reservable_classes", to_string(unit.cls)));
+  }
+  add_unsellable_reasons(unit, gpus, policy, reasons);
+}
+
+Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<int> group,
+               const HostSnapshot& host, const Policy& policy) {
+  Unit unit;
+  unit.iommu_group = group;
+  unit.devices = members_with_roles(members, policy);
+  const std::vector<const DeviceRecord*> gpus = gpus_of(unit.devices);
+  unit.id = unit_id_for(gpus.front()->address);  // devices are sorted: the first gpu is the lowest
+  unit.numa_nodes = numa_nodes_of(gpus);
+
+  Reasons reasons;
+  unit.cls = decide_class(unit.devices, reasons);
+  add_driver_reasons(gpus, group, host, reasons);
+  add_member_reasons(unit.devices, reasons);
+  add_sharing_reasons(gpus, reasons);
+  add_host_and_policy_reasons(unit, gpus, host, policy, reasons);
 
   unit.reasons = reasons.take();
   unit.reservable = unit.reasons.empty();

@@ -18,6 +18,10 @@ struct Running {
   bool shutdown_asked = false;
   std::string shutdown_note;
   std::string last_state;
+
+  [[nodiscard]] bool live() const { return !outcome.has_value(); }
+  void fail(VmError e) { outcome = std::unexpected(std::move(e)); }
+  void done(bool terminated, std::string detail) { outcome = TerminateResult{terminated, std::move(detail)}; }
 };
 
 // Gone: inactive, or no longer defined (a transient domain vanishes when stopped).
@@ -31,103 +35,117 @@ std::expected<bool, VmError> gone(Hypervisor& hv, Running& r) {
   return !state_active(*state);
 }
 
+// 1. The record goes first, so that it outlives the stop; without it nothing is stopped.
+void record_all(Hypervisor& hv, std::vector<Running>& runs) {
+  for (auto& r : runs) {
+    const auto& d = r.job->domain;
+    if (!d.label || d.label->tier != Tier::spot) {
+      r.fail(VmError{VmError::Kind::failed, "not spot"});
+      continue;
+    }
+    if (auto recorded = hv.record_termination(d.uuid, r.job->record); !recorded) {
+      auto e = recorded.error();  // not_found: it went away by itself before we touched it
+      e.message = "the termination record could not be written, nothing was stopped: " + e.message;
+      r.fail(std::move(e));
+      continue;
+    }
+    auto g = gone(hv, r);
+    if (!g)
+      r.fail(g.error());
+    else if (*g)
+      r.done(true, "already stopped");
+  }
+}
+
+// 2. Graceful shutdowns for those with a grace period.
+void ask_shutdowns(Hypervisor& hv, std::vector<Running>& runs) {
+  for (auto& r : runs) {
+    if (!r.live() || r.job->grace <= std::chrono::seconds{0}) continue;
+    auto down = hv.shutdown(r.job->domain.uuid);
+    if (!down && down.error().kind == VmError::Kind::unavailable) {
+      r.fail(down.error());
+      continue;
+    }
+    if (!down) r.shutdown_note = "; graceful shutdown refused: " + down.error().message;
+    r.shutdown_asked = static_cast<bool>(down);
+  }
+}
+
+// One poll of the domains asked to shut down: those now gone are decided. Returns how long until
+// the soonest grace of those still running is spent (milliseconds::max() when none is left).
+milliseconds poll_shutdowns(Hypervisor& hv, std::vector<Running>& runs, milliseconds waited) {
+  milliseconds next = milliseconds::max();
+  for (auto& r : runs) {
+    if (!r.live() || !r.shutdown_asked) continue;
+    auto g = gone(hv, r);
+    if (!g) {
+      r.fail(g.error());
+      continue;
+    }
+    if (*g) {
+      r.done(true, "shut down gracefully");
+      continue;
+    }
+    const milliseconds limit = r.job->grace;
+    if (waited < limit) next = std::min(next, limit - waited);
+  }
+  return next;
+}
+
+// 3. Poll until each domain is down or its grace is spent.
+void wait_out_grace(Hypervisor& hv, std::vector<Running>& runs, const Sleeper& sleep) {
+  milliseconds waited{0};
+  while (true) {
+    const milliseconds next = poll_shutdowns(hv, runs, waited);
+    if (next == milliseconds::max()) break;
+    const milliseconds step = std::min(terminate_poll_interval, next);
+    if (!sleep(step)) {  // the agent is stopping: decided nothing, the caller finishes later
+      for (auto& r : runs) {
+        if (r.live())
+          r.fail(VmError{VmError::Kind::unavailable, "the agent stopped before the grace period ended"});
+      }
+      break;
+    }
+    waited += step;
+  }
+}
+
+// 4. Destroy what is still running.
+void destroy_survivors(Hypervisor& hv, std::vector<Running>& runs) {
+  for (auto& r : runs) {
+    if (!r.live()) continue;
+    const auto& uuid = r.job->domain.uuid;
+    auto destroyed = hv.destroy(uuid);
+    if (!destroyed && destroyed.error().kind == VmError::Kind::unavailable) {
+      r.fail(destroyed.error());
+      continue;
+    }
+    auto g = gone(hv, r);
+    if (!g) {
+      r.fail(g.error());
+      continue;
+    }
+    const std::string how =
+        r.job->grace > std::chrono::seconds{0} ? "destroyed after the grace period" : "destroyed";
+    if (*g)
+      r.done(true, how + r.shutdown_note);
+    else if (!destroyed)
+      r.done(false, "destroy failed: " + destroyed.error().message + r.shutdown_note);
+    else
+      r.done(false, "still " + r.last_state + " after destroy" + r.shutdown_note);
+  }
+}
+
 }  // namespace
 
 std::vector<TerminationOutcome> terminate_spot_all(Hypervisor& hv, const std::vector<TerminationJob>& jobs,
                                                    const Sleeper& sleep) {
   std::vector<Running> runs(jobs.size());
   for (std::size_t i = 0; i < jobs.size(); ++i) runs[i].job = &jobs[i];
-  auto fail = [](Running& r, VmError e) { r.outcome = std::unexpected(std::move(e)); };
-  auto done = [](Running& r, bool terminated, std::string detail) {
-    r.outcome = TerminateResult{terminated, std::move(detail)};
-  };
-  auto live = [](const Running& r) { return !r.outcome.has_value(); };
-
-  // 1. The record goes first, so that it outlives the stop; without it nothing is stopped.
-  for (auto& r : runs) {
-    const auto& d = r.job->domain;
-    if (!d.label || d.label->tier != Tier::spot) {
-      fail(r, VmError{VmError::Kind::failed, "not spot"});
-      continue;
-    }
-    if (auto recorded = hv.record_termination(d.uuid, r.job->record); !recorded) {
-      auto e = recorded.error();  // not_found: it went away by itself before we touched it
-      e.message = "the termination record could not be written, nothing was stopped: " + e.message;
-      fail(r, std::move(e));
-      continue;
-    }
-    auto g = gone(hv, r);
-    if (!g)
-      fail(r, g.error());
-    else if (*g)
-      done(r, true, "already stopped");
-  }
-
-  // 2. Graceful shutdowns for those with a grace period.
-  for (auto& r : runs) {
-    if (!live(r) || r.job->grace <= std::chrono::seconds{0}) continue;
-    auto down = hv.shutdown(r.job->domain.uuid);
-    if (!down && down.error().kind == VmError::Kind::unavailable) {
-      fail(r, down.error());
-      continue;
-    }
-    if (!down) r.shutdown_note = "; graceful shutdown refused: " + down.error().message;
-    r.shutdown_asked = static_cast<bool>(down);
-  }
-
-  // 3. Poll until each domain is down or its grace is spent.
-  milliseconds waited{0};
-  while (true) {
-    milliseconds next = milliseconds::max();
-    for (auto& r : runs) {
-      if (!live(r) || !r.shutdown_asked) continue;
-      auto g = gone(hv, r);
-      if (!g) {
-        fail(r, g.error());
-        continue;
-      }
-      if (*g) {
-        done(r, true, "shut down gracefully");
-        continue;
-      }
-      const milliseconds limit = r.job->grace;
-      if (waited < limit) next = std::min(next, limit - waited);
-    }
-    if (next == milliseconds::max()) break;
-    const milliseconds step = std::min(terminate_poll_interval, next);
-    if (!sleep(step)) {  // the agent is stopping: decided nothing, the caller finishes later
-      for (auto& r : runs) {
-        if (live(r))
-          fail(r, VmError{VmError::Kind::unavailable, "the agent stopped before the grace period ended"});
-      }
-      break;
-    }
-    waited += step;
-  }
-
-  // 4. Destroy what is still running.
-  for (auto& r : runs) {
-    if (!live(r)) continue;
-    const auto& uuid = r.job->domain.uuid;
-    auto destroyed = hv.destroy(uuid);
-    if (!destroyed && destroyed.error().kind == VmError::Kind::unavailable) {
-      fail(r, destroyed.error());
-      continue;
-    }
-    auto g = gone(hv, r);
-    if (!g) {
-      fail(r, g.error());
-      continue;
-    }
-    const std::string how =
-        r.job->grace > std::chrono::seconds{0} ? "destroyed after the grace period" : "destroyed";
-    if (*g)
-      done(r, true, how + r.shutdown_note);
-    else if (!destroyed)
-      done(r, false, "destroy failed: " + destroyed.error().message + r.shutdown_note);
-    else
-      done(r, false, "still " + r.last_state + " after destroy" + r.shutdown_note);
-  }
+  record_all(hv, runs);
+  ask_shutdowns(hv, runs);
+  wait_out_grace(hv, runs, sleep);
+  destroy_survivors(hv, runs);
 
   std::vector<TerminationOutcome> out;
   out.reserve(runs.size());

@@ -407,6 +407,185 @@ std::int64_t floor_seconds(std::chrono::system_clock::time_point t) {
   return std::chrono::floor<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The token, step by step (TokenVerifier::verify)
+
+// A compact JWS: BASE64URL(header) '.' BASE64URL(payload) '.' BASE64URL(signature), decoded.
+struct Jws {
+  std::string_view signing_input;  // header '.' payload, as they came
+  std::string header;
+  std::string payload;
+  std::string signature;
+};
+
+std::expected<Jws, AuthError> decode_jws(std::string_view token) {
+  const std::size_t dot1 = token.find('.');
+  const std::size_t dot2 = dot1 == std::string_view::npos ? dot1 : token.find('.', dot1 + 1);
+  if (dot2 == std::string_view::npos || token.find('.', dot2 + 1) != std::string_view::npos) {
+    const auto parts = std::count(token.begin(), token.end(), '.') + 1;
+    return std::unexpected(
+        reject(Rejection::malformed, fmt::format("a JWS has 3 parts, this token {}", parts)));
+  }
+  const std::string_view signing_input = token.substr(0, dot2);
+  auto header_text = b64url_decode(token.substr(0, dot1));
+  auto payload_text = b64url_decode(token.substr(dot1 + 1, dot2 - dot1 - 1));
+  auto signature = b64url_decode(token.substr(dot2 + 1));
+  if (!header_text || !payload_text || !signature) {
+    const char* which = !header_text ? "header" : !payload_text ? "payload" : "signature";
+    return std::unexpected(
+        reject(Rejection::malformed, fmt::format("the {} is not strict base64url", which)));
+  }
+  return Jws{signing_input, std::move(*header_text), std::move(*payload_text), std::move(*signature)};
+}
+
+// What the header asks for: the key type its alg signs with, and a key by thumbprint (kid).
+struct JwsHeader {
+  KeyType type{};
+  std::optional<std::string> kid;
+};
+
+std::expected<JwsHeader, AuthError> read_header(std::string_view text) {
+  auto header = parse_json_object(text, "header");
+  if (!header) return std::unexpected(header.error());
+  const boost::json::value* alg = header->if_contains("alg");
+  if (alg == nullptr) return std::unexpected(reject(Rejection::malformed, "the header has no alg"));
+  if (!alg->is_string())
+    return std::unexpected(reject(Rejection::malformed, "the header's alg is not a string"));
+  JwsHeader out;
+  if (as_sv(alg->get_string()) == "EdDSA") {
+    out.type = KeyType::ed25519;
+  } else if (as_sv(alg->get_string()) == "ES256") {
+    out.type = KeyType::p256;
+  } else {
+    return std::unexpected(reject(Rejection::unsupported_alg, "alg is not EdDSA or ES256"));
+  }
+  if (header->contains("crit")) {
+    return std::unexpected(reject(Rejection::malformed, "the header has crit: no extension is understood"));
+  }
+  if (const boost::json::value* k = header->if_contains("kid")) {
+    if (!k->is_string())
+      return std::unexpected(reject(Rejection::malformed, "the header's kid is not a string"));
+    out.kid = std::string(as_sv(k->get_string()));
+  }
+  return out;
+}
+
+// Whether a key the header allows verifies the signature.
+std::expected<void, AuthError> check_signature(const std::vector<Key>& keys, const JwsHeader& header,
+                                               const Jws& jws) {
+  std::vector<const Key*> candidates;
+  for (const Key& k : keys) {
+    if (k.type == header.type && (!header.kid || *header.kid == k.thumbprint)) candidates.push_back(&k);
+  }
+  const char* type_name = header.type == KeyType::ed25519 ? "Ed25519" : "P-256";
+  if (candidates.empty()) {
+    return std::unexpected(
+        reject(Rejection::unknown_key, header.kid ? fmt::format("no {} key has the token's kid", type_name)
+                                                  : fmt::format("no {} key is loaded", type_name)));
+  }
+  if (jws.signature.size() != 64) {
+    return std::unexpected(reject(Rejection::bad_signature, fmt::format("signature of {} bytes, {} signs 64",
+                                                                        jws.signature.size(), type_name)));
+  }
+  const bool verified = std::any_of(candidates.begin(), candidates.end(), [&](const Key* k) {
+    return verify_with(*k, jws.signing_input, jws.signature);
+  });
+  if (!verified) {
+    return std::unexpected(
+        reject(Rejection::bad_signature,
+               fmt::format("no {} key verifies the signature ({} tried)", type_name, candidates.size())));
+  }
+  return {};
+}
+
+std::expected<void, AuthError> check_issuer(const boost::json::object& payload, const VerifierConfig& cfg) {
+  const boost::json::value* iss = payload.if_contains("iss");
+  if (iss == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no iss claim"));
+  if (!iss->is_string()) return std::unexpected(reject(Rejection::malformed, "claim iss is not a string"));
+  if (as_sv(iss->get_string()) != cfg.issuer) {
+    return std::unexpected(reject(Rejection::wrong_issuer, "iss is not the configured issuer"));
+  }
+  return {};
+}
+
+// aud, a string or an array of strings, must name the configured audience or the node id.
+std::expected<void, AuthError> check_audience(const boost::json::object& payload, const VerifierConfig& cfg) {
+  const boost::json::value* aud = payload.if_contains("aud");
+  if (aud == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no aud claim"));
+  const auto ours = [&](const boost::json::string& s) {
+    const std::string_view v = as_sv(s);
+    return (!cfg.audience.empty() && v == cfg.audience) || (!cfg.node_id.empty() && v == cfg.node_id);
+  };
+  bool for_us = false;
+  if (aud->is_string()) {
+    for_us = ours(aud->get_string());
+  } else if (aud->is_array()) {
+    for (const boost::json::value& a : aud->get_array()) {
+      if (!a.is_string())
+        return std::unexpected(reject(Rejection::malformed, "claim aud holds a non-string"));
+      for_us = for_us || ours(a.get_string());
+    }
+  } else {
+    return std::unexpected(
+        reject(Rejection::malformed, "claim aud is neither a string nor an array of strings"));
+  }
+  if (!for_us) {
+    return std::unexpected(
+        reject(Rejection::wrong_audience, "aud holds neither the configured audience nor the node id"));
+  }
+  return {};
+}
+
+// exp (required), nbf and iat: bounded, and now within exp and nbf give or take the leeway.
+std::expected<void, AuthError> read_validity(const boost::json::object& payload, std::int64_t now_s,
+                                             std::int64_t leeway, Claims& claims) {
+  auto exp = time_claim(payload, "exp", false);
+  if (!exp) return std::unexpected(exp.error());
+  if (!*exp) return std::unexpected(reject(Rejection::missing_claim, "no exp claim"));
+  claims.exp = **exp;
+  if (now_s - leeway > claims.exp) {  // now > exp + leeway, without overflow near INT64_MAX
+    return std::unexpected(reject(
+        Rejection::expired, fmt::format("expired: exp={} now={} leeway={}s", claims.exp, now_s, leeway)));
+  }
+
+  auto nbf = time_claim(payload, "nbf", true);
+  if (!nbf) return std::unexpected(nbf.error());
+  if (auto iat = time_claim(payload, "iat", true); !iat) return std::unexpected(iat.error());  // only bounded
+  claims.nbf = *nbf;
+  if (claims.nbf && now_s + leeway < *claims.nbf) {
+    return std::unexpected(
+        reject(Rejection::not_yet_valid,
+               fmt::format("not yet valid: nbf={} now={} leeway={}s", *claims.nbf, now_s, leeway)));
+  }
+  return {};
+}
+
+// Who the token speaks for: sub (required, not empty), org and roles.
+std::expected<void, AuthError> read_subject(const boost::json::object& payload, Claims& claims) {
+  const boost::json::value* sub = payload.if_contains("sub");
+  if (sub == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no sub claim"));
+  if (!sub->is_string()) return std::unexpected(reject(Rejection::malformed, "claim sub is not a string"));
+  if (sub->get_string().empty())
+    return std::unexpected(reject(Rejection::missing_claim, "claim sub is empty"));
+  claims.sub = std::string(as_sv(sub->get_string()));
+
+  if (const boost::json::value* org = payload.if_contains("org"); org != nullptr && !org->is_null()) {
+    if (!org->is_string()) return std::unexpected(reject(Rejection::malformed, "claim org is not a string"));
+    claims.org = std::string(as_sv(org->get_string()));
+  }
+
+  if (const boost::json::value* roles = payload.if_contains("roles"); roles != nullptr && !roles->is_null()) {
+    if (!roles->is_array())
+      return std::unexpected(reject(Rejection::malformed, "claim roles is not an array"));
+    for (const boost::json::value& r : roles->get_array()) {
+      if (!r.is_string())
+        return std::unexpected(reject(Rejection::malformed, "claim roles holds a non-string"));
+      claims.roles.emplace_back(as_sv(r.get_string()));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -496,155 +675,22 @@ std::expected<Claims, AuthError> TokenVerifier::verify(std::string_view authoriz
                                                        std::chrono::system_clock::time_point now) const {
   const auto token = bearer_token(authorization);
   if (!token) return std::unexpected(token.error());
-
-  // Compact JWS: BASE64URL(header) '.' BASE64URL(payload) '.' BASE64URL(signature).
-  const std::size_t dot1 = token->find('.');
-  const std::size_t dot2 = dot1 == std::string_view::npos ? dot1 : token->find('.', dot1 + 1);
-  if (dot2 == std::string_view::npos || token->find('.', dot2 + 1) != std::string_view::npos) {
-    const auto parts = std::count(token->begin(), token->end(), '.') + 1;
-    return std::unexpected(
-        reject(Rejection::malformed, fmt::format("a JWS has 3 parts, this token {}", parts)));
-  }
-  const std::string_view signing_input = token->substr(0, dot2);
-  const auto header_text = b64url_decode(token->substr(0, dot1));
-  const auto payload_text = b64url_decode(token->substr(dot1 + 1, dot2 - dot1 - 1));
-  const auto signature = b64url_decode(token->substr(dot2 + 1));
-  if (!header_text || !payload_text || !signature) {
-    const char* which = !header_text ? "header" : !payload_text ? "payload" : "signature";
-    return std::unexpected(
-        reject(Rejection::malformed, fmt::format("the {} is not strict base64url", which)));
-  }
-
-  // Header.
-  auto header = parse_json_object(*header_text, "header");
+  const auto jws = decode_jws(*token);
+  if (!jws) return std::unexpected(jws.error());
+  const auto header = read_header(jws->header);
   if (!header) return std::unexpected(header.error());
-  const boost::json::value* alg = header->if_contains("alg");
-  if (alg == nullptr) return std::unexpected(reject(Rejection::malformed, "the header has no alg"));
-  if (!alg->is_string())
-    return std::unexpected(reject(Rejection::malformed, "the header's alg is not a string"));
-  KeyType type{};
-  if (as_sv(alg->get_string()) == "EdDSA") {
-    type = KeyType::ed25519;
-  } else if (as_sv(alg->get_string()) == "ES256") {
-    type = KeyType::p256;
-  } else {
-    return std::unexpected(reject(Rejection::unsupported_alg, "alg is not EdDSA or ES256"));
-  }
-  if (header->contains("crit")) {
-    return std::unexpected(reject(Rejection::malformed, "the header has crit: no extension is understood"));
-  }
-  std::optional<std::string_view> kid;
-  if (const boost::json::value* k = header->if_contains("kid")) {
-    if (!k->is_string())
-      return std::unexpected(reject(Rejection::malformed, "the header's kid is not a string"));
-    kid = as_sv(k->get_string());
-  }
-
-  // Signature.
-  std::vector<const Key*> candidates;
-  for (const Key& k : impl_->keys) {
-    if (k.type == type && (!kid || *kid == k.thumbprint)) candidates.push_back(&k);
-  }
-  const char* type_name = type == KeyType::ed25519 ? "Ed25519" : "P-256";
-  if (candidates.empty()) {
-    return std::unexpected(
-        reject(Rejection::unknown_key, kid ? fmt::format("no {} key has the token's kid", type_name)
-                                           : fmt::format("no {} key is loaded", type_name)));
-  }
-  if (signature->size() != 64) {
-    return std::unexpected(reject(Rejection::bad_signature, fmt::format("signature of {} bytes, {} signs 64",
-                                                                        signature->size(), type_name)));
-  }
-  const bool verified = std::any_of(candidates.begin(), candidates.end(),
-                                    [&](const Key* k) { return verify_with(*k, signing_input, *signature); });
-  if (!verified) {
-    return std::unexpected(
-        reject(Rejection::bad_signature,
-               fmt::format("no {} key verifies the signature ({} tried)", type_name, candidates.size())));
-  }
+  if (auto ok = check_signature(impl_->keys, *header, *jws); !ok) return std::unexpected(ok.error());
 
   // Claims, now that they are known to come from the issuer's key.
-  auto payload = parse_json_object(*payload_text, "payload");
+  const auto payload = parse_json_object(jws->payload, "payload");
   if (!payload) return std::unexpected(payload.error());
   const VerifierConfig& cfg = impl_->cfg;
-
-  const boost::json::value* iss = payload->if_contains("iss");
-  if (iss == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no iss claim"));
-  if (!iss->is_string()) return std::unexpected(reject(Rejection::malformed, "claim iss is not a string"));
-  if (as_sv(iss->get_string()) != cfg.issuer) {
-    return std::unexpected(reject(Rejection::wrong_issuer, "iss is not the configured issuer"));
-  }
-
-  const boost::json::value* aud = payload->if_contains("aud");
-  if (aud == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no aud claim"));
-  const auto ours = [&](const boost::json::string& s) {
-    const std::string_view v = as_sv(s);
-    return (!cfg.audience.empty() && v == cfg.audience) || (!cfg.node_id.empty() && v == cfg.node_id);
-  };
-  bool for_us = false;
-  if (aud->is_string()) {
-    for_us = ours(aud->get_string());
-  } else if (aud->is_array()) {
-    for (const boost::json::value& a : aud->get_array()) {
-      if (!a.is_string())
-        return std::unexpected(reject(Rejection::malformed, "claim aud holds a non-string"));
-      for_us = for_us || ours(a.get_string());
-    }
-  } else {
-    return std::unexpected(
-        reject(Rejection::malformed, "claim aud is neither a string nor an array of strings"));
-  }
-  if (!for_us) {
-    return std::unexpected(
-        reject(Rejection::wrong_audience, "aud holds neither the configured audience nor the node id"));
-  }
-
-  const std::int64_t now_s = floor_seconds(now);
-  const std::int64_t leeway = cfg.leeway.count();
+  if (auto ok = check_issuer(*payload, cfg); !ok) return std::unexpected(ok.error());
+  if (auto ok = check_audience(*payload, cfg); !ok) return std::unexpected(ok.error());
   Claims claims;
-
-  auto exp = time_claim(*payload, "exp", false);
-  if (!exp) return std::unexpected(exp.error());
-  if (!*exp) return std::unexpected(reject(Rejection::missing_claim, "no exp claim"));
-  claims.exp = **exp;
-  if (now_s - leeway > claims.exp) {  // now > exp + leeway, without overflow near INT64_MAX
-    return std::unexpected(reject(
-        Rejection::expired, fmt::format("expired: exp={} now={} leeway={}s", claims.exp, now_s, leeway)));
-  }
-
-  auto nbf = time_claim(*payload, "nbf", true);
-  if (!nbf) return std::unexpected(nbf.error());
-  if (auto iat = time_claim(*payload, "iat", true); !iat)
-    return std::unexpected(iat.error());  // only bounded
-  claims.nbf = *nbf;
-  if (claims.nbf && now_s + leeway < *claims.nbf) {
-    return std::unexpected(
-        reject(Rejection::not_yet_valid,
-               fmt::format("not yet valid: nbf={} now={} leeway={}s", *claims.nbf, now_s, leeway)));
-  }
-
-  const boost::json::value* sub = payload->if_contains("sub");
-  if (sub == nullptr) return std::unexpected(reject(Rejection::missing_claim, "no sub claim"));
-  if (!sub->is_string()) return std::unexpected(reject(Rejection::malformed, "claim sub is not a string"));
-  if (sub->get_string().empty())
-    return std::unexpected(reject(Rejection::missing_claim, "claim sub is empty"));
-  claims.sub = std::string(as_sv(sub->get_string()));
-
-  if (const boost::json::value* org = payload->if_contains("org"); org != nullptr && !org->is_null()) {
-    if (!org->is_string()) return std::unexpected(reject(Rejection::malformed, "claim org is not a string"));
-    claims.org = std::string(as_sv(org->get_string()));
-  }
-
-  if (const boost::json::value* roles = payload->if_contains("roles");
-      roles != nullptr && !roles->is_null()) {
-    if (!roles->is_array())
-      return std::unexpected(reject(Rejection::malformed, "claim roles is not an array"));
-    for (const boost::json::value& r : roles->get_array()) {
-      if (!r.is_string())
-        return std::unexpected(reject(Rejection::malformed, "claim roles holds a non-string"));
-      claims.roles.emplace_back(as_sv(r.get_string()));
-    }
-  }
+  if (auto ok = read_validity(*payload, floor_seconds(now), cfg.leeway.count(), claims); !ok)
+    return std::unexpected(ok.error());
+  if (auto ok = read_subject(*payload, claims); !ok) return std::unexpected(ok.error());
   return claims;
 }
 
