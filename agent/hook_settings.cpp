@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "gpunode/config/file.hpp"
 #include "gpunode/ctl/fd.hpp"
 
 namespace gpunode::agent {
@@ -35,25 +36,6 @@ std::optional<config::WhenAgentDown> when_of(std::string_view s) {
   return std::nullopt;
 }
 
-// All of `fd` (a regular file of at most `limit` bytes), or errno.
-std::expected<std::string, int> read_all(int fd, std::size_t limit) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return std::unexpected(errno);
-  if (!S_ISREG(st.st_mode)) return std::unexpected(EINVAL);
-  if (st.st_size < 0 || static_cast<std::size_t>(st.st_size) > limit) return std::unexpected(EFBIG);
-  std::string text;
-  text.reserve(static_cast<std::size_t>(st.st_size));
-  char buf[8192];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::unexpected(errno);
-    if (n == 0) return text;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > limit) return std::unexpected(EFBIG);
-  }
-}
-
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
@@ -67,20 +49,13 @@ bool write_all(int fd, std::string_view data) {
 }  // namespace
 
 std::expected<std::optional<std::string>, std::string> read_config_bytes(const std::string& path) {
-  // O_NONBLOCK: a FIFO put at the path must not hang the hook (read_all then refuses it, as it
-  // refuses anything but a regular file).
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return std::optional<std::string>();
-    return std::unexpected("cannot read " + path + ": " + std::strerror(errno));
-  }
-  auto text = read_all(fd.get(), kMaxConfig);
+  // config::read_file opens with O_NONBLOCK: a FIFO put at the path must not hang the hook (it is
+  // refused, as anything but a regular file is).
+  auto text = config::read_file(path, kMaxConfig);
   if (!text) {
-    const int e = text.error();
-    return std::unexpected("cannot read " + path + ": " +
-                           (e == EINVAL  ? std::string("not a regular file")
-                            : e == EFBIG ? std::string("larger than 1 MiB")
-                                         : std::string(std::strerror(e))));
+    if (text.error() == ENOENT) return std::optional<std::string>();
+    const int e = text.error() == EISDIR ? EINVAL : text.error();
+    return std::unexpected("cannot read " + path + ": " + config::read_error_text(e, kMaxConfig));
   }
   return std::optional<std::string>(std::move(*text));
 }
@@ -136,7 +111,7 @@ std::optional<HookSettings> HookSettingsCache::find(const std::string& config_fi
   if (file.get() < 0) return std::nullopt;
   struct stat st {};
   if (::fstat(file.get(), &st) != 0 || st.st_uid != ::geteuid()) return std::nullopt;
-  auto text = read_all(file.get(), kMaxEntry);
+  auto text = config::read_file(file.get(), kMaxEntry);
   if (!text) return std::nullopt;
   boost::system::error_code ec;
   const json::value v = json::parse(*text, ec);

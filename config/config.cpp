@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "document.hpp"
+#include "gpunode/config/file.hpp"
 #include "problems.hpp"
 #include "text.hpp"
 #include "values.hpp"
@@ -411,46 +412,6 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_log(root, out.log);
 }
 
-// --- files ---------------------------------------------------------------------------------------
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  [[nodiscard]] int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::string errno_text(int error) {
-  return std::generic_category().message(error);
-}
-
-// The whole file, or why it cannot be read.
-std::expected<std::string, std::string> read_file(const std::string& file) {
-  const FileDescriptor fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0) return std::unexpected(errno_text(errno));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return std::unexpected(errno_text(errno));
-  if (S_ISDIR(st.st_mode)) return std::unexpected(errno_text(EISDIR));
-  std::string content;
-  char buffer[8192];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::unexpected(errno_text(errno));
-    if (n == 0) return content;
-    content.append(buffer, static_cast<std::size_t>(n));
-    if (content.size() > kMaxFileSize)
-      return std::unexpected(std::string("larger than 1 MiB"));  // stop reading
-  }
-}
-
 }  // namespace
 
 std::string Problem::to_string() const {
@@ -459,10 +420,12 @@ std::string Problem::to_string() const {
 }
 
 LoadResult load_file(const std::string& file, Purpose purpose) {
-  auto content = read_file(file);
+  auto content = read_file(file, kMaxFileSize);
   if (!content) {
     LoadResult result;
-    result.problems.push_back({file, 0, 0, fmt::format("cannot read the file: {}", content.error())});
+    result.problems.push_back(
+        {file, 0, 0,
+         fmt::format("cannot read the file: {}", read_error_text(content.error(), kMaxFileSize))});
     return result;
   }
   return load_string(*content, file, purpose);

@@ -38,6 +38,7 @@
 #include <system_error>
 #include <utility>
 
+#include "gpunode/config/file.hpp"
 #include "gpunode/json/strict.hpp"
 
 namespace gpunode::auth {
@@ -283,26 +284,15 @@ std::expected<std::vector<Key>, std::string> load_pem(std::string_view text, con
   }
 }
 
-std::expected<std::string, std::string> read_file(const std::string& path) {
+// A key file: at most 1 MiB (config::read_file), its errors named as a key file's.
+std::expected<std::string, std::string> read_key_file(const std::string& path) {
   constexpr std::size_t kMaxKeyFile = 1 << 20;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    return std::unexpected(fmt::format("{}: cannot read: {}", path, std::generic_category().message(errno)));
-  }
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(f, &std::fclose);
-  std::string out;
-  std::array<char, 4096> buf{};
-  for (;;) {
-    const std::size_t n = std::fread(buf.data(), 1, buf.size(), f);
-    out.append(buf.data(), n);
-    if (out.size() > kMaxKeyFile)
-      return std::unexpected(fmt::format("{}: larger than 1 MiB, not a key file", path));
-    if (n < buf.size()) break;
-  }
-  if (std::ferror(f) != 0) {
-    return std::unexpected(fmt::format("{}: cannot read: {}", path, std::generic_category().message(errno)));
-  }
-  return out;
+  auto text = config::read_file(path, kMaxKeyFile);
+  if (text) return std::move(*text);
+  if (text.error() == EFBIG)
+    return std::unexpected(fmt::format("{}: larger than 1 MiB, not a key file", path));
+  return std::unexpected(
+      fmt::format("{}: cannot read: {}", path, config::read_error_text(text.error(), kMaxKeyFile)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,7 +641,7 @@ std::expected<TokenVerifier, std::string> TokenVerifier::from_files(const std::v
                                                                     VerifierConfig cfg) {
   std::vector<std::string> texts;
   for (const std::string& path : pem_files) {
-    auto text = read_file(path);
+    auto text = read_key_file(path);
     if (!text) return std::unexpected(text.error());
     texts.push_back(std::move(*text));
   }

@@ -6,10 +6,11 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <memory>
 
+#include "gpunode/config/config.hpp"
+#include "gpunode/config/file.hpp"
 #include "gpunode/ctl/app.hpp"
 
 namespace {
@@ -26,16 +27,11 @@ std::size_t terminal_width(bool tty) {
   return 100;
 }
 
+// agent.yaml, to find admin.socket in it (config::read_file: the agent's own limit of 1 MiB).
 std::optional<std::string> read_small_file(std::string_view path) {
-  std::ifstream f{std::string(path), std::ios::binary};
-  if (!f) return std::nullopt;
-  std::string text;
-  constexpr std::size_t kMax = 1 << 20;  // an agent.yaml is a few KiB
-  text.resize(kMax);
-  f.read(text.data(), static_cast<std::streamsize>(kMax));
-  if (f.bad()) return std::nullopt;
-  text.resize(static_cast<std::size_t>(f.gcount()));
-  return text;
+  auto text = gpunode::config::read_file(std::string(path), gpunode::config::kMaxFileSize);
+  if (!text) return std::nullopt;
+  return std::move(*text);
 }
 
 void write_all(std::FILE* f, const std::string& s) {
