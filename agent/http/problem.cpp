@@ -6,6 +6,8 @@
 
 #include <array>
 #include <boost/json.hpp>
+#include <boost/uuid/random_generator.hpp>
+#include <boost/uuid/uuid_io.hpp>
 #include <random>
 
 #include "gpunode/http/server.hpp"
@@ -36,8 +38,8 @@ bool sane_request_id(std::string_view id) {
   return true;
 }
 
-// A UUID in version 4's layout from a per-thread generator seeded once from OpenSSL's randomness
-// (the kernel's): no system call and no formatting library per request. Unique, not secret.
+// A version 4 UUID (Boost.UUID) from a per-thread generator seeded once from OpenSSL's randomness
+// (the kernel's): no system call per request. Unique, not secret.
 std::string generate_request_id() {
   thread_local std::mt19937_64 rng = [] {
     std::array<std::uint32_t, 8> seed{};
@@ -48,22 +50,8 @@ std::string generate_request_id() {
     std::seed_seq seq(seed.begin(), seed.end());
     return std::mt19937_64(seq);
   }();
-  std::array<unsigned char, 16> b{};
-  for (std::size_t half = 0; half < 2; ++half) {
-    const std::uint64_t v = rng();
-    for (std::size_t i = 0; i < 8; ++i) b[half * 8 + i] = static_cast<unsigned char>(v >> (8 * i));
-  }
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 10
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(36);
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s.push_back('-');
-    s.push_back(kHex[b[i] >> 4]);
-    s.push_back(kHex[b[i] & 0x0f]);
-  }
-  return s;
+  thread_local boost::uuids::basic_random_generator<std::mt19937_64> generate(&rng);
+  return boost::uuids::to_string(generate());
 }
 
 }  // namespace gpunode::http

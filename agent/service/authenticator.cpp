@@ -5,17 +5,10 @@
 namespace gpunode::service {
 namespace {
 
-constexpr std::int64_t kLeewaySeconds = 60;
-
 ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
   auto r = problem(401, "unauthenticated", detail);
   r.headers.emplace_back("WWW-Authenticate", token_sent ? "Bearer error=\"invalid_token\"" : "Bearer");
   return r;
-}
-
-// The first instant the claims' times refuse them (`secs <= exp + leeway` holds before it).
-std::chrono::system_clock::time_point until_of(const auth::Claims& c) {
-  return std::chrono::system_clock::time_point(std::chrono::seconds(c.exp + kLeewaySeconds + 1));
 }
 
 }  // namespace
@@ -31,12 +24,11 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
   const bool sent = !header.empty();
   std::lock_guard lock(mu_);
   if (!verifier_) return std::unexpected(unauthenticated("no token keys are configured", sent));
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
   if (auto hit = cache_.find(header); hit != cache_.end()) {
     const auto& cl = hit->second.claims;
-    if (secs <= cl.exp + kLeewaySeconds && (!cl.nbf || secs + kLeewaySeconds >= *cl.nbf)) {
+    if (verifier_->in_time(cl, now)) {
       order_.splice(order_.begin(), order_, hit->second.at);
-      return Authenticated{{cl.sub, cl.org, cl.roles, "https"}, until_of(cl)};
+      return Authenticated{{cl.sub, cl.org, cl.roles, "https"}, verifier_->expires(cl)};
     }
     order_.erase(hit->second.at);
     cache_.erase(hit);
@@ -50,14 +42,14 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
         unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
   }
   if (capacity_ == 0)
-    return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, until_of(*claims)};
+    return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, verifier_->expires(*claims)};
   while (cache_.size() >= capacity_) {  // the least recently used token goes, never the whole cache
     cache_.erase(order_.back());
     order_.pop_back();
   }
   order_.push_front(header);
   auto& e = cache_.emplace(header, Entry{*claims, order_.begin()}).first->second;
-  return Authenticated{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, until_of(e.claims)};
+  return Authenticated{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, verifier_->expires(e.claims)};
 }
 
 void Authenticator::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {

@@ -11,12 +11,6 @@
 namespace gpunode::service {
 using namespace detail;
 
-namespace {
-
-constexpr std::int64_t kIdempotencyWindowSeconds = 24 * 3600;
-
-}  // namespace
-
 // ---- loading -----------------------------------------------------------------------------------
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
@@ -212,7 +206,7 @@ std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest
         "Retry-After", "1");
   }
   if (auto kept = store.idempotent_answer(d.caller, d.key);
-      kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindowSeconds) {
+      kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindow.count()) {
     if (kept->fingerprint != d.fingerprint)
       return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");
     kept->response.headers.emplace_back("Idempotent-Replayed", "true");
@@ -228,7 +222,7 @@ void NodeService::Impl::purge_idempotency() {
   const auto t = now();
   if (t - last_purge < std::chrono::minutes(1)) return;
   last_purge = t;
-  const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindowSeconds;
+  const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindow.count();
   if (auto purged = store.purge_idempotency(cutoff); !purged)
     say(LogLevel::warning, "idempotency retention: " + purged.error().to_string());
 }

@@ -12,6 +12,7 @@
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/store/audit_chain.hpp"
 #include "snapshot.hpp"
+#include "state_store.hpp"
 
 namespace gpunode::service::detail {
 namespace r = gpunode::reservations;
@@ -39,14 +40,6 @@ ApiResponse with_etag(ApiResponse resp) {
 
 r::Subject on_node(const Snapshot& s, const r::Reservation* x = nullptr) {
   return r::Subject{s.node, s.reservations.all(), x, {}};
-}
-
-// rsv_ and 26 characters of Crockford's base32 (detail::new_id): what a reservations page token is.
-bool is_reservation_id(std::string_view id) {
-  if (id.size() != 30 || !id.starts_with("rsv_")) return false;
-  return std::all_of(id.begin() + 4, id.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z' && c != 'i' && c != 'l' && c != 'o' && c != 'u');
-  });
 }
 
 struct StatePoll {
@@ -154,7 +147,7 @@ ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const r:
   auto page = paging(q);
   if (!page) return page.error();
   const auto& [limit, token] = *page;
-  if (!token.empty() && !is_reservation_id(token)) {
+  if (!token.empty() && !is_new_id("rsv_", token)) {
     return problem(400, "invalid-request",
                    "pageToken is not one this node gave: pass the nextPageToken of the previous page",
                    {{"pageToken", "must be a nextPageToken from this list"}});

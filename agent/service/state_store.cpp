@@ -57,8 +57,11 @@ std::expected<void, DbError> each_row(store::Statement& st, Row row) {
 
 }  // namespace
 
+// Crockford's base32, lower-case: no i, l, o or u.
+constexpr std::string_view kIdAlphabet = "0123456789abcdefghjkmnpqrstvwxyz";
+
 std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now) {
-  static constexpr char kAlphabet[] = "0123456789abcdefghjkmnpqrstvwxyz";
+  static constexpr std::string_view kAlphabet = kIdAlphabet;
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   const auto ms = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
@@ -66,6 +69,11 @@ std::string new_id(std::string_view prefix, std::chrono::system_clock::time_poin
   for (int i = 9; i >= 0; --i) out.push_back(kAlphabet[(ms >> (5 * i)) & 31]);
   for (int i = 0; i < 16; ++i) out.push_back(kAlphabet[rng() & 31]);
   return out;
+}
+
+bool is_new_id(std::string_view prefix, std::string_view id) {
+  if (id.size() != prefix.size() + 26 || !id.starts_with(prefix)) return false;
+  return id.substr(prefix.size()).find_first_not_of(kIdAlphabet) == std::string_view::npos;
 }
 
 std::expected<StateStore, DbError> StateStore::open(const std::filesystem::path& file, std::string node_id) {
@@ -277,9 +285,10 @@ std::expected<void, DbError> StateStore::write_idempotency(const Change& c, Tall
       "= excluded.fingerprint, "
       "status = excluded.status, headers = excluded.headers, body = excluded.body, created_at "
       "= excluded.created_at "
-      "WHERE idempotency.created_at <= excluded.created_at - 86400",
+      "WHERE idempotency.created_at <= excluded.created_at - ?8",
       i.caller, i.key, i.fingerprint, static_cast<std::int64_t>(i.response.status), json::serialize(headers),
-      i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()));
+      i.response.body, static_cast<std::int64_t>(c.at.time_since_epoch().count()),
+      static_cast<std::int64_t>(kIdempotencyWindow.count()));
 }
 
 std::expected<void, DbError> StateStore::write_terminations(const Change& c, Tally& t, Wall) {

@@ -28,6 +28,11 @@ namespace gpunode::service::detail {
 // PREFIX + 26 Crockford base32 characters: 48 bits of milliseconds, then 80 random bits, so ids
 // sort by creation time (rsv_..., evt_...).
 std::string new_id(std::string_view prefix, std::chrono::system_clock::time_point now);
+// Whether `id` is one new_id(prefix, ...) could have made: the prefix and 26 of its characters.
+bool is_new_id(std::string_view prefix, std::string_view id);
+
+// How long an Idempotency-Key's answer is kept and replayed (CONTRACT §4 Conventions).
+inline constexpr std::chrono::seconds kIdempotencyWindow = std::chrono::hours(24);
 
 struct Caller {
   reservations::Caller who;

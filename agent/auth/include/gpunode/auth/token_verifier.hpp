@@ -92,6 +92,11 @@ class TokenVerifier {
   std::expected<Claims, AuthError> verify(std::string_view authorization,
                                           std::chrono::system_clock::time_point now) const;
 
+  // Whether claims verify() returned hold at `now` by its rule (exp and nbf, with the leeway), and
+  // the first instant they no longer do: a cache of verified tokens asks these, not its own rule.
+  [[nodiscard]] bool in_time(const Claims& claims, std::chrono::system_clock::time_point now) const;
+  [[nodiscard]] std::chrono::system_clock::time_point expires(const Claims& claims) const;
+
   // RFC 7638 thumbprints (base64url SHA-256) of the loaded keys, in load order: the `kid` values
   // that select them. For the startup log.
   std::vector<std::string> key_ids() const;
