@@ -55,7 +55,7 @@ service::ApiRequest to_api(http::Request&& q) {
 
 // 405 naming the one method a route of the daemon's own takes.
 http::Response method_not_allowed(const char* allow) {
-  auto r = http::problem(405, "method-not-allowed", "Method not allowed", fmt::format("allowed: {}", allow));
+  auto r = http::problem(405, "method-not-allowed", fmt::format("allowed: {}", allow));
   r.headers.emplace_back("Allow", allow);
   return r;
 }
@@ -260,7 +260,7 @@ struct Daemon::Parts {
         reply(http::Response{200, {{"Content-Type", std::string(metrics::kContentType)}}, metrics_text()});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("internal error serving /metrics: {}", e.what()));
-        reply(http::problem(500, "internal", "Internal error", "the metrics could not be gathered"));
+        reply(http::problem(500, "internal", "the metrics could not be gathered"));
       }
     });
   }
@@ -279,7 +279,7 @@ struct Daemon::Parts {
             errors.push_back(
                 {e.line > 0 ? fmt::format("{}:{}:{}", e.file, e.line, e.column) : e.file, e.message});
           }
-          return reply(http::problem(422, "reload-refused", "Reload refused",
+          return reply(http::problem(422, "reload-refused",
                                      fmt::format("{} problem{}: the running configuration is kept",
                                                  errors.size(), errors.size() == 1 ? "" : "s"),
                                      errors));
@@ -292,8 +292,7 @@ struct Daemon::Parts {
                                  {"reloaded", true}, {"restartNeeded", std::move(keys)}})});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
-        reply(http::problem(500, "internal", "Internal error",
-                            "the reload failed; the running configuration is kept"));
+        reply(http::problem(500, "internal", "the reload failed; the running configuration is kept"));
       }
     });
   }
@@ -313,17 +312,15 @@ struct Daemon::Parts {
       return serve_metrics(q, std::move(reply));
     if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket)
       return serve_reload(q, std::move(reply));
-    if (plain && q.path != "/healthz")
-      return reply(http::problem(404, "not-found", "Not found", "no such resource"));
+    if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "no such resource"));
     auto a = to_api(std::move(q));
     // A read the published snapshot answers (units, state, reservations): answered here, no hop.
     if (auto kept = node->read(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
-      return reply(http::Response{kept->status, std::move(kept->headers), std::move(kept->body)});
+      return reply(std::move(*kept));
     }
     asio::post(core, [this, a = std::move(a), reply = std::move(reply)]() mutable {
-      driver->submit(std::move(a), [reply = std::move(reply)](service::ApiResponse r) {
-        reply(http::Response{r.status, std::move(r.headers), std::move(r.body)});
-      });
+      driver->submit(std::move(a),
+                     [reply = std::move(reply)](service::ApiResponse r) { reply(std::move(r)); });
     });
   }
 

@@ -80,22 +80,19 @@ bool fill_response(BeastResponse& res, unsigned status, Response&& r, const std:
 }
 
 Response body_too_large(std::size_t limit) {
-  return problem(413, "body-too-large", "Request body too large",
-                 fmt::format("the request body exceeds {} bytes", limit));
+  return problem(413, "body-too-large", fmt::format("the request body exceeds {} bytes", limit));
 }
 
 Response headers_too_large(std::size_t limit) {
-  return problem(431, "headers-too-large", "Request headers too large",
-                 fmt::format("the request headers exceed {} bytes", limit));
+  return problem(431, "headers-too-large", fmt::format("the request headers exceed {} bytes", limit));
 }
 
 Response malformed_request(const boost::system::error_code& ec) {
-  return problem(400, "invalid-request", "Malformed HTTP request",
-                 fmt::format("the request is not valid HTTP/1.1: {}", ec.message()));
+  return problem(400, "invalid-request", fmt::format("the request is not valid HTTP/1.1: {}", ec.message()));
 }
 
 Response internal_error() {
-  return problem(500, "internal", "Internal error", "the request could not be handled");
+  return problem(500, "internal", "the request could not be handled");
 }
 
 bool is_malformed(const boost::system::error_code& ec) {

@@ -1,4 +1,4 @@
-// problem+json bodies, request ids, Request::header.
+// Request ids, Request::header.
 #include "gpunode/json/problem.hpp"
 
 #include <fmt/format.h>
@@ -19,15 +19,6 @@ std::optional<std::string_view> Request::header(std::string_view lower_name) con
     if (name == lower_name) return std::string_view{value};
   }
   return std::nullopt;
-}
-
-Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
-                 const std::vector<FieldError>& errors) {
-  Response r;
-  r.status = status;
-  r.headers.emplace_back("Content-Type", "application/problem+json");
-  r.body = boost::json::serialize(gpunode::json::problem_body(status, code, title, detail, errors));
-  return r;
 }
 
 bool sane_request_id(std::string_view id) {

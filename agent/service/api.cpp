@@ -46,13 +46,6 @@ std::vector<std::string> ApiRequest::segments() const {
   return out;
 }
 
-std::optional<std::string_view> ApiResponse::header(std::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == name) return std::string_view(v);
-  }
-  return std::nullopt;
-}
-
 bool etag_matches(std::string_view header, std::string_view etag) {
   std::string_view h = header;
   while (!h.empty()) {
@@ -65,54 +58,6 @@ bool etag_matches(std::string_view header, std::string_view etag) {
     h = comma == std::string_view::npos ? std::string_view{} : h.substr(comma + 1);
   }
   return false;
-}
-
-std::string_view status_title(unsigned status) {
-  switch (status) {
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 409:
-      return "Conflict";
-    case 412:
-      return "Precondition Failed";
-    case 413:
-      return "Content Too Large";
-    case 415:
-      return "Unsupported Media Type";
-    case 422:
-      return "Unprocessable Content";
-    case 428:
-      return "Precondition Required";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 500:
-      return "Internal Server Error";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "Error";
-  }
-}
-
-ApiResponse problem(unsigned status, std::string_view code, std::string_view detail,
-                    const std::vector<FieldProblem>& errors, const boost::json::object* extra) {
-  auto o = gpunode::json::problem_body(status, code, status_title(status), detail, errors);
-  if (extra != nullptr) {
-    for (const auto& kv : *extra) o[kv.key()] = kv.value();
-  }
-  ApiResponse r;
-  r.status = status;
-  r.headers.emplace_back("Content-Type", "application/problem+json");
-  r.body = boost::json::serialize(o);
-  return r;
 }
 
 ApiResponse json_response(const boost::json::value& body, unsigned status) {

@@ -445,7 +445,7 @@ struct Fixture {
     } else if (r.path == "/nocontent") {
       reply(Response{204, {}, "dropped"});
     } else {
-      reply(gpunode::http::problem(404, "not-found", "Not found", "no such route"));
+      reply(gpunode::http::problem(404, "not-found", "no such route"));
     }
   }
 };
@@ -478,13 +478,13 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 3s) {
 
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("problem(): the contract's keys") {
-  auto r = gpunode::http::problem(400, "invalid-request", "Invalid request", "bad things",
-                                  {{"endsAt", "must be after startsAt"}});
+TEST_CASE("problem(): the contract's keys, titled by the status's reason phrase") {
+  auto r =
+      gpunode::http::problem(400, "invalid-request", "bad things", {{"endsAt", "must be after startsAt"}});
   CHECK(r.status == 400);
   auto o = json::parse(r.body).as_object();
   CHECK(o["type"].as_string() == "urn:gpunode:problem:invalid-request");
-  CHECK(o["title"].as_string() == "Invalid request");
+  CHECK(o["title"].as_string() == "Bad Request");
   CHECK(o["status"].as_int64() == 400);
   CHECK(o["detail"].as_string() == "bad things");
   CHECK(o["code"].as_string() == "invalid-request");

@@ -230,7 +230,7 @@ struct Harness {
       reply(Response{204, {}, "dropped"});
     } else {
       lock.unlock();
-      reply(gpunode::http::problem(404, "not-found", "Not found", "no such route"));
+      reply(gpunode::http::problem(404, "not-found", "no such route"));
     }
   }
 

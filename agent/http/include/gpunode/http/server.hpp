@@ -83,11 +83,7 @@ struct Request {
   std::optional<std::string_view> header(std::string_view lower_name) const;
 };
 
-struct Response {
-  unsigned status = 200;
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-};
+using Response = gpunode::json::Response;  // the API's answer type (service::ApiResponse) too
 
 using Reply = std::function<void(Response)>;          // any thread, exactly once (later calls ignored)
 using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
@@ -106,11 +102,7 @@ struct Answered {
 using Observer = std::function<void(const Answered&)>;
 
 using FieldError = gpunode::json::FieldError;
-
-// application/problem+json:
-// {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
-Response problem(unsigned status, std::string_view code, std::string_view title, std::string_view detail,
-                 const std::vector<FieldError>& errors = {});
+using gpunode::json::problem;  // application/problem+json, titled by the status's reason phrase
 
 // True for an X-Request-Id the server echoes: 1..128 printable ASCII characters (0x20..0x7e).
 bool sane_request_id(std::string_view id);

@@ -1,22 +1,40 @@
-// gpunode/json/problem.hpp: the body of every error answer, application/problem+json (RFC 9457)
-// with every key of CONTRACT §4/§7. One builder for the transport (413, 431, 400 before a
-// request reaches the API) and for the API itself.
+// gpunode/json/problem.hpp: an answer as plain data, and the body of every error answer,
+// application/problem+json (RFC 9457) with every key of CONTRACT §4/§7. One type and one builder
+// for the transport (413, 431, 400 before a request reaches the API), the daemon's own routes and
+// the API itself: http::Response and service::ApiResponse are this Response.
 #pragma once
 
-#include <boost/json/object.hpp>
+#include <boost/json/fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace gpunode::json {
 
+// An answer: its status, headers (in order) and body.
+struct Response {
+  unsigned status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+
+  // The first header of that name, as written.
+  [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
+};
+
+// A field of the body or query and what is wrong with it.
 struct FieldError {
   std::string field;
   std::string message;
 };
 
+// The status's reason phrase (RFC 9110), the problem's title: "Not Found", "Content Too Large".
+std::string_view status_title(unsigned status);
+
 // {"type":"urn:gpunode:problem:CODE","title","status","detail","code","errors":[{"field","message"}]}
-boost::json::object problem_body(unsigned status, std::string_view code, std::string_view title,
-                                 std::string_view detail, const std::vector<FieldError>& errors = {});
+// with `extra`'s members merged in, as application/problem+json.
+Response problem(unsigned status, std::string_view code, std::string_view detail,
+                 const std::vector<FieldError>& errors = {}, const boost::json::object* extra = nullptr);
 
 }  // namespace gpunode::json

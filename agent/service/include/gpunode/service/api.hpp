@@ -49,20 +49,12 @@ struct ApiRequest {
   [[nodiscard]] std::vector<std::string> segments() const;
 };
 
-struct ApiResponse {
-  unsigned status = 200;
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-
-  [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
-};
+using ApiResponse = gpunode::json::Response;  // one answer type for the transport and the API
 
 using FieldProblem = gpunode::json::FieldError;  // a field of the body or query and what is wrong with it
 
-// application/problem+json with every key of CONTRACT §4/§7. `extra` members are merged in.
-ApiResponse problem(unsigned status, std::string_view code, std::string_view detail,
-                    const std::vector<FieldProblem>& errors = {}, const boost::json::object* extra = nullptr);
-std::string_view status_title(unsigned status);
+using gpunode::json::problem;  // application/problem+json with every key of CONTRACT §4/§7
+using gpunode::json::status_title;
 
 // 200 (or `status`) with a JSON body.
 ApiResponse json_response(const boost::json::value& body, unsigned status = 200);
