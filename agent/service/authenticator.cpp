@@ -13,10 +13,10 @@ ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
 
 }  // namespace
 
-std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
+std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
     const ApiRequest& q, std::chrono::system_clock::time_point now, std::string& why) {
   if (q.via == ApiRequest::Via::admin_socket) {
-    return Authenticated{
+    return detail::Caller{
         {fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
         std::nullopt};
   }
@@ -28,7 +28,7 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
     const auto& cl = hit->second.claims;
     if (verifier_->in_time(cl, now)) {
       order_.splice(order_.begin(), order_, hit->second.at);
-      return Authenticated{{cl.sub, cl.org, cl.roles, "https"}, verifier_->expires(cl)};
+      return detail::Caller{{cl.sub, cl.org, cl.roles, "https"}, verifier_->expires(cl)};
     }
     order_.erase(hit->second.at);
     cache_.erase(hit);
@@ -42,14 +42,14 @@ std::expected<Authenticated, ApiResponse> Authenticator::authenticate(
         unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
   }
   if (capacity_ == 0)
-    return Authenticated{{claims->sub, claims->org, claims->roles, "https"}, verifier_->expires(*claims)};
+    return detail::Caller{{claims->sub, claims->org, claims->roles, "https"}, verifier_->expires(*claims)};
   while (cache_.size() >= capacity_) {  // the least recently used token goes, never the whole cache
     cache_.erase(order_.back());
     order_.pop_back();
   }
   order_.push_front(header);
   auto& e = cache_.emplace(header, Entry{*claims, order_.begin()}).first->second;
-  return Authenticated{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, verifier_->expires(e.claims)};
+  return detail::Caller{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, verifier_->expires(e.claims)};
 }
 
 void Authenticator::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {

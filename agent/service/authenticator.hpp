@@ -19,18 +19,12 @@
 #include <string>
 #include <unordered_map>
 
+#include "caller.hpp"
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
 
 namespace gpunode::service {
-
-// Who a request comes from, and until when that holds without asking again: a token's expiry
-// (with the leeway), nothing on the admin socket.
-struct Authenticated {
-  reservations::Caller who;
-  std::optional<std::chrono::system_clock::time_point> until;
-};
 
 class Authenticator {
  public:
@@ -42,9 +36,9 @@ class Authenticator {
   // The caller, or the 401 to answer (WWW-Authenticate: `Bearer` when no token was sent, with
   // error="invalid_token" when one was and it is refused; RFC 6750 §3.1). `why` receives the
   // reason of a refusal, for the log.
-  std::expected<Authenticated, ApiResponse> authenticate(const ApiRequest& q,
-                                                         std::chrono::system_clock::time_point now,
-                                                         std::string& why);
+  std::expected<detail::Caller, ApiResponse> authenticate(const ApiRequest& q,
+                                                          std::chrono::system_clock::time_point now,
+                                                          std::string& why);
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   [[nodiscard]] std::size_t cached() const {
     std::lock_guard lock(mu_);

@@ -180,7 +180,7 @@ std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequ
         fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
     return std::unexpected(std::move(who.error()));
   }
-  return Caller{std::move(who->who), who->until};
+  return std::move(*who);
 }
 
 std::string NodeService::Impl::caller_key(const Caller& c) {

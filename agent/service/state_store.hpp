@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "caller.hpp"
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/service/api.hpp"
 #include "gpunode/service/reservation_json.hpp"
@@ -33,21 +34,6 @@ bool is_new_id(std::string_view prefix, std::string_view id);
 
 // How long an Idempotency-Key's answer is kept and replayed (CONTRACT §4 Conventions).
 inline constexpr std::chrono::seconds kIdempotencyWindow = std::chrono::hours(24);
-
-struct Caller {
-  reservations::Caller who;
-  // Until when the credentials that made it hold (a token's expiry), if they expire.
-  std::optional<std::chrono::system_clock::time_point> until{};
-  boost::json::object actor() const {
-    boost::json::object a;
-    a["sub"] = who.sub;
-    a["org"] = who.org ? boost::json::value(*who.org) : boost::json::value(nullptr);
-    a["roles"] = strings_json(who.roles);
-    a["via"] = who.via;
-    return a;
-  }
-  std::string by() const { return who.org ? *who.org : who.sub; }
-};
 
 struct AuditDraft {
   std::string action;
