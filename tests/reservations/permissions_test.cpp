@@ -120,3 +120,12 @@ TEST_CASE("may(): the org named decides reserved-capacity, not the caller's othe
   CHECK(!may(Action::read_reserved_capacity, kCallers.at("no-org"), Subject{kNode, all, nullptr, "org-aud"}));
   CHECK(!may(Action::read_reserved_capacity, kCallers.at("no-org"), Subject{kNode, all, nullptr, ""}));
 }
+
+TEST_CASE(
+    "may(): an operator whose org manages a live reservation may terminate spot workloads as its manager") {
+  const std::vector<Reservation> all = {rsv("rsv_live", {"org-aud"}, {"org-mgr"}, State::active)};
+  const Caller operator_manager{"om", "org-mgr", {"platform-operator"}, "https"};
+  const Caller operator_only{"oo", "org-other", {"platform-operator"}, "https"};
+  CHECK(may(Action::terminate_spot, operator_manager, Subject{kNode, all, nullptr, ""}));
+  CHECK(!may(Action::terminate_spot, operator_only, Subject{kNode, all, nullptr, ""}));
+}
