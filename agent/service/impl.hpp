@@ -232,7 +232,6 @@ struct NodeService::Impl {
 
   // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
-  ApiResponse capacity(const ApiRequest& q, const Caller& c);
   ApiResponse admission(const ApiRequest& q, const Caller& c);
   // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
   ApiResponse domain_admission(const ApiRequest& q);

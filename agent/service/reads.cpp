@@ -8,6 +8,7 @@
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/discovery/json.hpp"
+#include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/permissions.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/store/audit_chain.hpp"
@@ -176,6 +177,30 @@ ApiResponse reservation_answer(const Snapshot&, const r::Reservation& x) {
   auto resp = json_response(to_json(x));
   resp.headers.emplace_back("ETag", fmt::format("\"{}\"", x.version));
   return resp;
+}
+
+ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const r::Caller& who) {
+  if (!r::may(r::Action::read_capacity, who, on_node(s)))
+    return problem(403, "forbidden", "capacity is answered for platform admins and operators");
+  auto org = q.query_param("org");
+  if (!org || org->empty())
+    return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
+  json::array entries;
+  for (const auto& u : s.inventory.present()) {
+    for (auto tier : {r::Tier::reserved, r::Tier::spot, r::Tier::on_demand}) {
+      auto e = r::entitled(*org, tier, u.id, s.inventory.facts(u.id), s.reservations.all(), s.node.node_id);
+      if (!e.allowed()) continue;
+      entries.emplace_back(json::object{
+          {"unitId", u.id},
+          {"class", discovery::to_string(u.cls)},
+          {"gpuCount", u.gpu_count()},
+          {"tier", r::to_string(tier)},
+          {"reservationId", e.reservation_id ? json::value(*e.reservation_id) : json::value(nullptr)}});
+      break;  // one entry per unit
+    }
+  }
+  return json_response(
+      json::object{{"nodeId", s.node.node_id}, {"orgId", *org}, {"units", std::move(entries)}});
 }
 
 std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) {

@@ -73,7 +73,8 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
     return std::visit([](auto&& a) -> Outcome { return std::move(a); }, state_answer(*snapshot(), q, c.who));
   }
   if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "capacity") return q.method == "GET" ? capacity(q, c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "capacity")
+    return q.method == "GET" ? capacity_answer(*snapshot(), q, c.who) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "admission")
     return q.method == "POST" ? admission(q, c) : method_not_allowed("POST");
   if (n == 4 && seg[3] == "terminate-spot")

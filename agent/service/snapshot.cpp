@@ -47,6 +47,8 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
   } else if (seg.size() == 4 && seg[3] == "state") {
     auto decided = state_answer(*s, q, who);
     if (auto* a = std::get_if<ApiResponse>(&decided)) answer = std::move(*a);
+  } else if (seg.size() == 4 && seg[3] == "capacity") {
+    answer = capacity_answer(*s, q, who);
   } else if (seg.size() == 4 && seg[3] == "reservations") {
     answer = reservations_answer(*s, q, who);
   } else if (seg.size() == 5 && seg[3] == "reservations") {

@@ -68,6 +68,8 @@ std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest
                                              const reservations::Caller& who);
 ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
 ApiResponse reservation_answer(const Snapshot& s, const reservations::Reservation& x);
+// GET capacity?org=ORG: the units ORG may place on now, each with its tier (CONTRACT §4).
+ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
 
 // A unit as `who` sees it (its reservationIds: the non-ended ones holding it that `who` sees); an
 // absent unit from its last JSON; all units, present ones first by id.

@@ -197,28 +197,6 @@ r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier t
   return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
 }
 
-ApiResponse NodeService::Impl::capacity(const ApiRequest& q, const Caller& c) {
-  if (!allowed(r::Action::read_capacity, c))
-    return forbidden("capacity is answered for platform admins and operators");
-  auto org = q.query_param("org");
-  if (!org || org->empty())
-    return problem(400, "invalid-request", "org is required", {{"org", "is required"}});
-  json::array entries;
-  for (const auto& u : inventory.present()) {
-    for (auto tier : {vmctl::Tier::reserved, vmctl::Tier::spot, vmctl::Tier::on_demand}) {
-      auto e = entitled(*org, tier, u.id);
-      if (!e.allowed()) continue;
-      entries.emplace_back(json::object{{"unitId", u.id},
-                                        {"class", discovery::to_string(u.cls)},
-                                        {"gpuCount", u.gpu_count()},
-                                        {"tier", vmctl::to_string(tier)},
-                                        {"reservationId", opt_str(e.reservation_id)}});
-      break;  // one entry per unit
-    }
-  }
-  return json_response(json::object{{"nodeId", opt.node_id}, {"orgId", *org}, {"units", std::move(entries)}});
-}
-
 ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
   if (!allowed(r::Action::ask_admission, c))
     return forbidden("admission is answered for platform admins and operators");

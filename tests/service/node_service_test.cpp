@@ -718,6 +718,13 @@ TEST_CASE(
   const auto list = node.read(Lab::request("GET", Lab::path("/reservations"), aud), lab.now_);
   REQUIRE(list);
   CHECK(list->body == lab.call("GET", Lab::path("/reservations"), aud).body);
+  // Capacity too: what org-a may place on now, the same bytes as the state thread's.
+  const auto capacity = Lab::request("GET", Lab::path("/capacity?org=org-a"), admin);
+  const auto from_snapshot = node.read(capacity, lab.now_);
+  REQUIRE(from_snapshot);
+  CHECK(from_snapshot->body == lab.call_request(capacity).body);
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/capacity"), admin), lab.now_));          // a 400
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/capacity?org=org-a"), aud), lab.now_));  // a 403
   // The next term (startsAt in 30 s) ends it too: the clock changes what the node shows then.
   CHECK(node.read(units, t0 + std::chrono::seconds(29)));
   CHECK_FALSE(node.read(units, t0 + std::chrono::seconds(30)));

@@ -143,7 +143,7 @@ class NodeService {
 
   [[nodiscard]] std::int64_t revision() const;
   // Any thread (the only member another thread may use): the answer to a GET of units, state,
-  // reservations or one reservation, from the last published snapshot, when it is current (no
+  // reservations, one reservation or capacity, from the last published snapshot, when it is current (no
   // commit, revision bump or reload setting since, no term due by `now`) and the answer is a 200 or
   // a 304; otherwise nothing, and the request goes to handle() on the state thread.
   [[nodiscard]] std::optional<ApiResponse> read(const ApiRequest& request,
