@@ -173,7 +173,7 @@ ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const r:
                                  {"nextPageToken", more ? json::value(last) : json::value(nullptr)}}));
 }
 
-ApiResponse reservation_answer(const Snapshot&, const r::Reservation& x) {
+ApiResponse reservation_answer(const r::Reservation& x) {
   auto resp = json_response(to_json(x));
   resp.headers.emplace_back("ETag", fmt::format("\"{}\"", x.version));
   return resp;

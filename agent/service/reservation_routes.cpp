@@ -88,7 +88,7 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
     const auto* x = reservations.find(seg[4]);
     if (x == nullptr || !allowed(r::Action::see_reservation, c, x)) return not_found();
     if (n == 5) {
-      if (q.method == "GET") return reservation_answer(*snapshot(), *x);
+      if (q.method == "GET") return reservation_answer(*x);
       if (q.method == "PATCH") return amend(q, c, *x);
       return method_not_allowed("GET, PATCH");
     }

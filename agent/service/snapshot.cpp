@@ -55,7 +55,7 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
     const auto* x = s->reservations.find(seg[4]);
     if (x != nullptr &&
         r::may(r::Action::see_reservation, who, r::Subject{s->node, s->reservations.all(), x, {}}))
-      answer = reservation_answer(*s, *x);
+      answer = reservation_answer(*x);
   }
   if (!answer || (answer->status != 200 && answer->status != 304)) return std::nullopt;
   return conditional(q, std::move(*answer));

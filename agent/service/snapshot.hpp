@@ -67,7 +67,7 @@ ApiResponse units_answer(const Snapshot& s, const reservations::Caller& who);
 std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest& q,
                                              const reservations::Caller& who);
 ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
-ApiResponse reservation_answer(const Snapshot& s, const reservations::Reservation& x);
+ApiResponse reservation_answer(const reservations::Reservation& x);  // needs no snapshot: `x` is its own
 // GET capacity?org=ORG: the units ORG may place on now, each with its tier (CONTRACT §4).
 ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
 

@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "raw_request.hpp"
 #include "test_certs.hpp"
 
 namespace {
@@ -310,15 +311,7 @@ class Client {
   std::string buf_;
 };
 
-std::string request(std::string_view method, std::string_view target, std::string_view body = {},
-                    const std::vector<std::string>& extra = {}) {
-  std::string r = std::string(method) + " " + std::string(target) + " HTTP/1.1\r\nHost: test\r\n";
-  for (const auto& h : extra) r += h + "\r\n";
-  if (!body.empty() || method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  r += "\r\n";
-  r += body;
-  return r;
-}
+using gpunode::http::testing::request;  // a request as a client writes it
 
 // ---------------------------------------------------------------------------------------------
 // A server on two I/O threads, with a handler that answers by path:

@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "raw_request.hpp"
 #include "server_state.hpp"
 
 namespace {
@@ -117,15 +118,7 @@ class Conn {
   boost::beast::flat_buffer buffer_;
 };
 
-std::string request(std::string_view method, std::string_view target, std::string_view body = {},
-                    const std::vector<std::string>& extra = {}) {
-  std::string r = std::string(method) + " " + std::string(target) + " HTTP/1.1\r\nHost: test\r\n";
-  for (const auto& h : extra) r += h + "\r\n";
-  if (!body.empty() || method == "POST") r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  r += "\r\n";
-  r += body;
-  return r;
-}
+using gpunode::http::testing::request;  // a request as a client writes it
 
 Limits test_limits() {
   Limits l;
