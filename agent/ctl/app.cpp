@@ -495,6 +495,7 @@ Result cmd_status(Session& s, const Options&, const CLI::App&) {
   if (auto m = s.call(metrics_request(), false)) {
     v.outbox_depth = metric_value(m->raw, "gpunode_outbox_events");
     libvirt_up = metric_value(m->raw, "gpunode_libvirt_connected");
+    v.ended = metric_value(m->raw, R"(gpunode_reservations{state="ended"})");
   } else if (m.error().exit_code == kExitUnreachable) {
     return s.fail(m.error());
   }

@@ -267,6 +267,7 @@ std::string render_status(const StatusView& v, const Style& style) {
     gpus += u.gpu_count;
   }
   for (const auto& r : v.state.reservations) ++by_state[r.state];
+  if (v.ended && *v.ended > 0) by_state["ended"] = static_cast<int>(*v.ended);
   int running = 0;
   for (const auto& w : v.state.workloads) running += w.state == "running" ? 1 : 0;
   auto counts = [](const std::map<std::string, int>& m) {
@@ -325,6 +326,7 @@ json::value status_json(const StatusView& v) {
     auto& n = by_state[r.state];
     n = (n.is_int64() ? n.get_int64() : 0) + 1;
   }
+  if (v.ended) by_state["ended"] = static_cast<std::int64_t>(*v.ended);
   for (const auto& w : v.state.workloads) running += w.state == "running" ? 1 : 0;
   json::value outbox = nullptr;
   if (v.outbox_depth) outbox = static_cast<std::int64_t>(*v.outbox_depth);

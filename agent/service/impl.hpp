@@ -95,7 +95,11 @@ struct NodeService::Impl {
   detail::StateStore store;
   std::unique_ptr<discovery::SysfsReader> reader;
 
-  detail::ReservationTable reservations;
+  detail::ReservationTable reservations;  // the ones not ended
+  std::int64_t ended_count = 0;           // the ended ones, kept on disk (gauges)
+  // A reservation by id: the live one, else the stored one (ended) moved into `kept`; nullptr when
+  // there is none, or (logged) when the store could not be read.
+  const r::Reservation* find_reservation(std::string_view id, std::optional<r::Reservation>& kept);
   // The reservations not ended, by unit and start: what a create or an amend checks for overlap,
   // so its cost follows the few terms near the candidate's, not the unit's whole calendar or the
   // history. Follows `reservations` in load() and commit().
@@ -211,6 +215,8 @@ struct NodeService::Impl {
   Outcome amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
   ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current);
   ApiResponse audit(const ApiRequest& q, const Caller& c);
+  // GET reservations whose list holds ended ones: paged from the store (reads.cpp answers the rest).
+  ApiResponse stored_reservations(const ApiRequest& q, const Caller& c);
   ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
 
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
@@ -253,7 +259,7 @@ struct NodeService::Impl {
   Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace,
                       const std::optional<std::string>& reason);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
-                           const std::vector<reservations::Reservation>& upserts) const;
+                           const std::vector<reservations::Reservation>& upserts);
   using TermResult = std::expected<vmctl::TerminateResult, vmctl::VmError>;
   struct BatchTally {  // what a batch's outcomes add to its answer and to gpunode_terminations_total
     json::array terminated, left;

@@ -20,6 +20,7 @@ void NodeService::Impl::load() {
     for (auto& [id, x] : loaded.reservations) sorted.push_back(std::move(x));
     reservations.assign(std::move(sorted));
   }
+  ended_count = loaded.ended;
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
   live.clear();
@@ -43,8 +44,11 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
   // Committed: now memory follows.
   for (const auto& x : c.upserts) {
     live.follow(reservations.find(x.id), &x);
-    reservations.put(x);
     queue_term(x);
+    if (!x.ended())
+      reservations.put(x);
+    else if (reservations.erase(x.id))
+      ++ended_count;  // it ended now: from here on it is read from disk
   }
   for (const auto& row : c.terminations) {
     TerminationRow stored = row;
@@ -119,6 +123,8 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
   for (const auto& x : reservations) {
     if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(x.state))) ++g.reservations[*i];
   }
+  if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(r::State::ended)))
+    g.reservations[*i] += ended_count;
   g.revision = store.revision();
   g.discovery_seconds = last_scan_seconds;
   g.unentitled_workloads = static_cast<std::int64_t>(unentitled.size());

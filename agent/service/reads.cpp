@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <tuple>
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/discovery/json.hpp"
@@ -137,40 +138,51 @@ std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest
   });
 }
 
-ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const r::Caller& who) {
-  std::optional<r::State> state;
+std::expected<ReservationQuery, ApiResponse> reservation_query(const ApiRequest& q) {
+  ReservationQuery out;
   if (auto v = q.query_param("state"); v && !v->empty()) {
-    state = r::parse_state(*v);
-    if (!state)
-      return problem(400, "invalid-request", "state must be scheduled, active or ended",
-                     {{"state", "must be scheduled, active or ended"}});
+    out.state = r::parse_state(*v);
+    if (!out.state)
+      return std::unexpected(problem(400, "invalid-request", "state must be scheduled, active or ended",
+                                     {{"state", "must be scheduled, active or ended"}}));
   }
   auto page = paging(q);
-  if (!page) return page.error();
-  const auto& [limit, token] = *page;
-  if (!token.empty() && !is_new_id("rsv_", token)) {
-    return problem(400, "invalid-request",
-                   "pageToken is not one this node gave: pass the nextPageToken of the previous page",
-                   {{"pageToken", "must be a nextPageToken from this list"}});
+  if (!page) return std::unexpected(page.error());
+  std::tie(out.limit, out.token) = std::move(*page);
+  if (!out.token.empty() && !is_new_id("rsv_", out.token)) {
+    return std::unexpected(
+        problem(400, "invalid-request",
+                "pageToken is not one this node gave: pass the nextPageToken of the previous page",
+                {{"pageToken", "must be a nextPageToken from this list"}}));
   }
+  return out;
+}
+
+ApiResponse reservations_answer(const Snapshot& s, const ReservationQuery& query, const r::Caller& who) {
   const bool all = r::may(r::Action::list_all_reservations, who, on_node(s));
-  json::array list;
-  std::string last;
-  bool more = false;
-  for (auto it = token.empty() ? s.reservations.begin() : s.reservations.after(token);
-       it != s.reservations.end(); ++it) {
-    if (!(all || r::may(r::Action::see_reservation, who, on_node(s, &*it))) || (state && it->state != *state))
-      continue;
-    if (list.size() == limit) {
-      more = true;
-      break;
-    }
-    list.emplace_back(to_json(*it));
-    last = it->id;
+  ReservationPage page(query.limit);
+  for (auto it = query.token.empty() ? s.reservations.begin() : s.reservations.after(query.token);
+       it != s.reservations.end() && !page.full(); ++it) {
+    if ((all || r::may(r::Action::see_reservation, who, on_node(s, &*it))) &&
+        (!query.state || it->state == *query.state))
+      page.add(*it);
   }
-  return with_etag(
-      json_response(json::object{{"reservations", std::move(list)},
-                                 {"nextPageToken", more ? json::value(last) : json::value(nullptr)}}));
+  return page.answer();
+}
+
+void ReservationPage::add(const r::Reservation& x) {
+  if (list_.size() == limit_) {
+    more_ = true;
+    return;
+  }
+  list_.emplace_back(to_json(x));
+  last_ = x.id;
+}
+
+ApiResponse ReservationPage::answer() {
+  return with_etag(json_response(
+      json::object{{"reservations", std::move(list_)},
+                   {"nextPageToken", more_ ? json::value(std::move(last_)) : json::value(nullptr)}}));
 }
 
 ApiResponse reservation_answer(const r::Reservation& x) {

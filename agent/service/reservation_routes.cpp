@@ -80,12 +80,13 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
   if (n == 4 && seg[3] == "terminate-spot")
     return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
   if (n == 4 && seg[3] == "reservations") {
-    if (q.method == "GET") return reservations_answer(*snapshot(), q, c.who);
+    if (q.method == "GET") return stored_reservations(q, c);
     if (q.method == "POST") return create(q, c);
     return method_not_allowed("GET, POST");
   }
   if (n >= 5 && seg[3] == "reservations") {
-    const auto* x = reservations.find(seg[4]);
+    std::optional<r::Reservation> kept;
+    const auto* x = find_reservation(seg[4], kept);
     if (x == nullptr || !allowed(r::Action::see_reservation, c, x)) return not_found();
     if (n == 5) {
       if (q.method == "GET") return reservation_answer(*x);
@@ -301,6 +302,48 @@ ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r
   ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
   ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
   return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
+}
+
+// GET reservations: a list of live states from the snapshot; one that holds ended reservations from
+// the store, a page at a time (an org's through reservation_orgs), each decided by the rules.
+ApiResponse NodeService::Impl::stored_reservations(const ApiRequest& q, const Caller& c) {
+  auto query = reservation_query(q);
+  if (!query) return query.error();
+  if (!query->lists_ended()) return reservations_answer(*snapshot(), *query, c.who);
+  const bool all = allowed(r::Action::list_all_reservations, c);
+  ReservationPage page(query->limit);
+  if (!all && !c.who.org) return page.answer();  // it sees no reservation but by its org
+  StoredRows rows{.ended_only = query->state.has_value(),
+                  .org = all ? std::nullopt : c.who.org,
+                  .after = query->token,
+                  .limit = query->limit + 1};
+  while (!page.full()) {
+    auto batch = store.reservations_after(rows);
+    if (!batch) {
+      say(LogLevel::error, "reservations read: " + batch.error().to_string());
+      return storage_problem(batch.error(), "the reservations cannot be read",
+                             "try again once the agent's log says they can");
+    }
+    for (const auto& x : *batch) {
+      rows.after = x.id;
+      if (all || allowed(r::Action::see_reservation, c, &x)) page.add(x);
+      if (page.full()) break;
+    }
+    if (batch->size() < rows.limit) break;
+  }
+  return page.answer();
+}
+
+const r::Reservation* NodeService::Impl::find_reservation(std::string_view id,
+                                                          std::optional<r::Reservation>& kept) {
+  if (const auto* x = reservations.find(id)) return x;
+  auto stored = store.reservation(id);
+  if (!stored) {
+    say(LogLevel::error, "reservation read: " + stored.error().to_string());
+    return nullptr;
+  }
+  kept = std::move(*stored);
+  return kept ? &*kept : nullptr;
 }
 
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {

@@ -1,7 +1,8 @@
-// The node's reservations, in id order: the core thread's one copy of them (private to
-// gpunode_service). A sorted vector, so that the rules, which read a list, read it as it is, and a
-// snapshot copies it in one pass; a change moves the tail (a new id is the newest, so a create
-// appends).
+// The node's reservations not ended, in id order: the core thread's one copy of them (private to
+// gpunode_service). Ended ones stay on disk (StateStore::reservation, reservations_after): memory
+// grows with what is live, not with history (CONTRACT §11). A sorted vector, so that the rules, which read a
+// list, read it as it is, and a snapshot copies it in one pass; a change moves the tail (a new id is the
+// newest, so a create appends).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +44,13 @@ class ReservationTable {
       list_[static_cast<std::size_t>(at - list_.begin())] = x;
     else
       list_.insert(at, x);
+  }
+  // Drops the reservation with this id (it ended); whether it was here.
+  bool erase(std::string_view id) {
+    auto at = lower(id);
+    if (at == list_.end() || at->id != id) return false;
+    list_.erase(at);
+    return true;
   }
   void assign(List sorted) { list_ = std::move(sorted); }
 

@@ -50,7 +50,8 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
   } else if (seg.size() == 4 && seg[3] == "capacity") {
     answer = capacity_answer(*s, q, who);
   } else if (seg.size() == 4 && seg[3] == "reservations") {
-    answer = reservations_answer(*s, q, who);
+    if (auto query = reservation_query(q); query && !query->lists_ended())
+      answer = reservations_answer(*s, *query, who);
   } else if (seg.size() == 5 && seg[3] == "reservations") {
     const auto* x = s->reservations.find(seg[4]);
     if (x != nullptr &&

@@ -66,7 +66,32 @@ ApiResponse units_answer(const Snapshot& s, const reservations::Caller& who);
 // waits) Park.
 std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest& q,
                                              const reservations::Caller& who);
-ApiResponse reservations_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
+// GET reservations' query: its state, limit and pageToken, or the 400.
+struct ReservationQuery {
+  std::optional<reservations::State> state;
+  std::size_t limit = 0;
+  std::string token;  // the last id of the previous page
+  // Ended reservations are on disk, not in a snapshot: a list that holds them (no state, or
+  // state=ended) is paged from the store on the core thread (NodeService::Impl::stored_reservations).
+  [[nodiscard]] bool lists_ended() const { return !state || *state == reservations::State::ended; }
+};
+std::expected<ReservationQuery, ApiResponse> reservation_query(const ApiRequest& q);
+// One page of reservations in id order: add() each the caller sees, in order, until full().
+class ReservationPage {
+ public:
+  explicit ReservationPage(std::size_t limit) : limit_(limit) {}
+  void add(const reservations::Reservation& x);  // past the limit: only notes that there is more
+  [[nodiscard]] bool full() const { return more_; }
+  ApiResponse answer();  // {"reservations", "nextPageToken"} with its ETag
+ private:
+  std::size_t limit_;
+  boost::json::array list_;
+  std::string last_;
+  bool more_ = false;
+};
+// The live states' list (scheduled or active) from a snapshot.
+ApiResponse reservations_answer(const Snapshot& s, const ReservationQuery& query,
+                                const reservations::Caller& who);
 ApiResponse reservation_answer(const reservations::Reservation& x);  // needs no snapshot: `x` is its own
 // GET capacity?org=ORG: the units ORG may place on now, each with its tier (CONTRACT §4).
 ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);

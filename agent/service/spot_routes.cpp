@@ -125,16 +125,19 @@ Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& p
 }
 
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
-                                            const std::vector<r::Reservation>& upserts) const {
+                                            const std::vector<r::Reservation>& upserts) {
   json::object out{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
   if (!b.terminating.empty()) out["terminating"] = b.terminating;  // only then: the contract's keys otherwise
   if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
     // The reservation as the answer's commit leaves it: from `upserts` when it changes there.
     auto changed = std::find_if(upserts.begin(), upserts.end(),
                                 [&](const r::Reservation& u) { return u.id == *b.reservation_id; });
-    const auto& x = changed != upserts.end() ? *changed : reservations.at(*b.reservation_id);
-    out["reservation"] = to_json(x);
-    return with_header(json_response(out), "ETag", etag_of_version(x.version));
+    std::optional<r::Reservation> kept;  // it may have ended meanwhile
+    const auto* x = changed != upserts.end() ? &*changed : find_reservation(*b.reservation_id, kept);
+    if (x != nullptr) {
+      out["reservation"] = to_json(*x);
+      return with_header(json_response(out), "ETag", etag_of_version(x->version));
+    }
   }
   return json_response(out);
 }
@@ -335,8 +338,9 @@ Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) 
 
   const auto reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
   const r::Reservation* rx = nullptr;
+  std::optional<r::Reservation> kept;
   if (rid) {
-    rx = reservations.find(*rid);
+    rx = find_reservation(*rid, kept);
     if (rx == nullptr || !allowed(r::Action::see_reservation, c, rx)) {
       return problem(422, "unknown-reservation",
                      fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),

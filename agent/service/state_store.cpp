@@ -36,6 +36,25 @@ CREATE TABLE idempotency (caller TEXT NOT NULL, key TEXT NOT NULL, fingerprint T
 CREATE TABLE terminations (audit_seq INTEGER PRIMARY KEY, domain_uuid TEXT NOT NULL, doc TEXT NOT NULL,
                            state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed')));
 CREATE INDEX terminations_pending ON terminations (state) WHERE state = 'pending';
+)sql"},
+                                                  {3, "history on disk",
+                                                   // Ended reservations stay on disk (CONTRACT §11): load
+                                                   // reads the others by `ended`, pages of ended ones are
+                                                   // read by it, and an org's by reservation_orgs (every org
+                                                   // that was ever its audience or manager: the rules
+                                                   // decide on the document). A document that is not JSON
+                                                   // counts as not ended, so load() names it as today.
+                                                   R"sql(
+ALTER TABLE reservations ADD COLUMN ended INTEGER NOT NULL GENERATED ALWAYS AS
+  (CASE WHEN json_valid(doc) THEN json_extract(doc, '$.state') IS 'ended' ELSE 0 END) VIRTUAL;
+CREATE INDEX reservations_by_ended ON reservations (ended, id);
+CREATE TABLE reservation_orgs (org TEXT NOT NULL, id TEXT NOT NULL, PRIMARY KEY (org, id)) WITHOUT ROWID;
+INSERT OR IGNORE INTO reservation_orgs (org, id)
+  SELECT o.value, r.id FROM reservations r, json_each(CASE WHEN json_valid(r.doc) THEN r.doc ELSE '{}' END,
+                                                      '$.audienceOrgIds') o WHERE o.type = 'text'
+  UNION
+  SELECT o.value, r.id FROM reservations r, json_each(CASE WHEN json_valid(r.doc) THEN r.doc ELSE '{}' END,
+                                                      '$.managingOrgIds') o WHERE o.type = 'text';
 )sql"}};
   return list;
 }
@@ -128,19 +147,23 @@ std::expected<void, DbError> StateStore::load() {
   });
   if (!head) return head;
 
-  auto rows = db_.prepare("SELECT id, doc FROM reservations");
+  // The reservations not ended; the ended ones are counted (by the index) and stay on disk.
+  auto rows = db_.prepare("SELECT id, doc FROM reservations WHERE ended = 0");
   if (!rows) return std::unexpected(rows.error());
   auto reservations = each_row(*rows, [&](store::Statement& st) -> std::expected<void, DbError> {
-    boost::system::error_code ec;
-    auto v = json::parse(st.column_text(1), ec);
-    auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
-    if (!x)
-      return std::unexpected(
-          DbError::corrupt(fmt::format("reservation {} in {}: bad {}", st.column_text(0), file, x.error())));
+    auto x = parse_reservation(st.column_text(0), st.column_text(1));
+    if (!x) return std::unexpected(x.error());
     loaded_.reservations.emplace(x->id, std::move(*x));
     return {};
   });
   if (!reservations) return reservations;
+  auto ended = db_.prepare("SELECT count(*) FROM reservations WHERE ended = 1");
+  if (!ended) return std::unexpected(ended.error());
+  auto counted = each_row(*ended, [&](store::Statement& st) -> std::expected<void, DbError> {
+    loaded_.ended = st.column_int64(0);
+    return {};
+  });
+  if (!counted) return counted;
 
   auto ts = db_.prepare("SELECT audit_seq, domain_uuid, doc FROM terminations WHERE state = 'pending'");
   if (!ts) return std::unexpected(ts.error());
@@ -159,6 +182,62 @@ std::expected<void, DbError> StateStore::load() {
     if (!ec && v.is_object()) loaded_.absent_units.emplace(st.column_text(0), std::move(v.get_object()));
     return {};
   });
+}
+
+std::expected<reservations::Reservation, DbError> StateStore::parse_reservation(
+    const std::string& id, const std::string& doc) const {
+  boost::system::error_code ec;
+  auto v = json::parse(doc, ec);
+  auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
+  if (!x)
+    return std::unexpected(
+        DbError::corrupt(fmt::format("reservation {} in {}: bad {}", id, db_.path().string(), x.error())));
+  return std::move(*x);
+}
+
+std::expected<std::optional<reservations::Reservation>, DbError> StateStore::reservation(
+    std::string_view id) {
+  auto st = cached("SELECT doc FROM reservations WHERE id = ?1");
+  if (!st) return std::unexpected(st.error());
+  if (auto b = (*st)->bind_all(std::string(id)); !b) return std::unexpected(b.error());
+  std::optional<reservations::Reservation> out;
+  auto read = each_row(**st, [&](store::Statement& row) -> std::expected<void, DbError> {
+    auto x = parse_reservation(std::string(id), row.column_text(0));
+    if (!x) return std::unexpected(x.error());
+    out = std::move(*x);
+    return {};
+  });
+  (*st)->reset();
+  if (!read) return std::unexpected(read.error());
+  return out;
+}
+
+std::expected<std::vector<reservations::Reservation>, DbError> StateStore::reservations_after(
+    const StoredRows& q) {
+  // Both walk an index in id order: reservations_by_ended or the primary key, or reservation_orgs'.
+  const std::string_view sql =
+      q.org ? (q.ended_only ? "SELECT r.id, r.doc FROM reservation_orgs o JOIN reservations r ON r.id = o.id "
+                              "WHERE o.org = ?3 AND o.id > ?1 AND r.ended = 1 ORDER BY o.id LIMIT ?2"
+                            : "SELECT r.id, r.doc FROM reservation_orgs o JOIN reservations r ON r.id = o.id "
+                              "WHERE o.org = ?3 AND o.id > ?1 ORDER BY o.id LIMIT ?2")
+            : (q.ended_only
+                   ? "SELECT id, doc FROM reservations WHERE ended = 1 AND id > ?1 ORDER BY id LIMIT ?2"
+                   : "SELECT id, doc FROM reservations WHERE id > ?1 ORDER BY id LIMIT ?2");
+  auto st = cached(sql);
+  if (!st) return std::unexpected(st.error());
+  const auto limit = static_cast<std::int64_t>(q.limit);
+  auto bound = q.org ? (*st)->bind_all(q.after, limit, *q.org) : (*st)->bind_all(q.after, limit);
+  if (!bound) return std::unexpected(bound.error());
+  std::vector<reservations::Reservation> out;
+  auto read = each_row(**st, [&](store::Statement& row) -> std::expected<void, DbError> {
+    auto x = parse_reservation(row.column_text(0), row.column_text(1));
+    if (!x) return std::unexpected(x.error());
+    out.push_back(std::move(*x));
+    return {};
+  });
+  (*st)->reset();
+  if (!read) return std::unexpected(read.error());
+  return out;
 }
 
 std::expected<store::Statement*, DbError> StateStore::cached(std::string_view sql) {
@@ -215,6 +294,12 @@ std::expected<void, DbError> StateStore::write_reservations(const Change& c, Tal
                        x.id, json::serialize(to_json(x)));
         !w) {
       return w;
+    }
+    for (const auto* orgs : {&x.audience_org_ids, &x.managing_org_ids}) {
+      for (const auto& org : *orgs) {
+        if (auto w = write("INSERT OR IGNORE INTO reservation_orgs (org, id) VALUES (?1, ?2)", org, x.id); !w)
+          return w;
+      }
     }
   }
   return {};

@@ -93,11 +93,21 @@ struct Committed {
   std::vector<std::int64_t> audit_seqs;  // one per Change::audits, in order
 };
 
-// What the store holds beyond its counters, read once at open.
+// What the store holds beyond its counters, read once at open: what is live, not the history.
 struct Loaded {
-  std::map<std::string, reservations::Reservation, std::less<>> reservations;
+  std::map<std::string, reservations::Reservation, std::less<>> reservations;  // the ones not ended
+  std::int64_t ended = 0;                                                      // how many ended ones are kept
   std::map<std::int64_t, TerminationRow> pending;           // terminations cut short, by audit seq
   std::map<std::string, boost::json::object> absent_units;  // last seen JSON, `absent` applied
+};
+
+// Which stored reservations a page reads, in id order after `after`: all or the ended ones, and
+// (with `org`) only those `org` is or was audience or manager of. The rules decide on each.
+struct StoredRows {
+  bool ended_only = false;
+  std::optional<std::string> org;
+  std::string after;
+  std::size_t limit = 0;
 };
 
 // An answer kept for an Idempotency-Key.
@@ -147,6 +157,12 @@ class StateStore {
   // Deletes the answers created before `cutoff` (seconds since the epoch).
   std::expected<void, store::DbError> purge_idempotency(std::int64_t cutoff);
 
+  // One stored reservation, ended or not (ended ones are not in memory: CONTRACT §11).
+  std::expected<std::optional<reservations::Reservation>, store::DbError> reservation(std::string_view id);
+  // Up to `q.limit` stored reservations (see StoredRows).
+  std::expected<std::vector<reservations::Reservation>, store::DbError> reservations_after(
+      const StoredRows& q);
+
   // Up to `limit` audit records after `after_seq`, as (seq, stored JSON text).
   std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> audit_after(
       std::int64_t after_seq, std::size_t limit);
@@ -154,6 +170,8 @@ class StateStore {
  private:
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
   std::expected<void, store::DbError> load();
+  std::expected<reservations::Reservation, store::DbError> parse_reservation(const std::string& id,
+                                                                             const std::string& doc) const;
   // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
   std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
   template <class... Args>

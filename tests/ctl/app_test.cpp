@@ -327,6 +327,12 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
       "units":{"total":2,"gpus":3,"reservable":1,"byClass":{"vfio-group":1,"none":1}},
       "reservations":{"scheduled":0,"active":1,"ended":1},"workloads":{"total":2,"running":1},"outboxDepth":4,"libvirt":"connected",
       "unentitledWorkloads":null})"));
+  // GET state holds no ended reservation (CONTRACT §4): their count is the agent's metric.
+  f.agent.answers["GET /metrics"] =
+      Response{200, {}, "gpunode_outbox_events 4\ngpunode_reservations{state=\"ended\"} 7\n"};
+  CHECK(json::parse(f.run({"--json", "status"}).out).at("reservations") ==
+        json::parse(R"({"scheduled":0,"active":1,"ended":7})"));
+  CHECK(f.run({"status"}).out.find("reservations: 1 active, 7 ended\n") != std::string::npos);
   // An agent that judges its domains (CONTRACT §9): the VMs on units they are not entitled to, named.
   f.agent.answers["GET /v1/nodes/node-1/state"] = ok(
       R"({"nodeId":"node-1","revision":9,"units":[],"reservations":[],"workloads":[{"name":"a","domainUuid":"da","state":"running"},)"

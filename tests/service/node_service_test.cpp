@@ -715,9 +715,12 @@ TEST_CASE(
       node.read(Lab::request("GET", Lab::path(fmt::format("/reservations/{}", id.c_str())), aud), lab.now_);
   REQUIRE(mine);
   CHECK(mine->header("ETag") == std::optional<std::string_view>("\"1\""));
-  const auto list = node.read(Lab::request("GET", Lab::path("/reservations"), aud), lab.now_);
+  const auto list = node.read(Lab::request("GET", Lab::path("/reservations?state=scheduled"), aud), lab.now_);
   REQUIRE(list);
-  CHECK(list->body == lab.call("GET", Lab::path("/reservations"), aud).body);
+  CHECK(list->body == lab.call("GET", Lab::path("/reservations?state=scheduled"), aud).body);
+  // A list that holds ended reservations is paged from the store, on the state thread.
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/reservations"), aud), lab.now_));
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/reservations?state=ended"), admin), lab.now_));
   // Capacity too: what org-a may place on now, the same bytes as the state thread's.
   const auto capacity = Lab::request("GET", Lab::path("/capacity?org=org-a"), admin);
   const auto from_snapshot = node.read(capacity, lab.now_);
@@ -1866,4 +1869,84 @@ TEST_CASE("unentitled workloads: a spot domain on a unit its reservation is recl
   REQUIRE(lab.call("GET", Lab::path("/workloads"), admin).status == 200);
   CHECK(lab.service_->gauges().unentitled_workloads ==
         1);  // its reservation ended: a spot VM on a unit off the market
+}
+
+TEST_CASE(
+    "history stays on disk: ended reservations leave memory and GET state, and are paged from the store") {
+  Lab lab;
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const std::string u41 = "u-0000-41-00-0", u42 = "u-0000-42-00-0";
+  auto end = [&](const json::object& x) {
+    REQUIRE(lab.call("POST", Lab::path(fmt::format("/reservations/{}/end", x.at("id").as_string().c_str())),
+                     admin)
+                .status == 200);
+  };
+  auto ids = [](const ApiResponse& r) {
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    std::vector<std::string> out;
+    const auto body = Lab::body(r);
+    for (const auto& x : body.at("reservations").as_array()) out.emplace_back(x.at("id").as_string());
+    return out;
+  };
+  auto id = [](const json::object& x) { return std::string(x.at("id").as_string()); };
+  // Lists are in id order (ids made in one millisecond of the lab's fixed clock sort at random).
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  auto a = lab.create(admin, {u41}, {"org-a"}, {"org-m"});
+  end(a);
+  auto b = lab.create(admin, {u42}, {"org-b"}, {});
+  end(b);
+  // e: org-x was its audience and is no more (amended) when it ends; the rules decide, not the index.
+  auto e = lab.create(admin, {u42}, {"org-x"}, {});
+  REQUIRE(lab.call("PATCH", Lab::path("/reservations/" + id(e)), admin, R"({"audienceOrgIds":["org-y"]})")
+              .status == 200);
+  end(e);
+  auto d = lab.create(admin, {u41}, {"org-a", "org-x"}, {});  // live: org-a and org-x see the node
+
+  // GET state holds the live one only.
+  auto state = Lab::body(lab.call("GET", Lab::path("/state"), admin));
+  REQUIRE(state.at("reservations").as_array().size() == 1);
+  CHECK(state.at("reservations").at(0).at("id") == d.at("id"));
+  auto ended_index = *gpunode::metrics::index_of(gpunode::metrics::kReservationStates, "ended");
+  CHECK(lab.service_->gauges().reservations[ended_index] == 3);
+
+  // Paged from the store, in id order, for each caller what it sees.
+  const auto all_ended = sorted({id(a), id(b), id(e)});
+  CHECK(ids(lab.call("GET", Lab::path("/reservations?state=ended"), admin)) == all_ended);
+  auto first = lab.call("GET", Lab::path("/reservations?state=ended&limit=2"), admin);
+  CHECK(ids(first) == std::vector<std::string>{all_ended[0], all_ended[1]});
+  const std::string token(Lab::body(first).at("nextPageToken").as_string());
+  auto second = lab.call("GET", Lab::path("/reservations?state=ended&limit=2&pageToken=" + token), admin);
+  CHECK(ids(second) == std::vector<std::string>{all_ended[2]});
+  CHECK(Lab::body(second).at("nextPageToken").is_null());
+  CHECK(ids(lab.call("GET", Lab::path("/reservations"), admin)) == sorted({id(a), id(b), id(e), id(d)}));
+  const auto org_a = lab.token("org-a"), org_x = lab.token("org-x"), org_b = lab.token("org-b");
+  CHECK(ids(lab.call("GET", Lab::path("/reservations"), org_a)) == sorted({id(a), id(d)}));
+  CHECK(ids(lab.call("GET", Lab::path("/reservations?state=ended"), org_a)) ==
+        std::vector<std::string>{id(a)});
+  CHECK(ids(lab.call("GET", Lab::path("/reservations?state=ended&limit=1"), org_x)).empty());
+  CHECK(ids(lab.call("GET", Lab::path("/reservations"), org_x)) == std::vector<std::string>{id(d)});
+  CHECK(lab.call("GET", Lab::path("/reservations"), org_b).status == 404);  // sees the node no more
+
+  // One ended reservation: read from the store, by whom may see it; acting on it is 409.
+  auto got = lab.call("GET", Lab::path("/reservations/" + id(a)), org_a);
+  REQUIRE(got.status == 200);
+  CHECK(Lab::body(got).at("state") == "ended");
+  CHECK(got.header("ETag") == std::optional<std::string_view>("\"2\""));
+  CHECK(lab.call("GET", Lab::path("/reservations/" + id(e)), org_x).status == 404);
+  CHECK(code_of(lab.call("POST", Lab::path("/reservations/" + id(a) + "/end"), admin)) ==
+        "reservation-ended");
+  CHECK(code_of(lab.call("PATCH", Lab::path("/reservations/" + id(b)), admin, R"({"note":"c"})")) ==
+        "reservation-ended");
+  CHECK(lab.call("GET", Lab::path("/reservations/rsv_00000000000000000000000000"), admin).status == 404);
+
+  // After a restart: the same answers, the ended ones counted, not loaded.
+  const auto before = lab.call("GET", Lab::path("/reservations"), admin).body;
+  lab.open();
+  const auto admin2 = lab.token("org-platform", {"platform-admin"});
+  CHECK(lab.call("GET", Lab::path("/reservations"), admin2).body == before);
+  CHECK(lab.service_->gauges().reservations[ended_index] == 3);
+  CHECK(Lab::body(lab.call("GET", Lab::path("/state"), admin2)).at("reservations").as_array().size() == 1);
 }

@@ -57,8 +57,10 @@ struct StatusView {
   std::int64_t revision = 0;
   NodeState state;
   std::optional<double> outbox_depth;  // nullopt: the agent does not say
-  std::string libvirt = "unknown";     // "connected", "disconnected", "unknown" (as in the heartbeat)
-  std::string libvirt_detail;          // why, for people
+  // The ended reservations, which GET state does not hold (CONTRACT §4): from the agent's metrics.
+  std::optional<double> ended;
+  std::string libvirt = "unknown";  // "connected", "disconnected", "unknown" (as in the heartbeat)
+  std::string libvirt_detail;       // why, for people
 };
 std::string render_status(const StatusView& v, const Style& style);
 boost::json::value status_json(const StatusView& v);
