@@ -39,6 +39,10 @@ using config::LogLevel;
 
 namespace {
 
+// CONTRACT §11 Stopping: requests in progress get this long to finish after SIGTERM, so that the
+// agent exits within 2 s; idle connections are closed at once, parked polls answered at once.
+constexpr std::chrono::milliseconds kStopDrain{1500};
+
 service::ApiRequest to_api(http::Request&& q) {
   service::ApiRequest a;
   a.method = std::move(q.method);
@@ -83,6 +87,7 @@ struct Daemon::Parts {
   config::Config cfg;  // as started; immutable after start() (a reload compares against it)
   std::optional<discovery::PciIds> names;
   std::optional<store::StateLock> lock;
+  PassedListeners passed;  // the sockets systemd passed (socket activation), if any
   // Core thread only, except read() (any thread). Set in start() before the threads run.
   std::unique_ptr<service::NodeService> node;
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
@@ -364,13 +369,12 @@ struct Daemon::Parts {
     asio::post(core, [this] { driver->stop(); });  // long polls are answered now (304)
     asio::post(net, [this] {
       watchdog.cancel();
-      server->shutdown(std::chrono::seconds(10), [this] {
+      server->shutdown(kStopDrain, [this] {
         signals.cancel();
         net.stop();
       });
     });
-    asio::post(admin_io,
-               [this] { admin_server->shutdown(std::chrono::seconds(10), [this] { admin_io.stop(); }); });
+    asio::post(admin_io, [this] { admin_server->shutdown(kStopDrain, [this] { admin_io.stop(); }); });
   }
 
   // Slow thread (one at a time: SIGHUP's and POST /v1/admin/reload's).
@@ -546,7 +550,7 @@ std::expected<void, std::string> bind_servers(Daemon::Parts& p,
   };
   p.server.emplace(p.net, api_limits(cfg), handle, log_line, observe);
   p.admin_server.emplace(p.admin_io, admin_limits(cfg), handle, log_line, observe);
-  return listen_all(*p.server, *p.admin_server, cfg, tls, gid, p.peers);
+  return listen_all(*p.server, *p.admin_server, cfg, p.passed, tls, gid, p.peers);
 }
 
 // Reporting to the central API when central.url is set (`central`, its TLS context); else a line
@@ -598,6 +602,8 @@ void start_threads(Daemon::Parts& p) {
 std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions options) {
   auto p = std::make_unique<Parts>();
   p->opt = std::move(options);
+  // Socket activation (CONTRACT §11): read first, while this is the only thread.
+  const auto passed = sd_listen_fds();
   // The config, and every file it names as this process would open it (CONTRACT §11): all problems at once.
   auto loaded = load_checked(p->opt.config_file);
   if (!loaded) {
@@ -608,6 +614,9 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   p->cfg = std::move(*loaded);
   const auto& cfg = p->cfg;
   p->log.configure(cfg.log.level, cfg.log.format);
+  auto matched = match_passed(passed, cfg);
+  if (!matched) return std::unexpected(matched.error());
+  p->passed = *matched;
 
   auto verifier = load_verifier(cfg);
   if (!verifier) return std::unexpected(verifier.error());
@@ -630,11 +639,13 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
 
 int Daemon::run(bool signals) {
   auto& p = *p_;
-  p.say(LogLevel::info, fmt::format("gpunode-agent {} serving node {} on https://{} and {}{}", p.opt.version,
-                                    p.cfg.node.id, p.cfg.api.listen, p.cfg.admin.socket,
-                                    p.cfg.metrics.listen.empty()
-                                        ? std::string()
-                                        : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
+  p.say(LogLevel::info,
+        fmt::format("gpunode-agent {} serving node {} on https://{}{} and {}{}{}", p.opt.version,
+                    p.cfg.node.id, p.cfg.api.listen, p.passed.api ? " (systemd's socket)" : "",
+                    p.cfg.admin.socket, p.passed.admin ? " (systemd's socket)" : "",
+                    p.cfg.metrics.listen.empty()
+                        ? std::string()
+                        : fmt::format("; /metrics on http://{}", p.cfg.metrics.listen)));
   sd_notify("READY=1");
   asio::post(p_->slow, [] { ::malloc_trim(0); });  // what start-up freed goes back to the kernel
   if (auto interval = sd_watchdog_interval()) p.arm_watchdog(*interval);

@@ -2,16 +2,24 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
 
 #include "gpunode/daemon/config_files.hpp"
 #include "gpunode/http/client_tls.hpp"
+#include "gpunode/text/printable.hpp"
 
 namespace gpunode::daemon {
 namespace {
@@ -19,6 +27,71 @@ namespace {
 // Descriptors the agent holds besides its connections: SQLite and its journal, libvirt's socket,
 // the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's.
 constexpr std::size_t kOwnFiles = 256;
+
+// What a passed socket is: its family, whether it listens for streams, and where it is bound.
+struct Bound {
+  int family = AF_UNSPEC;
+  bool listening = false;
+  std::string path;                            // AF_UNIX
+  std::optional<boost::asio::ip::address> ip;  // AF_INET, AF_INET6
+  std::uint16_t port = 0;
+  std::string text;  // for messages
+};
+
+Bound bound_address(int fd) {
+  Bound b;
+  int type = 0, accepting = 0;
+  socklen_t len = sizeof type;
+  const bool stream = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+  len = sizeof accepting;
+  b.listening =
+      stream && ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting != 0;
+  sockaddr_storage ss{};
+  len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    b.text = fmt::format("not a socket: {}", std::strerror(errno));
+    return b;
+  }
+  b.family = ss.ss_family;
+  if (ss.ss_family == AF_UNIX) {
+    const auto& un = reinterpret_cast<const sockaddr_un&>(ss);
+    b.path = len > offsetof(sockaddr_un, sun_path) ? std::string(un.sun_path) : std::string();
+    b.text = text::printable(b.path);
+  } else if (ss.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
+    b.ip = boost::asio::ip::address_v4(ntohl(in.sin_addr.s_addr));
+    b.port = ntohs(in.sin_port);
+    b.text = fmt::format("{}:{}", b.ip->to_string(), b.port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
+    boost::asio::ip::address_v6::bytes_type bytes;
+    std::memcpy(bytes.data(), in6.sin6_addr.s6_addr, bytes.size());
+    b.ip = boost::asio::ip::address_v6(bytes, in6.sin6_scope_id);
+    b.port = ntohs(in6.sin6_port);
+    b.text = fmt::format("[{}]:{}", b.ip->to_string(), b.port);
+  } else {
+    b.text = fmt::format("address family {}", ss.ss_family);
+  }
+  return b;
+}
+
+// Whether a TCP socket bound at `b` serves `listen` (api.listen): the same port, and the same
+// address, any of the addresses a host name resolves to, or (for "", "*", 0.0.0.0 or ::) any
+// wildcard (systemd's ListenStream=PORT binds [::] for IPv4 and IPv6 alike).
+bool serves_listen(const Bound& b, const std::string& listen) {
+  const auto want = config::parse_listen(listen);
+  if (!b.ip || !want || want->port != b.port) return false;
+  const std::string& host = want->host;
+  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::") return b.ip->is_unspecified();
+  boost::system::error_code ec;
+  if (auto ip = boost::asio::ip::make_address(host, ec); !ec) return ip == *b.ip;
+  boost::asio::io_context io;  // at start, before serving: a resolver may block here
+  boost::asio::ip::tcp::resolver resolver(io);
+  for (const auto& r : resolver.resolve(host, std::to_string(want->port), ec)) {
+    if (r.endpoint().address() == *b.ip) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -101,16 +174,48 @@ http::Limits admin_limits(const config::Config& c) {
   return limits;
 }
 
+std::expected<PassedListeners, std::string> match_passed(const std::vector<PassedSocket>& passed,
+                                                         const config::Config& c) {
+  PassedListeners out;
+  for (const auto& s : passed) {
+    const auto bound = bound_address(s.fd);
+    const std::string what = fmt::format("the socket systemd passed as \"{}\" (fd {}, {})",
+                                         text::printable(s.name), s.fd, bound.text);
+    const bool api = s.name == "api" || (s.name != "admin" && bound.family != AF_UNIX);
+    auto& slot = api ? out.api : out.admin;
+    const char* key = api ? "api.listen" : "admin.socket";
+    if (s.name != "api" && s.name != "admin" && bound.family != AF_UNIX && bound.family != AF_INET &&
+        bound.family != AF_INET6)
+      return std::unexpected(fmt::format("{} serves neither api.listen nor admin.socket", what));
+    if (slot) return std::unexpected(fmt::format("{} is a second socket for {}", what, key));
+    if (!bound.listening)
+      return std::unexpected(fmt::format("{} is not a listening stream socket for {}", what, key));
+    const bool same =
+        api ? serves_listen(bound, c.api.listen) : bound.family == AF_UNIX && bound.path == c.admin.socket;
+    if (!same) {
+      return std::unexpected(fmt::format(
+          "{} does not match {} \"{}\": make gpunode-agent.socket's ListenStream= and {} name the same "
+          "address (systemctl edit gpunode-agent.socket)",
+          what, key, text::printable(api ? c.api.listen : c.admin.socket), key));
+    }
+    slot = s.fd;
+  }
+  return out;
+}
+
 std::expected<void, std::string> listen_all(http::Server& server, http::Server& admin,
-                                            const config::Config& c,
+                                            const config::Config& c, const PassedListeners& passed,
                                             std::shared_ptr<boost::asio::ssl::context> tls,
                                             std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers) {
   const auto where = config::parse_listen(c.api.listen);  // checked when the config was loaded
   if (!where) return std::unexpected(fmt::format("api.listen: {}", where.error()));
-  if (auto l = server.listen_tls(where->host, where->port, std::move(tls)); !l)
+  if (auto l = passed.api ? server.adopt_tls(*passed.api, std::move(tls))
+                          : server.listen_tls(where->host, where->port, std::move(tls));
+      !l)
     return std::unexpected(l.error());
-  if (auto l = admin.listen_unix(c.admin.socket, 0660, group,
-                                 [peers](const http::Peer& peer) { return peers->allowed(peer); });
+  auto filter = [peers](const http::Peer& peer) { return peers->allowed(peer); };
+  if (auto l = passed.admin ? admin.adopt_unix(*passed.admin, filter)
+                            : admin.listen_unix(c.admin.socket, 0660, group, filter);
       !l) {
     return std::unexpected(l.error());
   }

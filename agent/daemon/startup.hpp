@@ -18,6 +18,7 @@
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/daemon/sd_notify.hpp"
 #include "gpunode/http/server.hpp"
 #include "gpunode/report/reporter.hpp"
 #include "gpunode/store/state_lock.hpp"
@@ -52,10 +53,22 @@ std::expected<store::StateLock, std::string> lock_state_dir(const config::Config
 http::Limits api_limits(const config::Config& c);
 http::Limits admin_limits(const config::Config& c);
 
-// Binds api.listen (HTTPS with `tls`) and metrics.listen on `server`, and the admin socket on
-// `admin` (its group `group`, its peers as `peers` allows).
+// The listening sockets systemd passed (CONTRACT §11), by what they serve.
+struct PassedListeners {
+  std::optional<int> api, admin;
+};
+// Each passed socket matched to api.listen or admin.socket: by its FileDescriptorName= (`api`,
+// `admin`), or, for any other name (one socket unit gives all its sockets one name), by its family
+// (TCP: api, unix: admin). A socket bound elsewhere than its key says, a second one for a key, or
+// one that is neither refuses the start, naming the socket and the key.
+std::expected<PassedListeners, std::string> match_passed(const std::vector<PassedSocket>& passed,
+                                                         const config::Config& c);
+
+// Serves api.listen (HTTPS with `tls`) and the admin socket on `admin` (its group `group`, its peers
+// as `peers` allows) on the sockets systemd passed, binding those it did not pass; binds
+// metrics.listen on `server`.
 std::expected<void, std::string> listen_all(http::Server& server, http::Server& admin,
-                                            const config::Config& c,
+                                            const config::Config& c, const PassedListeners& passed,
                                             std::shared_ptr<boost::asio::ssl::context> tls,
                                             std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers);
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <boost/asio/strand.hpp>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <expected>
 #include <filesystem>
@@ -403,6 +404,60 @@ std::expected<void, std::string> Server::listen_tls(const std::string& host, std
     state_->tcp_acceptors.push_back(std::move(*a));
   }
   state_->accept_tcp(raw, false);
+  return {};
+}
+
+std::expected<void, std::string> Server::adopt_tls(int fd, std::shared_ptr<ssl::context> tls) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) {
+    ::close(fd);
+    return std::unexpected(fmt::format("passed socket (fd {}): not a TCP socket", fd));
+  }
+  auto a = std::make_unique<tcp::acceptor>(state_->io);
+  error_code ec;
+  if (a->assign(ss.ss_family == AF_INET ? tcp::v4() : tcp::v6(), fd, ec); ec) {
+    ::close(fd);
+    return std::unexpected(fmt::format("passed socket (fd {}): {}", fd, ec.message()));
+  }
+  auto bound = a->local_endpoint(ec);
+  tcp::acceptor* raw = a.get();
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->accepting) return std::unexpected(std::string("passed socket: the server is shutting down"));
+    state_->tls = std::move(tls);
+    if (state_->port == 0 && !ec) state_->port = bound.port();
+    state_->tcp_acceptors.push_back(std::move(a));
+  }
+  state_->accept_tcp(raw, false);
+  return {};
+}
+
+std::expected<void, std::string> Server::adopt_unix(int fd, PeerFilter filter) {
+  sockaddr_un sa{};
+  socklen_t len = sizeof sa;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sun_family != AF_UNIX) {
+    ::close(fd);
+    return std::unexpected(fmt::format("passed socket (fd {}): not a unix socket", fd));
+  }
+  auto l = std::make_unique<detail::UnixListener>();
+  l->acceptor = std::make_unique<unix_proto::acceptor>(state_->io);
+  l->path = len > offsetof(sockaddr_un, sun_path) ? std::string(sa.sun_path) : std::string();
+  l->unlinked = true;  // systemd's: it outlives this agent
+  l->filter = std::move(filter);
+  error_code ec;
+  if (l->acceptor->assign(unix_proto(), fd, ec); ec) {
+    ::close(fd);
+    return std::unexpected(fmt::format("passed socket {} (fd {}): {}", l->path, fd, ec.message()));
+  }
+  detail::UnixListener* raw = l.get();
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->accepting) return std::unexpected(std::string("passed socket: the server is shutting down"));
+    state_->unix_listeners.push_back(std::move(l));
+  }
+  state_->accept_unix(raw);
   return {};
 }
 

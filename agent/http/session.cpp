@@ -82,7 +82,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void drain() override {
     net::post(ex_, [self = this->shared_from_this()] {
       self->draining_ = true;
-      if (self->phase_ == Phase::idle) self->lowest().cancel();  // the idle read ends; wait_request closes
+      // An idle keep-alive connection ends now (wait_request closes it). One that has not sent its
+      // first request yet is no idle one: its client is about to ask, and is answered (CONTRACT §11
+      // Stopping), within the drain.
+      if (self->phase_ == Phase::idle && self->answered_ > 0) self->lowest().cancel();
     });
   }
 
@@ -122,7 +125,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // Between requests: wait (idle_timeout) for the first byte of the next one.
   void wait_request() {
     if (closed_) return;
-    if (draining_) return do_close();
+    if (draining_ && answered_ > 0) return do_close();
     if (buffer_.size() > 0) return read_header();
     buffer_.shrink_to_fit();  // an idle connection does not keep a large body's buffer
     phase_ = Phase::idle;
@@ -306,6 +309,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     res.keep_alive(!close);
     res.prepare_payload();
     close_after_ = close;
+    ++answered_;
     write_response();
   }
 
@@ -386,6 +390,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   Phase phase_ = Phase::start;
   bool registered_ = false;
   bool keep_alive_ = true;
+  std::uint64_t answered_ = 0;  // answers written on this connection
   bool close_after_ = false;
   bool draining_ = false;
   bool linger_ = false;

@@ -33,6 +33,7 @@ sys.dont_write_bytecode = True
 import lab as L  # noqa: E402
 
 UNIT = "gpunode-agent.service"
+SOCKET = "gpunode-agent.socket"  # CONTRACT §11: the HTTPS port and the admin socket, held across restarts
 HOOK = "/etc/libvirt/hooks/qemu.d/50-gpunode"
 MAX_EXPOSURE = 2.0
 
@@ -308,6 +309,10 @@ def cmd_install(out, src):
         c.check("postinst: the unit is enabled (multi-user.target.wants)",
                 os.path.islink(link) and os.readlink(link) == f"/usr/lib/systemd/system/{UNIT}",
                 os.path.islink(link) and os.readlink(link))
+        link = os.path.join(root, "etc/systemd/system/sockets.target.wants", SOCKET)
+        c.check("postinst: the socket unit is enabled (sockets.target.wants)",
+                os.path.islink(link) and os.readlink(link) == f"/usr/lib/systemd/system/{SOCKET}",
+                os.path.islink(link) and os.readlink(link))
         c.eq("postinst: systemd not asked anything where it does not run", read_lines(calls), [])
         hook_file = os.path.join(root, HOOK.lstrip("/"))
         if not os.path.exists("/usr/bin/gpunode-agent"):
@@ -354,8 +359,9 @@ def cmd_install(out, src):
             os.chmod(os.path.join(lab, "tls.key"), 0o640)
             os.remove(calls)
             script("postinst", "configure")
-            c.eq("postinst, configured, the key 0640 root:gpunode (first install): started", actions(),
-                 ["systemctl --system daemon-reload", f"deb-systemd-invoke start {UNIT}"])
+            c.eq("postinst, configured, the key 0640 root:gpunode (first install): the sockets, then the agent started",
+                 actions(), ["systemctl --system daemon-reload", f"deb-systemd-invoke start {SOCKET}",
+                             f"deb-systemd-invoke start {UNIT}"])
         else:
             c.check("SKIP: the gate's as-gpunode run needs root (setpriv): a non-root run never starts", True)
         with open(conf, "w", encoding="utf-8") as f:
@@ -366,8 +372,9 @@ def cmd_install(out, src):
         with open(conf, "w", encoding="utf-8") as f:
             f.write(gated)
         script("postinst", "configure", "0.0.9-1")
-        want = [f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
-        c.eq("postinst, configured (upgrade), libvirtd running: restarted, libvirtd reloaded (not restarted)", actions(),
+        want = [f"deb-systemd-invoke start {SOCKET}", f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
+        c.eq("postinst, configured (upgrade), libvirtd running: the agent restarted (its sockets kept), libvirtd "
+             "reloaded (not restarted)", actions(),
              ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
         with open(conf, "w", encoding="utf-8") as f:
             f.write(filled)
@@ -396,7 +403,14 @@ def cmd_install(out, src):
                 "\nExecStart=/usr/bin/gpunode-agent run --config /etc/gpunode/agent.yaml\n" in text, "")
         with open(os.path.join(units, UNIT), "w", encoding="utf-8") as f:
             f.write(text.replace("/usr/bin/gpunode-agent", agent))
-        p = run(["systemd-analyze", "verify", os.path.join(units, UNIT)],
+        with open(os.path.join(root, "usr/lib/systemd/system", SOCKET), encoding="utf-8") as f:
+            socket_text = f.read()
+        c.check("the socket unit holds api.listen's and admin.socket's defaults",
+                "\nListenStream=0.0.0.0:8443\n" in socket_text and "\nListenStream=/run/gpunode/admin.sock\n" in socket_text
+                and 'listen: "0.0.0.0:8443"' in shipped and "socket: /run/gpunode/admin.sock" in shipped, socket_text)
+        with open(os.path.join(units, SOCKET), "w", encoding="utf-8") as f:
+            f.write(socket_text)
+        p = run(["systemd-analyze", "verify", os.path.join(units, UNIT), os.path.join(units, SOCKET)],
                 env=dict(os.environ, MANPATH=os.path.join(root, "usr/share/man")))
         c.check("systemd-analyze verify: no complaint", p.returncode == 0 and not p.stderr.strip(), p.stdout + p.stderr)
         p = run(["systemd-analyze", "security", "--offline=yes", "--no-pager", unit_src])
@@ -512,7 +526,7 @@ def cmd_install(out, src):
         script("prerm", "upgrade", "0.2.0-1")
         c.eq("prerm upgrade: not stopped (postinst restarts it)", read_lines(calls), [])
         script("prerm", "remove")
-        c.eq("prerm remove: stopped", read_lines(calls), [f"deb-systemd-invoke stop {UNIT}"])
+        c.eq("prerm remove: stopped, the sockets too", read_lines(calls), [f"deb-systemd-invoke stop {SOCKET} {UNIT}"])
         script("postrm", "remove")
         c.check("postrm remove: the state is kept", os.path.exists(os.path.join(state, "state.db")), os.listdir(root))
         os.remove(calls)

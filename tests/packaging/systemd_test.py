@@ -369,6 +369,29 @@ def check_reload(c, ct, config):
     c.check("gpunode-agent reload as root: exit 0, reloaded", p.returncode == 0 and "reloaded" in p.stdout, p.stdout + p.stderr)
 
 
+def under_load(ct, command, timeout=600):
+    """Runs `command` in the container while two loops there keep asking: GET /healthz over HTTPS
+    (curl, a new connection each: answered 200 or not) and gpunodectl --json status over the admin
+    socket (answered or not). Returns (command's exit, HTTPS answers, HTTPS failures, admin answers,
+    admin failures)."""
+    script = f"""rm -f /tmp/load.stop
+( while [ ! -e /tmp/load.stop ]; do code=$(curl -sk --max-time 10 -o /dev/null -w '%{{http_code}}' https://127.0.0.1:8443/healthz); if [ "$code" = 200 ]; then echo ok; else echo "refused $code"; fi; done > /tmp/load.tcp ) &
+( while [ ! -e /tmp/load.stop ]; do if gpunodectl --json status >/dev/null 2>/tmp/load.err; then echo ok; else echo failed; cat /tmp/load.err; fi; done > /tmp/load.admin ) &
+sleep 1
+{command}
+rc=$?
+sleep 1
+touch /tmp/load.stop
+wait
+echo "rc=$rc tcp=$(grep -c '^ok' /tmp/load.tcp) refused=$(grep -c '^refused' /tmp/load.tcp) admin=$(grep -c '^ok' /tmp/load.admin) failed=$(grep -c '^failed' /tmp/load.admin)"
+grep -v '^ok' /tmp/load.admin | head -3
+"""
+    p = ct.sh(script, timeout=timeout)
+    m = re.search(r"rc=(\d+) tcp=(\d+) refused=(\d+) admin=(\d+) failed=(\d+)", p.stdout)
+    print(f"#   under load: {short(p.stdout[-400:], 400)}", flush=True)
+    return tuple(int(x) for x in m.groups()) if m else (-1, 0, -1, 0, -1)
+
+
 def check_restart_to_fixture(c, ct, config):
     """discovery.host_root to the bind-mounted fixture host (a key that needs a restart): the reload
     names it, the restart takes it, and a reservation is made to follow across what comes next."""
@@ -378,9 +401,12 @@ def check_restart_to_fixture(c, ct, config):
     c.check("reload with discovery.host_root changed: exit 0, names it as needing a restart",
             p.returncode == 0 and "discovery.host_root" in p.stderr, p.stdout + p.stderr)
     pid = main_pid(ct)
-    p = ct.sh(f"systemctl restart {UNIT}", timeout=60)
-    c.check("systemctl restart: exit 0, a new PID, active", p.returncode == 0 and wait_active(ct) == "active"
-            and main_pid(ct) != pid, (p.returncode, pid, main_pid(ct)))
+    rc, tcp, refused, admin, failed = under_load(ct, f"systemctl restart {UNIT}", timeout=60)
+    c.check("systemctl restart: exit 0, a new PID, active", rc == 0 and wait_active(ct) == "active"
+            and main_pid(ct) != pid, (rc, pid, main_pid(ct)))
+    c.check(f"... through gpunode-agent.socket: nothing refused or unanswered ({tcp} HTTPS /healthz answers, "
+            f"{admin} admin-socket status answers meanwhile)", tcp > 0 and admin > 0 and refused == 0 and failed == 0,
+            (tcp, refused, admin, failed))
     p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note systemd-test")
     try:
         made = json.loads(p.stdout)
@@ -424,8 +450,11 @@ def check_watchdog(c, ct):
 
 def check_upgrade(c, ct, deb_name, fixture, rid):
     pid = main_pid(ct)
-    p = ct.sh(f"apt-get install -y --reinstall /mnt/pkg/{deb_name}", timeout=600)
-    c.eq("apt-get install --reinstall over the running agent: exit 0", p.returncode, 0)
+    rc, tcp, refused, admin, failed = under_load(ct, f"apt-get install -y --reinstall /mnt/pkg/{deb_name} >/dev/null 2>&1")
+    c.eq("apt-get install --reinstall over the running agent: exit 0", rc, 0)
+    c.check(f"... nothing refused or unanswered meanwhile ({tcp} HTTPS /healthz answers, {admin} admin-socket "
+            f"status answers)",
+            tcp > 0 and admin > 0 and refused == 0 and failed == 0, (tcp, refused, admin, failed))
     c.check("... the agent was restarted (new PID) and is active", wait_active(ct) == "active" and main_pid(ct) != pid,
             (pid, main_pid(ct)))
     with open(ct.path("/etc/gpunode/agent.yaml"), encoding="utf-8") as f:

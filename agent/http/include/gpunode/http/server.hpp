@@ -178,6 +178,12 @@ class Server {
   // socket, the step and the reason (and the group id for a failed chown).
   std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode,
                                                std::optional<gid_t> group, PeerFilter filter);
+  // Socket activation (CONTRACT §11): HTTPS on `fd`, a listening TCP socket systemd passed, and the
+  // admin socket on `fd`, a listening unix socket. The server owns `fd` from the call on (closed on
+  // an error too). Closing it when the server stops accepting leaves the socket open in systemd,
+  // whose queue keeps new connections for the next agent; an adopted admin socket is never unlinked.
+  std::expected<void, std::string> adopt_tls(int fd, std::shared_ptr<boost::asio::ssl::context> tls);
+  std::expected<void, std::string> adopt_unix(int fd, PeerFilter filter);
   // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
   void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
   std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)
