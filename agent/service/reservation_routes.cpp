@@ -168,7 +168,7 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   for (auto& e : r::validate_create(req, t)) {
     if (std::none_of(problems.begin(), problems.end(),
                      [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back({e.field, e.message});
+      problems.push_back(std::move(e));
     }
   }
   if (!problems.empty())
@@ -243,7 +243,7 @@ Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::
     if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
     if (std::none_of(problems.begin(), problems.end(),
                      [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back({e.field, e.message});
+      problems.push_back(std::move(e));
     }
   }
   if (!problems.empty())
