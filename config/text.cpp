@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "gpunode/text/ascii.hpp"
+
 namespace gpunode::config::text {
 namespace {
 
@@ -100,14 +102,6 @@ std::string escape(std::string_view s, std::size_t limit, bool& cut) {
 
 }  // namespace
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 std::string quote(std::string_view s) {
   bool cut = false;
   std::string out = "\"" + escape(s, kQuoteLimit, cut) + "\"";
@@ -167,7 +161,7 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::string_view closest(std::string_view word, std::span<const std::string_view> candidates) {
   if (word.size() > 64) return {};
-  const std::string wanted = lower(word);
+  const std::string wanted = gpunode::text::ascii_lower(word);
   std::string_view best;
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
   for (std::string_view candidate : candidates) {

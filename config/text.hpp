@@ -28,9 +28,6 @@ struct TextFault {
 };
 std::optional<TextFault> find_binary(std::string_view s);
 
-// `s` with its ASCII letters lower-cased (keys and words are ASCII; other bytes stay).
-std::string lower(std::string_view s);
-
 // Optimal string alignment distance (Levenshtein plus adjacent transpositions).
 std::size_t edit_distance(std::string_view a, std::string_view b);
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 
+#include "gpunode/text/ascii.hpp"
 #include "text.hpp"
 
 namespace gpunode::config {
@@ -252,7 +253,7 @@ Parsed<std::string> non_empty_text(std::string_view s) {
 Parsed<std::string> gpu_vendor(std::string_view s) {
   if (s.size() != 4 || !all_of(s, is_hex))
     return unexpected(std::string("a vendor id is 4 hex digits, e.g. 10de"));
-  return text::lower(s);
+  return gpunode::text::ascii_lower(s);
 }
 
 Parsed<std::string> reservable_class(std::string_view s) {
@@ -268,7 +269,7 @@ Parsed<std::string> unit_ref(std::string_view s) {
     return unexpected(
         std::string("expected a unit id like u-0000-41-00-0 or a PCI address like 0000:41:00.0"));
   }
-  return text::lower(s);
+  return gpunode::text::ascii_lower(s);
 }
 
 Parsed<std::string> listen(std::string_view s) {

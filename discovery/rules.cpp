@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include "gpunode/text/ascii.hpp"
+
 namespace gpunode::discovery {
 namespace {
 
@@ -141,10 +143,8 @@ bool contains(const std::vector<std::string>& list, const std::string& value) {
   return std::find(list.begin(), list.end(), value) != list.end();
 }
 
-std::string normalized(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
+std::string normalized(std::string_view s) {
+  return text::ascii_lower(s);
 }
 
 // The unit's members with their roles, by address.

@@ -51,7 +51,12 @@ bool cmdline_has_acs_override(std::string_view cmdline) {
   return false;
 }
 
-// The whole of a file too long for one small read ("" when it cannot be opened).
+// The whole of a file too long for one small read ("" when it cannot be opened). Not
+// config::read_file, the agent's whole-file read, on purpose: that one is for files the operator
+// gives the agent (a size limit, a refusal of anything but a regular file, errno kept for the
+// message) and is gpunode::config's, which discovery does not link; this reads a kernel file under
+// the host root (/proc/cmdline) and takes any failure as "nothing there", as discovery's sysfs
+// reads do.
 std::string read_whole(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "r");
   std::string all;

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "gpunode/ctl/fd.hpp"
+#include "gpunode/text/ascii.hpp"
 
 namespace gpunode::ctl {
 namespace http = boost::beast::http;
@@ -160,9 +161,7 @@ Response response_of(http::response<http::string_body>& res) {
   Response out;
   out.status = res.result_int();
   for (const auto& f : res) {
-    std::string name(f.name_string());
-    for (auto& c : name) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-    out.headers.emplace_back(std::move(name), std::string(f.value()));
+    out.headers.emplace_back(text::ascii_lower(f.name_string()), std::string(f.value()));
   }
   out.body = std::move(res.body());
   return out;

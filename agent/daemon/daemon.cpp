@@ -43,20 +43,6 @@ namespace {
 // agent exits within 2 s; idle connections are closed at once, parked polls answered at once.
 constexpr std::chrono::milliseconds kStopDrain{1500};
 
-service::ApiRequest to_api(http::Request&& q) {
-  service::ApiRequest a;
-  a.method = std::move(q.method);
-  a.path = std::move(q.path);
-  a.query = std::move(q.query);
-  a.headers = std::move(q.headers);
-  a.body = std::move(q.body);
-  a.via = q.peer.kind == http::Peer::Kind::unix_socket ? service::ApiRequest::Via::admin_socket
-                                                       : service::ApiRequest::Via::https;
-  if (q.peer.uid) a.peer_uid = static_cast<std::uint32_t>(*q.peer.uid);
-  a.request_id = std::move(q.request_id);
-  return a;
-}
-
 // 405 naming the one method a route of the daemon's own takes.
 http::Response method_not_allowed(const char* allow) {
   auto r = http::problem(405, "method-not-allowed", fmt::format("allowed: {}", allow));
@@ -318,7 +304,7 @@ struct Daemon::Parts {
     if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket)
       return serve_reload(q, std::move(reply));
     if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "no such resource"));
-    auto a = to_api(std::move(q));
+    service::ApiRequest a(std::move(q));  // the same request, with the service's own fields
     // A read the published snapshot answers (units, state, reservations): answered here, no hop.
     if (auto kept = node->read(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {
       return reply(std::move(*kept));

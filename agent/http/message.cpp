@@ -8,6 +8,8 @@
 #include <boost/beast/http/error.hpp>
 #include <string_view>
 
+#include "gpunode/text/ascii.hpp"
+
 namespace gpunode::http::detail {
 namespace {
 
@@ -24,14 +26,6 @@ bool valid_header(std::string_view name, std::string_view value) {
   return value.find_first_of(std::string_view{"\r\n\0", 3}) == std::string_view::npos;
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 }  // namespace
 
 Request make_request(BeastRequest&& msg, const Peer& peer) {
@@ -45,7 +39,7 @@ Request make_request(BeastRequest&& msg, const Peer& peer) {
     req.path = req.target;
   }
   for (const auto& field : msg) {
-    req.headers.emplace_back(lower(field.name_string()), std::string(field.value()));
+    req.headers.emplace_back(text::ascii_lower(field.name_string()), std::string(field.value()));
   }
   req.body = std::move(msg.body());
   req.peer = peer;
@@ -60,7 +54,7 @@ bool fill_response(BeastResponse& res, unsigned status, Response&& r, const std:
   bool has_type = false;
   for (const auto& [name, value] : r.headers) {
     if (!valid_header(name, value)) continue;
-    auto n = lower(name);
+    auto n = text::ascii_lower(name);
     if (n == "content-length" || n == "transfer-encoding" || n == "x-request-id") continue;
     if (n == "connection") {
       if (beast::iequals(value, "close")) close = true;

@@ -1,4 +1,4 @@
-// Request ids, Request::header.
+// Request ids.
 #include "gpunode/json/problem.hpp"
 
 #include <fmt/format.h>
@@ -13,13 +13,6 @@
 #include "gpunode/http/server.hpp"
 
 namespace gpunode::http {
-
-std::optional<std::string_view> Request::header(std::string_view lower_name) const {
-  for (const auto& [name, value] : headers) {
-    if (name == lower_name) return std::string_view{value};
-  }
-  return std::nullopt;
-}
 
 bool sane_request_id(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;

@@ -15,9 +15,9 @@ ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
 
 std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
     const ApiRequest& q, std::chrono::system_clock::time_point now, std::string& why) {
-  if (q.via == ApiRequest::Via::admin_socket) {
+  if (q.via_admin_socket()) {
     return detail::Caller{
-        {fmt::format("local:{}", q.peer_uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
+        {fmt::format("local:{}", q.peer.uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
         std::nullopt};
   }
   const std::string header(q.header("authorization").value_or(""));

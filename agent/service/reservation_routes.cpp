@@ -28,24 +28,24 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
     // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
     // nodes by, no version to pick exploits by); the admin socket's peers are admins.
-    if (q.via != ApiRequest::Via::admin_socket) return json_response(json::object{{"status", "ok"}});
+    if (!q.via_admin_socket()) return json_response(json::object{{"status", "ok"}});
     return json_response(json::object{
         {"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", store.revision()}});
   }
   if (auto bad = q.target_error()) return problem(400, "invalid-request", *bad);
   auto caller = authenticate(q);
   if (!caller) return caller.error();
-  if (q.path == "/v1/admin/rescan" && q.via == ApiRequest::Via::admin_socket) {
+  if (q.path == "/v1/admin/rescan" && q.via_admin_socket()) {
     // Operators' "scan now" (gpunodectl rescan); only on the admin socket.
     if (q.method != "POST") return method_not_allowed("POST");
     scan(false);
     return json_response(json::object{{"revision", store.revision()}});
   }
-  if (q.path == "/v1/admin/unentitled" && q.via == ApiRequest::Via::admin_socket) {
+  if (q.path == "/v1/admin/unentitled" && q.via_admin_socket()) {
     if (q.method != "GET") return method_not_allowed("GET");
     return unentitled_route();
   }
-  if (q.path == "/v1/admin/domain-admission" && q.via == ApiRequest::Via::admin_socket) {
+  if (q.path == "/v1/admin/domain-admission" && q.via_admin_socket()) {
     if (q.method != "POST") return method_not_allowed("POST");
     return domain_admission(q);
   }
@@ -169,7 +169,7 @@ Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
   for (auto& e : r::validate_create(req, t)) {
     if (std::none_of(problems.begin(), problems.end(),
                      [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back({e.field, e.message});
+      problems.push_back(std::move(e));
     }
   }
   if (!problems.empty())
@@ -244,7 +244,7 @@ Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::
     if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
     if (std::none_of(problems.begin(), problems.end(),
                      [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back({e.field, e.message});
+      problems.push_back(std::move(e));
     }
   }
   if (!problems.empty())

@@ -18,6 +18,8 @@
 #include <system_error>
 #include <vector>
 
+#include "gpunode/text/ascii.hpp"
+
 namespace gpunode::store {
 
 std::string_view DbError::kind() const {
@@ -364,7 +366,7 @@ std::expected<void, DbError> Database::configure() {
     if (!stepped) return wal_hint(std::move(stepped.error()));
     if (*stepped == Statement::Step::row) mode = st->column_text(0);
   }
-  for (auto& c : mode) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  mode = text::ascii_lower(mode);
   if (mode != "wal") {
     return std::unexpected(
         DbError{SQLITE_CANTOPEN, fmt::format("{}: journal_mode is \"{}\" after asking for WAL "

@@ -292,8 +292,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& field : msg) {
       std::string name = lower(field.name_string());
       if (name == "x-fuzz-admin-socket") {
-        q.via = service::ApiRequest::Via::admin_socket;
-        q.peer_uid = 0;
+        q.peer.kind = gpunode::json::Peer::Kind::unix_socket;
+        q.peer.uid = 0;
         continue;
       }
       std::string value(field.value());

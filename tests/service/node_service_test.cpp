@@ -140,8 +140,8 @@ class Lab {
     q.body = body;
     q.request_id = "req-test";
     if (tok == "admin-socket") {
-      q.via = ApiRequest::Via::admin_socket;
-      q.peer_uid = 0;
+      q.peer.kind = gpunode::json::Peer::Kind::unix_socket;
+      q.peer.uid = 0;
     } else if (!tok.empty()) {
       q.headers.emplace_back("authorization", "Bearer " + tok);
     }

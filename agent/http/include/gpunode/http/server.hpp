@@ -52,36 +52,14 @@
 #include <vector>
 
 #include "gpunode/json/problem.hpp"
+#include "gpunode/json/request.hpp"
 
 namespace gpunode::http {
 
-struct Peer {
-  // tcp: the HTTPS listener; unix_socket: the admin socket; plain_tcp: a plain-HTTP listener
-  // (listen_plain: metrics.listen), which the handler limits to what it may serve there.
-  enum class Kind { tcp, unix_socket, plain_tcp } kind = Kind::tcp;
-  std::string address;       // "ip:port" ("[v6]:port") on TCP; the socket's path on the admin socket
-  std::optional<uid_t> uid;  // SO_PEERCRED, admin socket only
-  std::optional<gid_t> gid;  // the peer's effective (primary) group
-  std::optional<pid_t> pid;
-  // SO_PEERGROUPS, admin socket only: the peer's supplementary groups as the kernel holds them
-  // (its credentials when it connected), in the kernel's order. Empty on TCP, or when the kernel
-  // cannot say (then logged): a filter must not read that as anything but "no groups".
-  std::vector<gid_t> groups;
-};
-
-struct Request {
-  std::string method;
-  std::string target;  // raw path?query
-  std::string path;
-  std::string query;                                         // after '?', raw (not decoded); empty when none
-  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in order
-  std::string body;
-  Peer peer;
-  std::string request_id;  // the client's X-Request-Id if sane (1..128 printable chars), else generated
-
-  // The first header of that (lower-case) name.
-  std::optional<std::string_view> header(std::string_view lower_name) const;
-};
+// The request as plain data, one type for the server and the API (service::ApiRequest is this
+// Request plus the service's own fields): gpunode/json/request.hpp says why it lives there.
+using Peer = gpunode::json::Peer;
+using Request = gpunode::json::Request;
 
 using Response = gpunode::json::Response;  // the API's answer type (service::ApiResponse) too
 

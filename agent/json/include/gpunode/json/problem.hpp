@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpunode/json/field_error.hpp"
+
 namespace gpunode::json {
 
 // An answer: its status, headers (in order) and body.
@@ -21,12 +23,6 @@ struct Response {
 
   // The first header of that name, as written.
   [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const;
-};
-
-// A field of the body or query and what is wrong with it.
-struct FieldError {
-  std::string field;
-  std::string message;
 };
 
 // The status's reason phrase (RFC 9110), the problem's title: "Not Found", "Content Too Large".

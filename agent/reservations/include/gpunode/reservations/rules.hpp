@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/json/field_error.hpp"
 #include "gpunode/reservations/model.hpp"
 
 namespace gpunode::reservations {
@@ -38,10 +39,9 @@ std::vector<Transition> due_transitions(const std::vector<Reservation>& reservat
 void apply(Reservation& r, const Transition& t);
 
 // ---- requests --------------------------------------------------------------------------------
-struct FieldError {
-  std::string field;
-  std::string message;
-};
+// A field of the request and what is wrong with it: the same type problem() writes into an answer
+// (header-only, dependency-free: gpunode/json/field_error.hpp), so nothing converts between them.
+using FieldError = gpunode::json::FieldError;
 
 struct CreateRequest {
   std::vector<std::string> unit_ids;

@@ -13,21 +13,22 @@
 #include <vector>
 
 #include "gpunode/json/problem.hpp"
+#include "gpunode/json/request.hpp"
 
 namespace gpunode::service {
 
 struct WorkloadListing;  // gpunode/service/node_service.hpp
 
-struct ApiRequest {
-  enum class Via { https, admin_socket };
-  std::string method;
-  std::string path;                                          // without the query
-  std::string query;                                         // without '?'
-  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
-  std::string body;
-  Via via = Via::https;
-  std::optional<std::uint32_t> peer_uid;  // SO_PEERCRED on the admin socket
-  std::string request_id;
+// A request as the API takes it: the transport's request (gpunode/json/request.hpp) held by value
+// as its base, and the service's own per-request fields, no other. The server's request is moved
+// in whole (ApiRequest(std::move(request))), so no field is copied by hand and none is written
+// twice: the way in and the peer's uid are its `peer` (via_admin_socket(), peer.uid). A base rather
+// than a member, so that the routes read q.path and q.header() as the transport wrote them. The
+// service stays transport-free: json::Request is plain data, with no Boost.Beast or Asio behind it.
+struct ApiRequest : json::Request {
+  ApiRequest() = default;
+  explicit ApiRequest(json::Request request) : json::Request(std::move(request)) {}
+
   // When the request arrived: a long poll's deadline is counted from here, also when it is
   // handled again after a change.
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
@@ -36,17 +37,6 @@ struct ApiRequest {
   // The domains as listed for this request, off the state thread (set when the service asked for
   // them with NeedsWorkloads).
   std::shared_ptr<const WorkloadListing> workloads;
-
-  [[nodiscard]] std::optional<std::string_view> header(std::string_view lower_name) const;
-  // The decoded value of a query parameter (first occurrence); nothing when absent or when the
-  // query is malformed (target_error says so).
-  [[nodiscard]] std::optional<std::string> query_param(std::string_view name) const;
-  // What is wrong with the path or the query (bad percent-encoding, a character URLs may not
-  // hold), or nothing.
-  [[nodiscard]] std::optional<std::string> target_error() const;
-  // The path's segments, percent-decoded: "/v1/nodes/n%2D1/units" -> v1, nodes, n-1, units. A
-  // trailing slash gives an empty last segment.
-  [[nodiscard]] std::vector<std::string> segments() const;
 };
 
 using ApiResponse = gpunode::json::Response;  // one answer type for the transport and the API
