@@ -83,7 +83,9 @@ std::expected<store::StateLock, std::string> lock_state_dir(const config::Config
     return std::unexpected(fmt::format("cannot create state directory {}: {}", c.state.dir, ec.message()));
   // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
   ::chmod(c.state.dir.c_str(), 0750);
-  return store::StateLock::acquire(c.state.dir);
+  auto lock = store::StateLock::acquire(c.state.dir);
+  if (!lock) return std::unexpected(std::move(lock.error().detail));
+  return std::move(*lock);
 }
 
 http::Limits api_limits(const config::Config& c) {
