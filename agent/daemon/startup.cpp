@@ -33,7 +33,7 @@ std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_veri
     const config::Config& c) {
   auto v = auth::TokenVerifier::from_files(
       c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
-  if (!v) return std::unexpected(v.error());
+  if (!v) return std::unexpected(v.error().detail);
   return std::make_shared<const auth::TokenVerifier>(std::move(*v));
 }
 
