@@ -20,18 +20,21 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_command_v2(const gpunode::agent::Com
 namespace {
 
 namespace agent = gpunode::agent;
+namespace error = gpunode::error;
 
 constexpr int kRefuse = 1;  // CONTRACT §9: any error of the hook's own before an answer refuses the start
 
 // agent.yaml read by the agent's own reader, in gpunode-agent-tools.so beside this module.
-std::expected<agent::HookSettings, std::string> read_with_agents_reader(const std::string& config_file,
-                                                                        std::string_view bytes) {
+error::Result<agent::HookSettings> read_with_agents_reader(const std::string& config_file,
+                                                           std::string_view bytes) {
   auto path = agent::module_beside(reinterpret_cast<const void*>(&gpunode_agent_command_v2),
                                    "gpunode-agent-tools.so");
   auto entry = path ? agent::load_entry(*path, agent::kHookSettingsEntry) : std::unexpected(path.error());
-  if (!entry) return std::unexpected(fmt::format("cannot read {}: {}", config_file, entry.error()));
-  std::expected<agent::HookSettings, std::string> settings =
-      std::unexpected("cannot read " + config_file + ": its reader said nothing");
+  if (!entry)
+    return error::fail(error::Errc::unavailable,
+                       fmt::format("cannot read {}: {}", config_file, entry.error()));
+  error::Result<agent::HookSettings> settings =
+      error::fail(error::Errc::internal, "cannot read " + config_file + ": its reader said nothing");
   reinterpret_cast<agent::HookSettingsEntry*> (*entry)(config_file, bytes, &settings);
   return settings;
 }

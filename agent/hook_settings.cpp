@@ -48,14 +48,16 @@ bool write_all(int fd, std::string_view data) {
 
 }  // namespace
 
-std::expected<std::optional<std::string>, std::string> read_config_bytes(const std::string& path) {
+error::Result<std::optional<std::string>> read_config_bytes(const std::string& path) {
   // config::read_file opens with O_NONBLOCK: a FIFO put at the path must not hang the hook (it is
   // refused, as anything but a regular file is).
   auto text = config::read_file(path, kMaxConfig);
   if (!text) {
     if (text.error() == ENOENT) return std::optional<std::string>();
     const int e = text.error() == EISDIR ? EINVAL : text.error();
-    return std::unexpected("cannot read " + path + ": " + config::read_error_text(e, kMaxConfig));
+    return std::unexpected(error::Error{error::errno_code(e),
+                                        "cannot read " + path + ": " + config::read_error_text(e, kMaxConfig),
+                                        e, error::Native::os});
   }
   return std::optional<std::string>(std::move(*text));
 }
@@ -162,9 +164,8 @@ bool HookSettingsCache::store(const std::string& config_file, std::string_view b
   return ok;
 }
 
-std::expected<HookSettings, std::string> hook_settings(const std::string& config_file,
-                                                       const HookSettingsCache& cache,
-                                                       const HookSettingsReader& read) {
+error::Result<HookSettings> hook_settings(const std::string& config_file, const HookSettingsCache& cache,
+                                          const HookSettingsReader& read) {
   auto bytes = read_config_bytes(config_file);
   if (!bytes) return std::unexpected(bytes.error());
   if (!*bytes) return HookSettings{};  // no agent.yaml: the defaults, as the agent's

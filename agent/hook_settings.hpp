@@ -30,6 +30,7 @@
 #include <string_view>
 
 #include "gpunode/config/config.hpp"  // the types only: this library links no config reader
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::agent {
 
@@ -46,12 +47,12 @@ inline HookSettings hook_settings_of(const config::Config& c) {
 // agent.yaml's bytes: nullopt when there is no file (the defaults apply); an error (one line) when
 // it cannot be read or is not a regular file (a FIFO would block the hook: it is never opened for
 // a blocking read).
-std::expected<std::optional<std::string>, std::string> read_config_bytes(const std::string& path);
+error::Result<std::optional<std::string>> read_config_bytes(const std::string& path);
 
 // Parses `bytes`, read from `config_file`: the agent's config::load_string, or a test's stand-in.
 // The error is one line.
-using HookSettingsReader = std::function<std::expected<HookSettings, std::string>(
-    const std::string& config_file, std::string_view bytes)>;
+using HookSettingsReader =
+    std::function<error::Result<HookSettings>(const std::string& config_file, std::string_view bytes)>;
 
 class HookSettingsCache {
  public:
@@ -80,15 +81,14 @@ class HookSettingsCache {
 // The settings for `config_file`: the defaults when it does not exist; the cache's when it holds
 // them for the bytes read now; else `read`'s, from those bytes, stored. An error (the file cannot
 // be read, or the reader refuses it) makes the hook refuse.
-std::expected<HookSettings, std::string> hook_settings(const std::string& config_file,
-                                                       const HookSettingsCache& cache,
-                                                       const HookSettingsReader& read);
+error::Result<HookSettings> hook_settings(const std::string& config_file, const HookSettingsCache& cache,
+                                          const HookSettingsReader& read);
 
 // gpunode-agent-tools.so exports the agent's reader under this name (the hook's module, which does
 // not map yaml-cpp, loads it on a miss). An out-parameter: a C-linkage function returns no C++
 // type. The name carries command_line.hpp's module ABI.
 using HookSettingsEntry = void(const std::string& config_file, std::string_view bytes,
-                               std::expected<HookSettings, std::string>* out);
-inline constexpr const char* kHookSettingsEntry = "gpunode_agent_hook_settings_v2";
+                               error::Result<HookSettings>* out);
+inline constexpr const char* kHookSettingsEntry = "gpunode_agent_hook_settings_v3";
 
 }  // namespace gpunode::agent

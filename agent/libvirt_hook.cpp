@@ -128,7 +128,8 @@ HookVerdict run_libvirt_hook(const std::vector<std::string>& args,
   const auto settings = settings_source();
   if (!settings) {
     // Neither the socket nor the answer for an agent that is down can be trusted: refuse.
-    return {1, {text::printable(fmt::format("gpunode: domain {} refused: {}", name, settings.error()))}};
+    return {1,
+            {text::printable(fmt::format("gpunode: domain {} refused: {}", name, settings.error().detail))}};
   }
   const std::string socket = socket_flag.value_or(settings->socket);
 

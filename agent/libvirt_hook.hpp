@@ -17,6 +17,7 @@
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/ctl/client.hpp"
+#include "gpunode/error/error.hpp"
 #include "hook_settings.hpp"
 
 namespace gpunode::agent {
@@ -34,7 +35,7 @@ HookVerdict hook_verdict(const std::expected<ctl::Response, ctl::TransportError>
 
 // Where run_libvirt_hook takes admin.socket and enforcement.when_agent_down from when it asks
 // (hook_settings(): the cache, else agent.yaml); an error refuses the start.
-using HookSettingsSource = std::function<std::expected<HookSettings, std::string>()>;
+using HookSettingsSource = std::function<error::Result<HookSettings>()>;
 
 // The whole hook. `args`: NAME OPERATION SUB-OPERATION [EXTRA]. `socket_flag`: --socket.
 // `domain_xml` is stdin's text, `domain_xml_cut_short` when stdin held more than

@@ -31,6 +31,7 @@ namespace {
 
 namespace agent = gpunode::agent;
 namespace cfg = gpunode::config;
+namespace error = gpunode::error;
 namespace disc = gpunode::discovery;
 
 constexpr int kExitOk = 0;
@@ -181,20 +182,20 @@ int run_command_line(int argc, char** argv) {
 
 // The hook's settings read by the agent's reader, for gpunode-agent-hook.so's cache misses
 // (hook_settings.hpp). Read as `discover` reads: the file's syntax and values, not its files.
-extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings_v2(
-    const std::string& config_file, std::string_view bytes,
-    std::expected<agent::HookSettings, std::string>* out) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings_v2), agent::HookSettingsEntry>);
+extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings_v3(const std::string& config_file,
+                                                              std::string_view bytes,
+                                                              error::Result<agent::HookSettings>* out) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings_v3), agent::HookSettingsEntry>);
   try {
     auto loaded = cfg::load_string(bytes, config_file, cfg::Purpose::discover);
     if (!loaded.ok()) {
-      *out =
-          std::unexpected(fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
+      *out = error::fail(error::Errc::invalid,
+                         fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
     } else {
       *out = agent::hook_settings_of(loaded.config);
     }
   } catch (const std::exception& e) {
-    *out = std::unexpected(fmt::format("cannot read {}: {}", config_file, e.what()));
+    *out = error::fail(error::Errc::internal, fmt::format("cannot read {}: {}", config_file, e.what()));
   }
 }
 

@@ -79,18 +79,18 @@ std::string sha256_b64url(std::string_view data) {
   return b64url_encode(md.data(), len);
 }
 
-std::expected<std::string, std::string> ed25519_thumbprint(EVP_PKEY* pkey) {
+error::Result<std::string> ed25519_thumbprint(EVP_PKEY* pkey) {
   std::array<unsigned char, 32> raw{};
   std::size_t len = raw.size();
   if (EVP_PKEY_get_raw_public_key(pkey, raw.data(), &len) != 1 || len != raw.size()) {
-    return std::unexpected(std::string("cannot read the Ed25519 public key"));
+    return error::fail(error::Errc::invalid, "cannot read the Ed25519 public key");
   }
   // RFC 7638 §3.2 / RFC 8037 §2: members in lexicographic order, no whitespace.
   return sha256_b64url(
       fmt::format(R"({{"crv":"Ed25519","kty":"OKP","x":"{}"}})", b64url_encode(raw.data(), len)));
 }
 
-std::expected<std::string, std::string> p256_thumbprint(EVP_PKEY* pkey) {
+error::Result<std::string> p256_thumbprint(EVP_PKEY* pkey) {
   BIGNUM* x_raw = nullptr;
   BIGNUM* y_raw = nullptr;
   const bool got_x = EVP_PKEY_get_bn_param(pkey, OSSL_PKEY_PARAM_EC_PUB_X, &x_raw) == 1;
@@ -101,14 +101,14 @@ std::expected<std::string, std::string> p256_thumbprint(EVP_PKEY* pkey) {
   std::array<unsigned char, 32> yb{};
   if (!got_x || !got_y || BN_bn2binpad(x.get(), xb.data(), 32) != 32 ||
       BN_bn2binpad(y.get(), yb.data(), 32) != 32) {
-    return std::unexpected(std::string("cannot read the P-256 public point"));
+    return error::fail(error::Errc::invalid, "cannot read the P-256 public point");
   }
   return sha256_b64url(fmt::format(R"({{"crv":"P-256","kty":"EC","x":"{}","y":"{}"}})",
                                    b64url_encode(xb.data(), 32), b64url_encode(yb.data(), 32)));
 }
 
 // Classifies one decoded SubjectPublicKeyInfo.
-std::expected<Key, std::string> make_key(std::shared_ptr<EVP_PKEY> pkey) {
+error::Result<Key> make_key(std::shared_ptr<EVP_PKEY> pkey) {
   EVP_PKEY* p = pkey.get();
   if (EVP_PKEY_is_a(p, "ED25519") == 1) {
     auto tp = ed25519_thumbprint(p);
@@ -119,30 +119,32 @@ std::expected<Key, std::string> make_key(std::shared_ptr<EVP_PKEY> pkey) {
     std::array<char, 80> group{};
     std::size_t glen = 0;
     if (EVP_PKEY_get_group_name(p, group.data(), group.size(), &glen) != 1) {
-      return std::unexpected(
-          std::string("unsupported key type: an EC key on an unnamed curve (only P-256 is accepted)"));
+      return error::fail(error::Errc::invalid,
+                         "unsupported key type: an EC key on an unnamed curve (only P-256 is accepted)");
     }
     const std::string_view name(group.data(), glen);
     if (name != "prime256v1" && name != "P-256" && name != "secp256r1") {
-      return std::unexpected(fmt::format("unsupported key type: EC curve {} (only P-256 is accepted)", name));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("unsupported key type: EC curve {} (only P-256 is accepted)", name));
     }
     auto tp = p256_thumbprint(p);
     if (!tp) return std::unexpected(tp.error());
     return Key{std::move(pkey), KeyType::p256, std::move(*tp)};
   }
   const char* type = EVP_PKEY_get0_type_name(p);
-  return std::unexpected(fmt::format("unsupported key type {} (only Ed25519 and P-256 are accepted)",
-                                     type != nullptr ? type : "unknown"));
+  return error::fail(error::Errc::invalid,
+                     fmt::format("unsupported key type {} (only Ed25519 and P-256 are accepted)",
+                                 type != nullptr ? type : "unknown"));
 }
 
 // Every key of one PEM text. `label` names the text in errors.
-std::expected<std::vector<Key>, std::string> load_pem(std::string_view text, const std::string& label) {
+error::Result<std::vector<Key>> load_pem(std::string_view text, const std::string& label) {
   ErrorQueueGuard guard;
   if (text.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    return std::unexpected(fmt::format("{}: too large for a key file", label));
+    return error::fail(error::Errc::too_large, fmt::format("{}: too large for a key file", label));
   }
   BioPtr bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
-  if (!bio) return std::unexpected(fmt::format("{}: out of memory", label));
+  if (!bio) return error::fail(error::Errc::internal, fmt::format("{}: out of memory", label));
   std::vector<Key> keys;
   for (int block = 1;; ++block) {
     char* name_raw = nullptr;
@@ -158,47 +160,56 @@ std::expected<std::vector<Key>, std::string> load_pem(std::string_view text, con
       const unsigned long err = ERR_peek_last_error();
       if (ERR_GET_LIB(err) == ERR_LIB_PEM && ERR_GET_REASON(err) == PEM_R_NO_START_LINE) {
         if (keys.empty())
-          return std::unexpected(fmt::format("{}: not a PEM public key (no -----BEGIN line)", label));
+          return error::fail(error::Errc::invalid,
+                             fmt::format("{}: not a PEM public key (no -----BEGIN line)", label));
         return keys;  // end of the text
       }
-      return std::unexpected(
+      return error::fail(
+          error::Errc::invalid,
           fmt::format("{}: PEM block {} is damaged (bad base64 or a missing -----END line)", label, block));
     }
     const std::string_view kind(name.get());
     const auto where = [&] { return block == 1 ? label : fmt::format("{} (PEM block {})", label, block); };
     if (kind != "PUBLIC KEY") {
       if (kind.find("PRIVATE KEY") != std::string_view::npos) {
-        return std::unexpected(
+        return error::fail(
+            error::Errc::invalid,
             fmt::format("{}: holds a private key ({}); auth.keys takes public keys only", where(), kind));
       }
       if (kind == "RSA PUBLIC KEY")
-        return std::unexpected(fmt::format("{}: unsupported key type RSA", where()));
-      return std::unexpected(fmt::format(
-          "{}: a \"{}\" block, not a PEM public key (-----BEGIN PUBLIC KEY-----)", where(), kind));
+        return error::fail(error::Errc::invalid, fmt::format("{}: unsupported key type RSA", where()));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("{}: a \"{}\" block, not a PEM public key (-----BEGIN PUBLIC KEY-----)",
+                                     where(), kind));
     }
     if (header && header.get()[0] != '\0') {
-      return std::unexpected(fmt::format("{}: a public key block may not carry PEM headers", where()));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("{}: a public key block may not carry PEM headers", where()));
     }
     const unsigned char* p = data.get();
     std::shared_ptr<EVP_PKEY> pkey(d2i_PUBKEY(nullptr, &p, len), PkeyFree{});
     if (!pkey || p != data.get() + len) {
-      return std::unexpected(fmt::format("{}: not a valid public key (bad SubjectPublicKeyInfo)", where()));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("{}: not a valid public key (bad SubjectPublicKeyInfo)", where()));
     }
     auto key = make_key(std::move(pkey));
-    if (!key) return std::unexpected(fmt::format("{}: {}", where(), key.error()));
+    if (!key) return error::fail(key.error().code, fmt::format("{}: {}", where(), key.error().detail));
     keys.push_back(std::move(*key));
   }
 }
 
 // A key file: at most 1 MiB (config::read_file), its errors named as a key file's.
-std::expected<std::string, std::string> read_key_file(const std::string& path) {
+error::Result<std::string> read_key_file(const std::string& path) {
   constexpr std::size_t kMaxKeyFile = 1 << 20;
   auto text = config::read_file(path, kMaxKeyFile);
   if (text) return std::move(*text);
-  if (text.error() == EFBIG)
-    return std::unexpected(fmt::format("{}: larger than 1 MiB, not a key file", path));
+  const int err = text.error();
+  if (err == EFBIG)
+    return error::fail(error::Errc::too_large, fmt::format("{}: larger than 1 MiB, not a key file", path));
   return std::unexpected(
-      fmt::format("{}: cannot read: {}", path, config::read_error_text(text.error(), kMaxKeyFile)));
+      error::Error{error::errno_code(err),
+                   fmt::format("{}: cannot read: {}", path, config::read_error_text(err, kMaxKeyFile)), err,
+                   error::Native::os});
 }
 
 }  // namespace gpunode::auth::detail

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::auth::detail {
 
 // ---------------------------------------------------------------------------------------------
@@ -64,8 +66,8 @@ std::optional<std::string> b64url_decode(std::string_view in);
 std::string b64url_encode(const unsigned char* data, std::size_t n);
 
 // Every key of one PEM text. `label` names the text in errors.
-std::expected<std::vector<Key>, std::string> load_pem(std::string_view text, const std::string& label);
+error::Result<std::vector<Key>> load_pem(std::string_view text, const std::string& label);
 // A key file: at most 1 MiB (config::read_file), its errors named as a key file's.
-std::expected<std::string, std::string> read_key_file(const std::string& path);
+error::Result<std::string> read_key_file(const std::string& path);
 
 }  // namespace gpunode::auth::detail

@@ -397,18 +397,19 @@ std::string_view to_string(Rejection why) {
   return "unknown";
 }
 
-std::expected<TokenVerifier, std::string> TokenVerifier::build(const std::vector<std::string>& texts,
-                                                               const std::vector<std::string>& labels,
-                                                               VerifierConfig cfg) {
-  if (cfg.issuer.empty()) return std::unexpected(std::string("auth.issuer is empty"));
+error::Result<TokenVerifier> TokenVerifier::build(const std::vector<std::string>& texts,
+                                                  const std::vector<std::string>& labels,
+                                                  VerifierConfig cfg) {
+  if (cfg.issuer.empty()) return error::fail(error::Errc::invalid, "auth.issuer is empty");
   if (cfg.audience.empty() && cfg.node_id.empty()) {
-    return std::unexpected(
-        std::string("neither auth.audience nor the node id is set: no token could be for us"));
+    return error::fail(error::Errc::invalid,
+                       "neither auth.audience nor the node id is set: no token could be for us");
   }
   if (cfg.leeway < std::chrono::seconds(0) || cfg.leeway > std::chrono::hours(24)) {
-    return std::unexpected(std::string("the leeway must be between 0 s and 24 h"));
+    return error::fail(error::Errc::invalid, "the leeway must be between 0 s and 24 h");
   }
-  if (texts.empty()) return std::unexpected(std::string("auth.keys is empty: no token could ever verify"));
+  if (texts.empty())
+    return error::fail(error::Errc::invalid, "auth.keys is empty: no token could ever verify");
   auto impl = std::make_shared<Impl>();
   impl->cfg = std::move(cfg);
   for (std::size_t i = 0; i < texts.size(); ++i) {
@@ -419,8 +420,8 @@ std::expected<TokenVerifier, std::string> TokenVerifier::build(const std::vector
   return TokenVerifier(std::move(impl));
 }
 
-std::expected<TokenVerifier, std::string> TokenVerifier::from_files(const std::vector<std::string>& pem_files,
-                                                                    VerifierConfig cfg) {
+error::Result<TokenVerifier> TokenVerifier::from_files(const std::vector<std::string>& pem_files,
+                                                       VerifierConfig cfg) {
   std::vector<std::string> texts;
   for (const std::string& path : pem_files) {
     auto text = read_key_file(path);
@@ -430,8 +431,8 @@ std::expected<TokenVerifier, std::string> TokenVerifier::from_files(const std::v
   return build(texts, pem_files, std::move(cfg));
 }
 
-std::expected<TokenVerifier, std::string> TokenVerifier::from_pems(const std::vector<std::string>& pem_texts,
-                                                                   VerifierConfig cfg) {
+error::Result<TokenVerifier> TokenVerifier::from_pems(const std::vector<std::string>& pem_texts,
+                                                      VerifierConfig cfg) {
   std::vector<std::string> labels;
   for (std::size_t i = 0; i < pem_texts.size(); ++i) labels.push_back(fmt::format("key #{}", i + 1));
   return build(pem_texts, labels, std::move(cfg));

@@ -98,10 +98,10 @@ class Session {
   }
 
   template <class T>
-  std::expected<T, Failure> decoded(std::expected<T, std::string> v) {
+  std::expected<T, Failure> decoded(error::Result<T> v) {
     if (!v)
       return std::unexpected(
-          Failure{kExitProblem, fmt::format("gpunodectl: bad-answer: {}\n", v.error()), {}});
+          Failure{kExitProblem, fmt::format("gpunodectl: bad-answer: {}\n", v.error().detail), {}});
     return std::move(*v);
   }
 
@@ -150,7 +150,7 @@ CLI::Validator time_validator(Time now) {
   return CLI::Validator(
       [now](std::string& s) -> std::string {
         auto t = parse_when(s, now);
-        return t ? std::string() : t.error();
+        return t ? std::string() : t.error().detail;
       },
       "TIME");
 }
@@ -161,7 +161,7 @@ CLI::Validator ids_validator(bool may_be_empty = false) {
       [may_be_empty](std::string& s) -> std::string {
         if (may_be_empty && s.empty()) return {};
         auto v = parse_ids(s);
-        return v ? std::string() : v.error();
+        return v ? std::string() : v.error().detail;
       },
       may_be_empty ? "ID,.. or \"\"" : "ID,..");
 }
@@ -663,7 +663,7 @@ Result run(const std::vector<std::string>& args, const Env& env) {
 
   auto socket =
       choose_socket(o.socket, kDefaultConfig, o.socket ? std::nullopt : env.read_file(kDefaultConfig));
-  if (!socket) return Result{kExitUnreachable, {}, fmt::format("gpunodectl: {}\n", socket.error())};
+  if (!socket) return Result{kExitUnreachable, {}, fmt::format("gpunodectl: {}\n", socket.error().detail)};
   auto transport = env.connect(socket->path);
   Session s(*transport, env, o.json, Style{use_color(env.stdout_tty, env.no_color)});
   if (command == nullptr) return Result{kExitUsage, {}, app.help()};

@@ -181,7 +181,7 @@ std::vector<T> read_list(Fields& f, std::string_view key, std::string& error, Re
 
 }  // namespace
 
-std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(const json::value& body) {
+error::Result<std::map<std::string, std::string>> decode_unentitled(const json::value& body) {
   std::string error;
   Fields f(body, "", error);
   std::map<std::string, std::string> out;
@@ -194,11 +194,11 @@ std::expected<std::map<std::string, std::string>, std::string> decode_unentitled
     });
     out[w.str("domainUuid")] = fmt::format("{}", fmt::join(why, ", "));
   });
-  if (!error.empty()) return std::unexpected(bad("unentitled workloads", error));
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("unentitled workloads", error));
   return out;
 }
 
-std::expected<NodeState, std::string> decode_state(const json::value& body) {
+error::Result<NodeState> decode_state(const json::value& body) {
   std::string error;
   Fields f(body, "", error);
   NodeState s;
@@ -207,31 +207,30 @@ std::expected<NodeState, std::string> decode_state(const json::value& body) {
   s.units = read_list<Unit>(f, "units", error, read_unit);
   s.reservations = read_list<Reservation>(f, "reservations", error, read_reservation);
   s.workloads = read_list<Workload>(f, "workloads", error, read_workload);
-  if (!error.empty()) return std::unexpected(bad("state", error));
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("state", error));
   return s;
 }
 
-std::expected<std::vector<Reservation>, std::string> decode_reservations(const json::value& body,
-                                                                         std::string_view key) {
+error::Result<std::vector<Reservation>> decode_reservations(const json::value& body, std::string_view key) {
   std::string error;
   Fields f(body, "", error);
   auto list = read_list<Reservation>(f, key, error, read_reservation);
-  if (!error.empty()) return std::unexpected(bad("reservation list", error));
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("reservation list", error));
   return list;
 }
 
-std::expected<Reservation, std::string> decode_reservation(const json::value& body) {
+error::Result<Reservation> decode_reservation(const json::value& body) {
   std::string error;
   auto r = read_reservation(body, "", error);
-  if (!error.empty()) return std::unexpected(bad("reservation", error));
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("reservation", error));
   return r;
 }
 
-std::expected<std::vector<Workload>, std::string> decode_workloads(const json::value& body) {
+error::Result<std::vector<Workload>> decode_workloads(const json::value& body) {
   std::string error;
   Fields f(body, "", error);
   auto list = read_list<Workload>(f, "workloads", error, read_workload);
-  if (!error.empty()) return std::unexpected(bad("workload list", error));
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("workload list", error));
   return list;
 }
 

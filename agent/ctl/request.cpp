@@ -72,59 +72,64 @@ Request list_page(std::string_view node, std::string_view list, std::string_view
 
 }  // namespace
 
-std::expected<std::chrono::seconds, std::string> parse_offset(std::string_view text) {
-  if (text.empty()) return std::unexpected(std::string("a duration is missing after '+', e.g. +30d"));
+error::Result<std::chrono::seconds> parse_offset(std::string_view text) {
+  if (text.empty()) return error::fail(error::Errc::invalid, "a duration is missing after '+', e.g. +30d");
   std::int64_t total = 0;
   std::size_t last_rank = kOffsetUnits.size();
   std::string_view rest = text;
   while (!rest.empty()) {
     std::int64_t n = 0;
     if (rest.front() < '0' || rest.front() > '9')
-      return std::unexpected(fmt::format("expected a number at \"{}\", e.g. +30d", rest));
+      return error::fail(error::Errc::invalid, fmt::format("expected a number at \"{}\", e.g. +30d", rest));
     auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
-    if (ec != std::errc{}) return std::unexpected(std::string("the duration is too large"));
+    if (ec != std::errc{}) return error::fail(error::Errc::invalid, "the duration is too large");
     rest.remove_prefix(static_cast<std::size_t>(p - rest.data()));
     if (rest.empty())
-      return std::unexpected(fmt::format("\"+{}\" needs a unit: w, d, h, m or s (e.g. +30d)", text));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("\"+{}\" needs a unit: w, d, h, m or s (e.g. +30d)", text));
     const auto* u = std::find_if(kOffsetUnits.begin(), kOffsetUnits.end(),
                                  [&](const OffsetUnit& x) { return x.name == rest.front(); });
     if (u == kOffsetUnits.end()) {
-      return std::unexpected(fmt::format(
-          "unknown unit '{}' in \"+{}\": use w, d, h, m or s (e.g. +30d, +12h, +90m)", rest.front(), text));
+      return error::fail(
+          error::Errc::invalid,
+          fmt::format("unknown unit '{}' in \"+{}\": use w, d, h, m or s (e.g. +30d, +12h, +90m)",
+                      rest.front(), text));
     }
     const auto rank = static_cast<std::size_t>(u - kOffsetUnits.begin());
     if (last_rank != kOffsetUnits.size() && rank <= last_rank) {
-      return std::unexpected(
+      return error::fail(
+          error::Errc::invalid,
           fmt::format("units go from largest to smallest, each once, e.g. +1d12h (not \"+{}\")", text));
     }
     last_rank = rank;
     std::int64_t part = 0;
     if (__builtin_mul_overflow(n, u->seconds, &part) || __builtin_add_overflow(total, part, &total) ||
         total > std::int64_t{100} * 366 * 86400) {
-      return std::unexpected(std::string("the duration is too large (at most 100 years)"));
+      return error::fail(error::Errc::invalid, "the duration is too large (at most 100 years)");
     }
     rest.remove_prefix(1);
   }
   return std::chrono::seconds(total);
 }
 
-std::expected<Time, std::string> parse_when(std::string_view text, Time now) {
+error::Result<Time> parse_when(std::string_view text, Time now) {
   if (text.starts_with('+')) {
     auto d = parse_offset(text.substr(1));
     if (!d) return std::unexpected(d.error());
     return now + *d;
   }
   if (auto t = reservations::parse_time(text)) return *t;
-  return std::unexpected(fmt::format(
-      "\"{}\" is not a time: use RFC 3339 (2027-01-31T00:00:00Z) or +DURATION from now (+30d, +12h, +90m)",
-      text));
+  return error::fail(error::Errc::invalid,
+                     fmt::format("\"{}\" is not a time: use RFC 3339 (2027-01-31T00:00:00Z) or +DURATION "
+                                 "from now (+30d, +12h, +90m)",
+                                 text));
 }
 
 std::string format_time(Time t) {
   return reservations::format_time(t);
 }
 
-std::expected<std::vector<std::string>, std::string> parse_ids(std::string_view text) {
+error::Result<std::vector<std::string>> parse_ids(std::string_view text) {
   std::vector<std::string> out;
   std::string_view rest = text;
   while (true) {
@@ -133,10 +138,10 @@ std::expected<std::vector<std::string>, std::string> parse_ids(std::string_view 
     while (!id.empty() && id.front() == ' ') id.remove_prefix(1);
     while (!id.empty() && id.back() == ' ') id.remove_suffix(1);
     if (id.empty())
-      return std::unexpected(
-          fmt::format("\"{}\" has an empty entry: ids are comma-separated, e.g. a,b", text));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("\"{}\" has an empty entry: ids are comma-separated, e.g. a,b", text));
     if (std::find(out.begin(), out.end(), id) != out.end())
-      return std::unexpected(fmt::format("\"{}\" is named twice", id));
+      return error::fail(error::Errc::invalid, fmt::format("\"{}\" is named twice", id));
     out.emplace_back(id);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

@@ -6,23 +6,24 @@
 
 namespace gpunode::ctl {
 
-std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text,
-                                                                              const std::string& file) {
+error::Result<std::optional<std::string>> admin_socket_from_yaml(std::string_view text,
+                                                                 const std::string& file) {
   // The agent's own loader: what the agent would read is what gpunodectl reads (one parser).
   const auto loaded = config::load_string(text, file, config::Purpose::discover);
-  if (!loaded.ok()) return std::unexpected(loaded.problems.front().to_string());
+  if (!loaded.ok()) return error::fail(error::Errc::invalid, loaded.problems.front().to_string());
   if (loaded.config.admin.socket == kDefaultSocket) return std::optional<std::string>();
   return std::optional<std::string>(loaded.config.admin.socket);
 }
 
-std::expected<SocketChoice, std::string> choose_socket(const std::optional<std::string>& flag,
-                                                       std::string_view config_path,
-                                                       const std::optional<std::string>& config_text) {
+error::Result<SocketChoice> choose_socket(const std::optional<std::string>& flag,
+                                          std::string_view config_path,
+                                          const std::optional<std::string>& config_text) {
   if (flag) return SocketChoice{*flag, "--socket"};
   if (config_text) {
     auto s = admin_socket_from_yaml(*config_text, std::string(config_path));
     if (!s)
-      return std::unexpected(fmt::format("cannot read admin.socket: {}; pass --socket PATH", s.error()));
+      return error::fail(error::Errc::invalid,
+                         fmt::format("cannot read admin.socket: {}; pass --socket PATH", s.error().detail));
     if (*s) return SocketChoice{**s, fmt::format("admin.socket of {}", config_path)};
   }
   return SocketChoice{std::string(kDefaultSocket), "the default"};

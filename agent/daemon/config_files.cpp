@@ -90,7 +90,7 @@ std::expected<void, std::string> usable(const config::NamedFile& f, const std::s
           auth::TokenVerifier::from_files({f.path}, {issuer, audience, "node", std::chrono::seconds(60)});
       if (!v) {
         // Its errors start with the file's name: keep the reason only.
-        std::string why = v.error();
+        std::string why = v.error().detail;
         if (why.starts_with(f.path + ": ")) why.erase(0, f.path.size() + 2);
         return std::unexpected(why);
       }

@@ -217,7 +217,7 @@ struct Daemon::Parts {
       if (o)
         outbox.emplace(std::move(*o));
       else if (!std::exchange(outbox_warned, true))
-        say(LogLevel::warning, "metrics: cannot read the outbox: " + o.error());
+        say(LogLevel::warning, "metrics: cannot read the outbox: " + report::Outbox::describe(o.error()));
     }
     if (outbox) {
       if (auto st = outbox->stats()) {
@@ -227,7 +227,7 @@ struct Daemon::Parts {
           d.oldest_undelivered_age_seconds = std::max(
               0.0, std::chrono::duration<double>(std::chrono::system_clock::now() - *oldest).count());
       } else {
-        say(LogLevel::warning, "metrics: cannot read the outbox: " + st.error());
+        say(LogLevel::warning, "metrics: cannot read the outbox: " + report::Outbox::describe(st.error()));
       }
       if (!reporter) {
         if (auto a = outbox->acknowledged()) d.acked_seq = *a;
@@ -555,7 +555,7 @@ std::expected<void, std::string> start_reporter(Daemon::Parts& p,
   };
   ro.log = p.log_sink();
   auto reporter = report::Reporter::start(std::move(ro));
-  if (!reporter) return std::unexpected(reporter.error());
+  if (!reporter) return std::unexpected(reporter.error().detail);
   p.reporter = std::move(*reporter);
   return {};
 }

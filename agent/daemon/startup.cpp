@@ -106,7 +106,7 @@ std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_veri
     const config::Config& c) {
   auto v = auth::TokenVerifier::from_files(
       c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
-  if (!v) return std::unexpected(v.error());
+  if (!v) return std::unexpected(v.error().detail);
   return std::make_shared<const auth::TokenVerifier>(std::move(*v));
 }
 
@@ -156,7 +156,9 @@ std::expected<store::StateLock, std::string> lock_state_dir(const config::Config
     return std::unexpected(fmt::format("cannot create state directory {}: {}", c.state.dir, ec.message()));
   // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
   ::chmod(c.state.dir.c_str(), 0750);
-  return store::StateLock::acquire(c.state.dir);
+  auto lock = store::StateLock::acquire(c.state.dir);
+  if (!lock) return std::unexpected(std::move(lock.error().detail));
+  return std::move(*lock);
 }
 
 http::Limits api_limits(const config::Config& c) {

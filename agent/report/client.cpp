@@ -26,13 +26,15 @@ using asio::redirect_error;
 using asio::use_awaitable;
 using boost::system::error_code;
 
-std::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
+error::Result<Endpoint> parse_endpoint(std::string_view url) {
   const auto u = boost::urls::parse_absolute_uri(url);
-  if (!u) return std::unexpected(fmt::format("central.url {}: {}", url, u.error().message()));
-  if (u->scheme() != "https") return std::unexpected(fmt::format("central.url {}: not https", url));
+  if (!u)
+    return error::fail(error::Errc::invalid, fmt::format("central.url {}: {}", url, u.error().message()));
+  if (u->scheme() != "https")
+    return error::fail(error::Errc::invalid, fmt::format("central.url {}: not https", url));
   Endpoint e;
   e.host = u->host_address();
-  if (e.host.empty()) return std::unexpected(fmt::format("central.url {}: no host", url));
+  if (e.host.empty()) return error::fail(error::Errc::invalid, fmt::format("central.url {}: no host", url));
   e.ip_literal =
       u->host_type() == boost::urls::host_type::ipv4 || u->host_type() == boost::urls::host_type::ipv6;
   e.port = u->has_port() ? std::string(u->port()) : "443";
@@ -44,9 +46,24 @@ std::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
 
 namespace {
 
+bool timed_out(const error_code& ec) {
+  return ec == beast::error::timeout || ec == asio::error::operation_aborted;
+}
+
 std::string describe(const error_code& ec) {
-  if (ec == beast::error::timeout || ec == asio::error::operation_aborted) return "timed out";
-  return ec.message();
+  return timed_out(ec) ? "timed out" : ec.message();
+}
+
+// The one mapping of the network's error codes: a timeout, an errno by errno's rule (refused,
+// unreachable, reset: unavailable), anything else (TLS, a short read) the central API
+// unavailable. The detail is `what` and the reason, as the log always read.
+error::Error net_error(const error_code& ec, std::string what) {
+  error::Errc code = error::Errc::unavailable;
+  if (timed_out(ec))
+    code = error::Errc::timeout;
+  else if (ec.category() == boost::system::system_category())
+    code = error::errno_code(ec.value());
+  return error::Error{code, what + ": " + describe(ec)};
 }
 
 }  // namespace
@@ -81,8 +98,7 @@ void Client::close() {
   }
 }
 
-asio::awaitable<std::expected<void, std::string>> Client::connect(
-    std::chrono::steady_clock::time_point deadline) {
+asio::awaitable<error::Result<void>> Client::connect(std::chrono::steady_clock::time_point deadline) {
   drop();
   auto [ctx, generation] = tls_.get();
   error_code ec;
@@ -94,7 +110,7 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(
   const auto found =
       co_await resolver_.async_resolve(endpoint_.host, endpoint_.port, redirect_error(use_awaitable, ec));
   resolve_guard_.cancel();
-  if (ec) co_return std::unexpected(fmt::format("resolving {}: {}", endpoint_.host, describe(ec)));
+  if (ec) co_return std::unexpected(net_error(ec, fmt::format("resolving {}", endpoint_.host)));
 
   stream_.emplace(io_, *ctx);
   ctx_ = std::move(ctx);
@@ -103,14 +119,16 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(
   if (endpoint_.ip_literal) {
     // RFC 6066: no SNI for an address; the certificate must carry it as an IP SAN.
     if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), endpoint_.host.c_str()) != 1) {
-      co_return std::unexpected(fmt::format("TLS: cannot verify against address {}", endpoint_.host));
+      co_return error::fail(error::Errc::internal,
+                            fmt::format("TLS: cannot verify against address {}", endpoint_.host));
     }
   } else if (SSL_ctrl(ssl, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, endpoint_.host.data()) !=
                  1 ||
              SSL_set1_host(ssl, endpoint_.host.c_str()) != 1) {
     // SNI (SSL_ctrl is what the SSL_set_tlsext_host_name macro expands to, less its C cast) and
     // the host name the certificate must carry.
-    co_return std::unexpected(fmt::format("TLS: cannot set the host name {}", endpoint_.host));
+    co_return error::fail(error::Errc::internal,
+                          fmt::format("TLS: cannot set the host name {}", endpoint_.host));
   }
 
   auto& tcp = beast::get_lowest_layer(*stream_);
@@ -118,21 +136,23 @@ asio::awaitable<std::expected<void, std::string>> Client::connect(
   co_await tcp.async_connect(found, redirect_error(use_awaitable, ec));
   if (ec)
     co_return std::unexpected(
-        fmt::format("connecting to {}:{}: {}", endpoint_.host, endpoint_.port, describe(ec)));
+        net_error(ec, fmt::format("connecting to {}:{}", endpoint_.host, endpoint_.port)));
   tcp.expires_at(deadline);
   co_await stream_->async_handshake(asio::ssl::stream_base::client, redirect_error(use_awaitable, ec));
   if (ec) {
     const long verify = SSL_get_verify_result(stream_->native_handle());
-    std::string why = describe(ec);
-    if (verify != X509_V_OK) why += fmt::format(" ({})", X509_verify_cert_error_string(verify));
-    co_return std::unexpected(
-        fmt::format("TLS handshake with {}:{}: {}", endpoint_.host, endpoint_.port, why));
+    auto e = net_error(ec, fmt::format("TLS handshake with {}:{}", endpoint_.host, endpoint_.port));
+    if (verify != X509_V_OK) {
+      e.code = error::Errc::permission;  // the peer's certificate is refused
+      e.detail += fmt::format(" ({})", X509_verify_cert_error_string(verify));
+    }
+    co_return std::unexpected(std::move(e));
   }
-  co_return std::expected<void, std::string>{};
+  co_return error::Result<void>{};
 }
 
-asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string path, std::string body,
-                                                                 std::chrono::milliseconds timeout) {
+asio::awaitable<error::Result<Answer>> Client::post(std::string path, std::string body,
+                                                    std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bhttp::request<bhttp::string_body> req{bhttp::verb::post, endpoint_.base_path + path, 11};
   req.set(bhttp::field::host, endpoint_.host_header);
@@ -145,7 +165,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
 
   // A second round only for a reused connection the server had closed (see client.hpp).
   for (int round = 0; round < 2; ++round) {
-    if (closed_) co_return std::unexpected(std::string("closed"));
+    if (closed_) co_return error::fail(error::Errc::unavailable, "closed");
     const bool reused = stream_.has_value() && generation_ == tls_.get().second;
     if (!reused) {
       auto c = co_await connect(deadline);
@@ -160,7 +180,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
     if (ec) {
       drop();
       if (reused && ec != beast::error::timeout && ec != asio::error::operation_aborted) continue;
-      co_return std::unexpected("sending: " + describe(ec));
+      co_return std::unexpected(net_error(ec, "sending"));
     }
     beast::flat_buffer buffer;
     bhttp::response_parser<bhttp::string_body> parser;
@@ -171,7 +191,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
       const bool nothing = !parser.got_some();
       drop();
       if (reused && nothing && ec != beast::error::timeout && ec != asio::error::operation_aborted) continue;
-      co_return std::unexpected("reading the answer: " + describe(ec));
+      co_return std::unexpected(net_error(ec, "reading the answer"));
     }
     auto& res = parser.get();
     Answer a;
@@ -182,7 +202,7 @@ asio::awaitable<std::expected<Answer, std::string>> Client::post(std::string pat
     if (!res.keep_alive()) drop();
     co_return a;
   }
-  co_return std::unexpected(std::string("the connection was closed twice before an answer"));
+  co_return error::fail(error::Errc::unavailable, "the connection was closed twice before an answer");
 }
 
 }  // namespace gpunode::report::detail

@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::report::detail {
 
 // Where central.url points, parsed with Boost.URL.
@@ -34,7 +36,7 @@ struct Endpoint {
   std::string base_path;    // the URL's path without a trailing '/': "" or "/api"
   bool ip_literal = false;  // no SNI then; the certificate must name the address
 };
-std::expected<Endpoint, std::string> parse_endpoint(std::string_view url);
+error::Result<Endpoint> parse_endpoint(std::string_view url);
 
 // The current client TLS context (replaced on SIGHUP), with a generation number so that a
 // connection made with an older one is not reused. Any thread.
@@ -72,16 +74,15 @@ class Client {
 
   // POSTs `body` (application/json) to base_path + `path`. An error is a transport failure
   // (resolve, connect, TLS, write, read, a timeout, an answer over the size limit) and says which.
-  boost::asio::awaitable<std::expected<Answer, std::string>> post(std::string path, std::string body,
-                                                                  std::chrono::milliseconds timeout);
+  boost::asio::awaitable<error::Result<Answer>> post(std::string path, std::string body,
+                                                     std::chrono::milliseconds timeout);
   // Closes the connection for good: a request in flight ends with an error, and so does every
   // later one (the reporter is stopping). On the io_context's thread.
   void close();
 
  private:
   using Stream = boost::beast::ssl_stream<boost::beast::tcp_stream>;
-  boost::asio::awaitable<std::expected<void, std::string>> connect(
-      std::chrono::steady_clock::time_point deadline);
+  boost::asio::awaitable<error::Result<void>> connect(std::chrono::steady_clock::time_point deadline);
   void drop();
 
   boost::asio::io_context& io_;

@@ -6,32 +6,37 @@
 
 namespace gpunode::report {
 
-std::expected<Outbox, std::string> Outbox::open(const std::filesystem::path& state_db) {
+error::Result<Outbox> Outbox::open(const std::filesystem::path& state_db) {
   std::error_code ec;
-  if (!std::filesystem::exists(state_db, ec)) return std::unexpected(state_db.string() + ": no such file");
+  if (!std::filesystem::exists(state_db, ec))
+    return error::fail(error::Errc::not_found, state_db.string() + ": no such file");
   auto db = store::Database::open(state_db);
-  if (!db) return std::unexpected(db.error().to_string());
+  if (!db) return std::unexpected(db.error());
   return Outbox(std::move(*db));
 }
 
-std::expected<std::optional<std::int64_t>, std::string> Outbox::single(std::string_view sql) {
+std::string Outbox::describe(const error::Error& e) {
+  return e.origin == error::Native::sqlite ? e.to_string() : e.detail;
+}
+
+error::Result<std::optional<std::int64_t>> Outbox::single(std::string_view sql) {
   auto st = db_.prepare(sql);
-  if (!st) return std::unexpected(st.error().to_string());
+  if (!st) return std::unexpected(st.error());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().to_string());
+  if (!step) return std::unexpected(step.error());
   if (*step == store::Statement::Step::done) return std::optional<std::int64_t>{};
   return st->column_optional_int64(0);
 }
 
-std::expected<std::int64_t, std::string> Outbox::acknowledged() {
+error::Result<std::int64_t> Outbox::acknowledged() {
   auto first = single("SELECT min(seq) FROM outbox");
   if (!first) return std::unexpected(first.error());
   if (*first) return **first - 1;
   // The service's counter of events written; the outbox being empty, each was acknowledged.
   auto st = db_.prepare("SELECT value FROM meta WHERE key = 'event_seq'");
-  if (!st) return std::unexpected(st.error().to_string());
+  if (!st) return std::unexpected(st.error());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().to_string());
+  if (!step) return std::unexpected(step.error());
   if (*step == store::Statement::Step::done) return 0;
   const std::string text = st->column_text(0);
   std::int64_t n = 0;
@@ -40,15 +45,15 @@ std::expected<std::int64_t, std::string> Outbox::acknowledged() {
   return n;
 }
 
-std::expected<Outbox::Read, std::string> Outbox::read_batch(std::int64_t after, BatchBuilder& batch) {
+error::Result<Outbox::Read> Outbox::read_batch(std::int64_t after, BatchBuilder& batch) {
   // LIMIT bounds what SQLite hands over; the builder stops earlier on bytes.
   auto st = db_.prepare("SELECT seq, event FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2");
-  if (!st) return std::unexpected(st.error().to_string());
+  if (!st) return std::unexpected(st.error());
   if (auto b = st->bind_all(after, static_cast<std::int64_t>(Limits::kBatchEvents)); !b)
-    return std::unexpected(b.error().to_string());
+    return std::unexpected(b.error());
   for (;;) {
     auto step = st->step();
-    if (!step) return std::unexpected(step.error().to_string());
+    if (!step) return std::unexpected(step.error());
     if (*step == store::Statement::Step::done) return Read{};
     switch (batch.add(st->column_int64(0), st->column_text(1))) {
       case BatchBuilder::Add::taken:
@@ -61,7 +66,7 @@ std::expected<Outbox::Read, std::string> Outbox::read_batch(std::int64_t after, 
   }
 }
 
-std::expected<std::int64_t, std::string> Outbox::delete_through(std::int64_t seq) {
+error::Result<std::int64_t> Outbox::delete_through(std::int64_t seq) {
   auto done = db_.transaction([&](store::Tx& tx) -> std::expected<std::int64_t, store::DbError> {
     auto st = tx.prepare("DELETE FROM outbox WHERE seq <= ?1");
     if (!st) return std::unexpected(st.error());
@@ -69,11 +74,11 @@ std::expected<std::int64_t, std::string> Outbox::delete_through(std::int64_t seq
     if (auto r = st->run(); !r) return std::unexpected(r.error());
     return tx.database().changes();
   });
-  if (!done) return std::unexpected(done.error().to_string());
+  if (!done) return std::unexpected(done.error());
   return *done;
 }
 
-std::expected<OutboxStats, std::string> Outbox::stats() {
+error::Result<OutboxStats> Outbox::stats() {
   // Two statements: SQLite answers min() and max() of the rowid from the b-tree's ends only when
   // each stands alone in its query.
   auto first = single("SELECT min(seq) FROM outbox");
@@ -86,10 +91,10 @@ std::expected<OutboxStats, std::string> Outbox::stats() {
   s.last_seq = **last;
   s.depth = s.last_seq - s.first_seq + 1;
   auto st = db_.prepare("SELECT event FROM outbox WHERE seq = ?1");
-  if (!st) return std::unexpected(st.error().to_string());
-  if (auto b = st->bind(1, s.first_seq); !b) return std::unexpected(b.error().to_string());
+  if (!st) return std::unexpected(st.error());
+  if (auto b = st->bind(1, s.first_seq); !b) return std::unexpected(b.error());
   auto step = st->step();
-  if (!step) return std::unexpected(step.error().to_string());
+  if (!step) return std::unexpected(step.error());
   if (*step == store::Statement::Step::row) s.oldest_at = event_at(st->column_text(0));
   return s;
 }

@@ -60,18 +60,18 @@ milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds
   return full_jitter(attempt, random);
 }
 
-std::expected<std::int64_t, std::string> parse_ack(std::string_view body) {
+error::Result<std::int64_t> parse_ack(std::string_view body) {
   boost::system::error_code ec;
   const json::value v = json::parse(body, ec);
-  if (ec) return std::unexpected("the answer is not JSON: " + ec.message());
+  if (ec) return error::fail(error::Errc::protocol, "the answer is not JSON: " + ec.message());
   const json::object* o = v.if_object();
-  if (o == nullptr) return std::unexpected(std::string("the answer is not a JSON object"));
+  if (o == nullptr) return error::fail(error::Errc::protocol, "the answer is not a JSON object");
   const json::value* acked = o->if_contains("ackedSeq");
-  if (acked == nullptr) return std::unexpected(std::string("the answer has no ackedSeq"));
+  if (acked == nullptr) return error::fail(error::Errc::protocol, "the answer has no ackedSeq");
   if (!acked->is_int64() && !acked->is_uint64())
-    return std::unexpected(std::string("ackedSeq is not an integer"));
+    return error::fail(error::Errc::protocol, "ackedSeq is not an integer");
   const auto n = acked->to_number<std::int64_t>(ec);
-  if (ec || n < 0) return std::unexpected(std::string("ackedSeq is out of range"));
+  if (ec || n < 0) return error::fail(error::Errc::protocol, "ackedSeq is out of range");
   return n;
 }
 

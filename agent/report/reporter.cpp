@@ -131,7 +131,7 @@ struct Reporter::Impl {
   void refresh_stats() {
     auto s = outbox.stats();
     if (!s) {
-      say(LogLevel::warning, "central: cannot read the outbox's depth: " + s.error());
+      say(LogLevel::warning, "central: cannot read the outbox's depth: " + Outbox::describe(s.error()));
       return;
     }
     std::optional<std::chrono::sys_seconds> oldest;
@@ -207,7 +207,7 @@ struct Reporter::Impl {
       // API dedups by seq).
       say(LogLevel::error,
           fmt::format("central: acknowledged through seq {} but cannot delete it from the outbox: {}", acked,
-                      d.error()));
+                      Outbox::describe(d.error())));
       undeleted = acked;
     } else {
       undeleted.reset();
@@ -274,7 +274,7 @@ struct Reporter::Impl {
       auto read = outbox.read_batch(base, batch);
       if (!read) {
         ++attempt;
-        say(LogLevel::error, "central: cannot read the outbox: " + read.error());
+        say(LogLevel::error, "central: cannot read the outbox: " + Outbox::describe(read.error()));
         co_await sleep(backoff, full_jitter(attempt, rng()));
         continue;
       }
@@ -303,15 +303,16 @@ struct Reporter::Impl {
   // What the answer to a batch means: how long to wait before the next one, or nothing when
   // events were acknowledged (the next batch goes at once). A failure counts an attempt and is
   // logged.
-  std::optional<std::chrono::milliseconds> after_answer(
-      const Sent& sent, const std::expected<detail::Answer, std::string>& answer, unsigned& attempt) {
+  std::optional<std::chrono::milliseconds> after_answer(const Sent& sent,
+                                                        const error::Result<detail::Answer>& answer,
+                                                        unsigned& attempt) {
     std::optional<Failure> failed;
     std::optional<std::chrono::milliseconds> retry_after;
     std::string why;
     std::chrono::milliseconds wait{0};
     if (!answer) {
       failed = Failure::transport;
-      why = answer.error();
+      why = answer.error().detail;
     } else if (answer->status < 200 || answer->status > 299) {
       failed = classify_status(answer->status);
       if (answer->retry_after) retry_after = parse_retry_after(*answer->retry_after);
@@ -319,7 +320,7 @@ struct Reporter::Impl {
                         sent.last, answer->body.empty() ? "" : ": " + snippet(answer->body));
     } else if (auto acked = parse_ack(answer->body); !acked) {
       protocol_error(fmt::format("the answer to seq {}..{} is unusable ({}): {}; trying again in {}",
-                                 sent.first, sent.last, acked.error(), snippet(answer->body),
+                                 sent.first, sent.last, acked.error().detail, snippet(answer->body),
                                  seconds_text(Limits::kHold)));
       wait = Limits::kHold;
     } else {
@@ -405,7 +406,7 @@ struct Reporter::Impl {
           t = Throttle{now, 0};
           say(LogLevel::warning,
               fmt::format("central: heartbeat failed: {} (not retried; the next one in {}){}",
-                          answer ? fmt::format("HTTP {}", answer->status) : answer.error(),
+                          answer ? fmt::format("HTTP {}", answer->status) : answer.error().detail,
                           seconds_text(opt.heartbeat_interval), quiet));
         } else {
           ++t.quiet;
@@ -453,16 +454,19 @@ Reporter::~Reporter() {
   stop();
 }
 
-std::expected<std::unique_ptr<Reporter>, std::string> Reporter::start(Options options) {
+error::Result<std::unique_ptr<Reporter>> Reporter::start(Options options) {
   auto endpoint = detail::parse_endpoint(options.url);
   if (!endpoint) return std::unexpected(endpoint.error());
-  if (!options.tls) return std::unexpected(std::string("central: no TLS context"));
+  if (!options.tls) return error::fail(error::Errc::invalid, "central: no TLS context");
   if (options.heartbeat_interval.count() <= 0)
-    return std::unexpected(std::string("central: the heartbeat interval must be positive"));
+    return error::fail(error::Errc::invalid, "central: the heartbeat interval must be positive");
+  const auto outbox_failed = [](const error::Error& e) {
+    return error::fail(e.code, "central: the outbox: " + Outbox::describe(e));
+  };
   auto outbox = Outbox::open(options.state_db);
-  if (!outbox) return std::unexpected("central: the outbox: " + outbox.error());
+  if (!outbox) return outbox_failed(outbox.error());
   auto acked = outbox->acknowledged();
-  if (!acked) return std::unexpected("central: the outbox: " + acked.error());
+  if (!acked) return outbox_failed(acked.error());
   auto impl = std::make_unique<Impl>(std::move(options), std::move(*endpoint), std::move(*outbox));
   Impl* p = impl.get();
   p->base = *acked;

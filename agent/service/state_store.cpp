@@ -114,7 +114,7 @@ std::expected<void, DbError> StateStore::load() {
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
       if (ec != std::errc{} || p != value.data() + value.size() || out < 0) {
         return std::unexpected(
-            DbError::corrupt(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value)));
+            store::corrupt(fmt::format("{}: meta {} is \"{}\", not a counter", file, key, value)));
       }
       return {};
     };
@@ -133,14 +133,14 @@ std::expected<void, DbError> StateStore::load() {
   auto head = each_row(*last, [&](store::Statement& st) -> std::expected<void, DbError> {
     const std::int64_t seq = st.column_int64(0);
     if (seq < audit_seq_)
-      return std::unexpected(DbError::corrupt(fmt::format(
+      return std::unexpected(store::corrupt(fmt::format(
           "{}: the last audit record is aud_{}, meta says aud_{} was written", file, seq, audit_seq_)));
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     const auto* o = ec ? nullptr : v.if_object();
     const auto* h = o ? o->if_contains("hash") : nullptr;
     if (h == nullptr || !h->is_string())
-      return std::unexpected(DbError::corrupt(fmt::format("{}: audit record aud_{} has no hash", file, seq)));
+      return std::unexpected(store::corrupt(fmt::format("{}: audit record aud_{} has no hash", file, seq)));
     audit_seq_ = seq;
     audit_last_hash_ = std::string(h->get_string());
     return {};
@@ -191,7 +191,7 @@ std::expected<reservations::Reservation, DbError> StateStore::parse_reservation(
   auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
   if (!x)
     return std::unexpected(
-        DbError::corrupt(fmt::format("reservation {} in {}: bad {}", id, db_.path().string(), x.error())));
+        store::corrupt(fmt::format("reservation {} in {}: bad {}", id, db_.path().string(), x.error())));
   return std::move(*x);
 }
 
@@ -333,7 +333,7 @@ std::expected<void, DbError> StateStore::write_audits(const Change& c, Tally& t,
     rec["detail"] = opt_json(a.detail);
     rec["requestId"] = opt_json(c.request_id);
     if (auto sealed = store::seal_audit_record(rec, t.last_hash); !sealed) {
-      return std::unexpected(DbError{0, "audit record: " + sealed.error()});
+      return std::unexpected(DbError{error::Errc::internal, "audit record: " + sealed.error().detail});
     }
     t.last_hash = std::string(rec["hash"].get_string());
     if (auto w = write("INSERT INTO audit (seq, record) VALUES (?1, ?2)", t.seq, json::serialize(rec)); !w)
@@ -381,7 +381,8 @@ std::expected<void, DbError> StateStore::write_terminations(const Change& c, Tal
     std::int64_t key = row.audit_seq;
     if (row.audit_index) {
       if (*row.audit_index >= t.out.audit_seqs.size())
-        return std::unexpected(DbError{0, "termination row names no audit record of its change"});
+        return std::unexpected(
+            DbError{error::Errc::internal, "termination row names no audit record of its change"});
       key = t.out.audit_seqs[*row.audit_index];
     }
     if (auto w =

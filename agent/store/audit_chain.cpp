@@ -27,12 +27,12 @@ const EVP_MD* sha256_md() {
 
 }  // namespace
 
-std::expected<std::string, std::string> sha256_hex(std::string_view bytes) {
+error::Result<std::string> sha256_hex(std::string_view bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int digest_len = 0;
   if (EVP_Digest(bytes.data(), bytes.size(), digest, &digest_len, sha256_md(), nullptr) != 1 ||
       digest_len != 32) {
-    return std::unexpected(std::string("SHA-256 failed (OpenSSL EVP_Digest)"));
+    return error::fail(error::Errc::internal, "SHA-256 failed (OpenSSL EVP_Digest)");
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -44,13 +44,13 @@ std::expected<std::string, std::string> sha256_hex(std::string_view bytes) {
   return out;
 }
 
-std::expected<std::string, std::string> audit_hash(const boost::json::object& record) {
+error::Result<std::string> audit_hash(const boost::json::object& record) {
   auto text = canonical_json(record, std::string_view("hash"));
   if (!text) return std::unexpected(std::move(text.error()));
   return sha256_hex(*text);
 }
 
-std::expected<void, std::string> seal_audit_record(boost::json::object& record, std::string_view prev_hash) {
+error::Result<void> seal_audit_record(boost::json::object& record, std::string_view prev_hash) {
   record["prevHash"] = prev_hash;
   auto h = audit_hash(record);
   if (!h) return std::unexpected(std::move(h.error()));
@@ -58,16 +58,19 @@ std::expected<void, std::string> seal_audit_record(boost::json::object& record, 
   return {};
 }
 
-std::expected<std::uint64_t, std::string> parse_audit_id(std::string_view id) {
-  if (!id.starts_with(kIdPrefix)) return std::unexpected(fmt::format("id \"{}\" is not aud_N", id));
+error::Result<std::uint64_t> parse_audit_id(std::string_view id) {
+  if (!id.starts_with(kIdPrefix))
+    return error::fail(error::Errc::invalid, fmt::format("id \"{}\" is not aud_N", id));
   const auto digits = id.substr(kIdPrefix.size());
   if (digits.empty() || digits.front() == '0') {
-    return std::unexpected(fmt::format("id \"{}\" is not aud_N with N a decimal from 1", id));
+    return error::fail(error::Errc::invalid,
+                       fmt::format("id \"{}\" is not aud_N with N a decimal from 1", id));
   }
   std::uint64_t n = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
   if (ec != std::errc{} || end != digits.data() + digits.size()) {
-    return std::unexpected(fmt::format("id \"{}\" is not aud_N with N a decimal from 1", id));
+    return error::fail(error::Errc::invalid,
+                       fmt::format("id \"{}\" is not aud_N with N a decimal from 1", id));
   }
   return n;
 }
@@ -91,7 +94,7 @@ std::expected<void, ChainBreak> verify_chain(const std::vector<boost::json::obje
     brk.record_id = std::string(id->get_string());
     auto seq = parse_audit_id(brk.record_id);
     if (!seq) {
-      brk.reason = std::move(seq.error());
+      brk.reason = std::move(seq.error().detail);
       return std::unexpected(std::move(brk));
     }
     if (i > 0 && *seq <= prev_seq) {
@@ -115,7 +118,7 @@ std::expected<void, ChainBreak> verify_chain(const std::vector<boost::json::obje
     }
     auto computed = audit_hash(r);
     if (!computed) {
-      brk.reason = fmt::format("cannot hash the record: {}", computed.error());
+      brk.reason = fmt::format("cannot hash the record: {}", computed.error().detail);
       return std::unexpected(std::move(brk));
     }
     if (stored->get_string() != *computed) {

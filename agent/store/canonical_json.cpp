@@ -169,19 +169,19 @@ bool is_valid_utf8(std::string_view text) {
   return gpunode::json::invalid_utf8(text) == std::string_view::npos;
 }
 
-std::expected<std::string, std::string> canonical_json(const boost::json::value& value) {
+error::Result<std::string> canonical_json(const boost::json::value& value) {
   Writer w;
   std::string path;
-  if (!w.write(value, path)) return std::unexpected(std::move(w.error));
+  if (!w.write(value, path)) return error::fail(error::Errc::invalid, std::move(w.error));
   return std::move(w.out);
 }
 
-std::expected<std::string, std::string> canonical_json(const boost::json::object& object,
-                                                       std::optional<std::string_view> omit_key) {
+error::Result<std::string> canonical_json(const boost::json::object& object,
+                                          std::optional<std::string_view> omit_key) {
   Writer w;
   std::string path;
   const std::string_view* omit = omit_key ? &*omit_key : nullptr;
-  if (!w.write_object(object, path, omit)) return std::unexpected(std::move(w.error));
+  if (!w.write_object(object, path, omit)) return error::fail(error::Errc::invalid, std::move(w.error));
   return std::move(w.out);
 }
 

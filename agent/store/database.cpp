@@ -22,101 +22,8 @@
 
 namespace gpunode::store {
 
-std::string_view DbError::kind() const {
-  if (sqlite_code == 0) return "internal";
-  switch (primary_code()) {
-    case SQLITE_FULL:
-      return "disk full";
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      return "busy";
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB:
-      return "corrupt";
-    case SQLITE_READONLY:
-      return "read-only";
-    case SQLITE_IOERR:
-      return "I/O error";
-    case SQLITE_CANTOPEN:
-      return "cannot open";
-    case SQLITE_PERM:
-    case SQLITE_AUTH:
-      return "permission denied";
-    case SQLITE_NOMEM:
-      return "out of memory";
-    case SQLITE_CONSTRAINT:
-      return "constraint";
-    case SQLITE_SCHEMA:
-      return "schema";
-    default:
-      return "error";
-  }
-}
-
-std::string_view DbError::code_name() const {
-  switch (primary_code()) {
-    case 0:
-      return "";
-    case SQLITE_ERROR:
-      return "SQLITE_ERROR";
-    case SQLITE_INTERNAL:
-      return "SQLITE_INTERNAL";
-    case SQLITE_PERM:
-      return "SQLITE_PERM";
-    case SQLITE_ABORT:
-      return "SQLITE_ABORT";
-    case SQLITE_BUSY:
-      return "SQLITE_BUSY";
-    case SQLITE_LOCKED:
-      return "SQLITE_LOCKED";
-    case SQLITE_NOMEM:
-      return "SQLITE_NOMEM";
-    case SQLITE_READONLY:
-      return "SQLITE_READONLY";
-    case SQLITE_INTERRUPT:
-      return "SQLITE_INTERRUPT";
-    case SQLITE_IOERR:
-      return "SQLITE_IOERR";
-    case SQLITE_CORRUPT:
-      return "SQLITE_CORRUPT";
-    case SQLITE_NOTFOUND:
-      return "SQLITE_NOTFOUND";
-    case SQLITE_FULL:
-      return "SQLITE_FULL";
-    case SQLITE_CANTOPEN:
-      return "SQLITE_CANTOPEN";
-    case SQLITE_PROTOCOL:
-      return "SQLITE_PROTOCOL";
-    case SQLITE_SCHEMA:
-      return "SQLITE_SCHEMA";
-    case SQLITE_TOOBIG:
-      return "SQLITE_TOOBIG";
-    case SQLITE_CONSTRAINT:
-      return "SQLITE_CONSTRAINT";
-    case SQLITE_MISMATCH:
-      return "SQLITE_MISMATCH";
-    case SQLITE_MISUSE:
-      return "SQLITE_MISUSE";
-    case SQLITE_AUTH:
-      return "SQLITE_AUTH";
-    case SQLITE_RANGE:
-      return "SQLITE_RANGE";
-    case SQLITE_NOTADB:
-      return "SQLITE_NOTADB";
-    default:
-      return "SQLITE_UNKNOWN";
-  }
-}
-
-DbError DbError::corrupt(std::string message) {
-  return DbError{SQLITE_CORRUPT, std::move(message)};
-}
-
-std::string DbError::to_string() const {
-  if (sqlite_code == 0) return fmt::format("internal: {}", message);
-  if (sqlite_code != primary_code())
-    return fmt::format("{} ({}, extended code {}): {}", kind(), code_name(), sqlite_code, message);
-  return fmt::format("{} ({}): {}", kind(), code_name(), message);
+DbError corrupt(std::string detail) {
+  return error::from_sqlite(SQLITE_CORRUPT, std::move(detail));
 }
 
 namespace {
@@ -147,13 +54,16 @@ std::string statement_context(std::string_view sql) {
   return fmt::format("statement \"{}\"", shorten_sql(sql));
 }
 
-// The one place an errno becomes a DbError.
+// The one place an errno becomes a DbError: SQLite's code for it, as SQLite would have answered
+// (the store's kind and to_string() read it), and errno's finer Errc (permission, not_found, ...).
 DbError os_error(int err, const std::filesystem::path& file, std::string_view what) {
   int code = SQLITE_CANTOPEN;
   if (err == ENOSPC || err == EDQUOT) code = SQLITE_FULL;
   if (err == ENOMEM) code = SQLITE_NOMEM;
-  return DbError{code,
-                 fmt::format("{}: cannot {}: {}", file.string(), what, std::generic_category().message(err))};
+  DbError e = error::from_sqlite(
+      code, fmt::format("{}: cannot {}: {}", file.string(), what, std::generic_category().message(err)));
+  e.code = error::errno_code(err);
+  return e;
 }
 
 std::string db_file(sqlite3* db) {
@@ -184,13 +94,14 @@ Statement::~Statement() {
 
 DbError Statement::error(int rc, std::string_view what) const {
   const char* msg = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-  return DbError{rc, fmt::format("{}: {} ({}, {})", db_file(db_), msg, what, statement_context(sql()))};
+  return error::from_sqlite(
+      rc, fmt::format("{}: {} ({}, {})", db_file(db_), msg, what, statement_context(sql())));
 }
 
 std::expected<void, DbError> Statement::bind_too_big(int index) const {
-  return std::unexpected(
-      DbError{SQLITE_TOOBIG, fmt::format("{}: integer too big for SQLite (binding parameter {}, {})",
-                                         db_file(db_), index, statement_context(sql()))});
+  return std::unexpected(error::from_sqlite(
+      SQLITE_TOOBIG, fmt::format("{}: integer too big for SQLite (binding parameter {}, {})", db_file(db_),
+                                 index, statement_context(sql()))));
 }
 
 std::expected<void, DbError> Statement::bind_int64(int index, std::int64_t value) {
@@ -316,7 +227,7 @@ Database::~Database() {
 
 DbError Database::error(int rc, std::string_view what) const {
   const char* msg = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-  return DbError{rc, fmt::format("{}: {} ({})", path_.string(), msg, what)};
+  return error::from_sqlite(rc, fmt::format("{}: {} ({})", path_.string(), msg, what));
 }
 
 std::expected<Database, DbError> Database::open(const std::filesystem::path& file) {
@@ -330,8 +241,9 @@ std::expected<Database, DbError> Database::open(const std::filesystem::path& fil
   const int rc = sqlite3_open_v2(
       file.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
   if (rc != SQLITE_OK) {
-    DbError e{rc, fmt::format("{}: cannot open the database: {}", file.string(),
-                              raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc))};
+    DbError e =
+        error::from_sqlite(rc, fmt::format("{}: cannot open the database: {}", file.string(),
+                                           raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
     sqlite3_close_v2(raw);
     return std::unexpected(std::move(e));
   }
@@ -353,8 +265,8 @@ std::expected<void, DbError> Database::configure() {
   const auto wal_hint = [&](DbError e) {
     const int code = e.primary_code();
     if (code == SQLITE_READONLY || code == SQLITE_CANTOPEN) {
-      e.message += fmt::format("; WAL needs to create {0}-wal and {0}-shm in a directory it can write",
-                               path_.filename().string());
+      e.detail += fmt::format("; WAL needs to create {0}-wal and {0}-shm in a directory it can write",
+                              path_.filename().string());
     }
     return std::unexpected(std::move(e));
   };
@@ -369,9 +281,9 @@ std::expected<void, DbError> Database::configure() {
   mode = text::ascii_lower(mode);
   if (mode != "wal") {
     return std::unexpected(
-        DbError{SQLITE_CANTOPEN, fmt::format("{}: journal_mode is \"{}\" after asking for WAL "
-                                             "(can the directory be written?)",
-                                             path_.string(), mode)});
+        error::from_sqlite(SQLITE_CANTOPEN, fmt::format("{}: journal_mode is \"{}\" after asking for WAL "
+                                                        "(can the directory be written?)",
+                                                        path_.string(), mode)));
   }
   if (auto ok = exec("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON"); !ok) return ok;
 
@@ -384,8 +296,9 @@ std::expected<void, DbError> Database::configure() {
     auto got = pragma(name);
     if (!got) return std::unexpected(std::move(got.error()));
     if (*got != want) {
-      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is {} after setting it to {}",
-                                                                path_.string(), name, *got, want)});
+      return std::unexpected(error::from_sqlite(
+          SQLITE_MISUSE,
+          fmt::format("{}: PRAGMA {} is {} after setting it to {}", path_.string(), name, *got, want)));
     }
   }
   return {};
@@ -398,8 +311,8 @@ std::expected<void, DbError> Database::preallocate_wal() {
     std::int64_t n = 0;
     auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
     if (ec != std::errc{} || end != v->data() + v->size() || n < 0) {
-      return std::unexpected(
-          DbError{SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is \"{}\"", path_.string(), name, *v)});
+      return std::unexpected(error::from_sqlite(
+          SQLITE_MISUSE, fmt::format("{}: PRAGMA {} is \"{}\"", path_.string(), name, *v)));
     }
     return n;
   };
@@ -468,8 +381,8 @@ std::expected<void, DbError> Database::preallocate_wal() {
 std::expected<std::string, DbError> Database::pragma(std::string_view name) {
   for (char c : name) {
     if (!(std::islower(static_cast<unsigned char>(c)) != 0 || c == '_')) {
-      return std::unexpected(
-          DbError{SQLITE_MISUSE, fmt::format("{}: \"{}\" is not a pragma name", path_.string(), name)});
+      return std::unexpected(error::from_sqlite(
+          SQLITE_MISUSE, fmt::format("{}: \"{}\" is not a pragma name", path_.string(), name)));
     }
   }
   auto st = prepare(fmt::format("PRAGMA {}", name));
@@ -486,9 +399,10 @@ std::expected<void, DbError> Database::exec(std::string_view sql) {
   const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &errmsg);
   if (rc != SQLITE_OK) {
     const int code = sqlite3_extended_errcode(db_);
-    DbError e{code != SQLITE_OK ? code : rc,
-              fmt::format("{}: {} ({})", path_.string(), errmsg != nullptr ? errmsg : sqlite3_errstr(rc),
-                          statement_context(sql))};
+    DbError e = error::from_sqlite(
+        code != SQLITE_OK ? code : rc,
+        fmt::format("{}: {} ({})", path_.string(), errmsg != nullptr ? errmsg : sqlite3_errstr(rc),
+                    statement_context(sql)));
     sqlite3_free(errmsg);
     return std::unexpected(std::move(e));
   }
@@ -497,7 +411,8 @@ std::expected<void, DbError> Database::exec(std::string_view sql) {
 
 std::expected<Statement, DbError> Database::prepare(std::string_view sql) {
   if (sql.size() > static_cast<std::size_t>(INT_MAX)) {
-    return std::unexpected(DbError{SQLITE_TOOBIG, fmt::format("{}: statement too long", path_.string())});
+    return std::unexpected(
+        error::from_sqlite(SQLITE_TOOBIG, fmt::format("{}: statement too long", path_.string())));
   }
   sqlite3_stmt* raw = nullptr;
   const char* tail = nullptr;
@@ -505,8 +420,8 @@ std::expected<Statement, DbError> Database::prepare(std::string_view sql) {
   if (rc != SQLITE_OK) return std::unexpected(error(rc, statement_context(sql)));
   Statement st(db_, raw);
   if (raw == nullptr) {
-    return std::unexpected(DbError{
-        SQLITE_MISUSE, fmt::format("{}: empty statement ({})", path_.string(), statement_context(sql))});
+    return std::unexpected(error::from_sqlite(
+        SQLITE_MISUSE, fmt::format("{}: empty statement ({})", path_.string(), statement_context(sql))));
   }
   // One statement per prepare: text after it (other than comments and blanks) is refused.
   const auto used = static_cast<std::size_t>(tail - sql.data());
@@ -517,8 +432,9 @@ std::expected<Statement, DbError> Database::prepare(std::string_view sql) {
     const bool more = rc != SQLITE_OK || extra != nullptr;
     sqlite3_finalize(extra);
     if (more) {
-      return std::unexpected(DbError{SQLITE_MISUSE, fmt::format("{}: prepare takes one statement ({})",
-                                                                path_.string(), statement_context(sql))});
+      return std::unexpected(error::from_sqlite(
+          SQLITE_MISUSE,
+          fmt::format("{}: prepare takes one statement ({})", path_.string(), statement_context(sql))));
     }
   }
   return st;
@@ -527,9 +443,9 @@ std::expected<Statement, DbError> Database::prepare(std::string_view sql) {
 std::expected<void, DbError> Database::begin_immediate() {
   if (in_transaction()) {
     return std::unexpected(
-        DbError{SQLITE_MISUSE, fmt::format("{}: a transaction is already open (transactions do "
-                                           "not nest)",
-                                           path_.string())});
+        error::from_sqlite(SQLITE_MISUSE, fmt::format("{}: a transaction is already open (transactions do "
+                                                      "not nest)",
+                                                      path_.string())));
   }
   return run_kept(begin_, "BEGIN IMMEDIATE");
 }
@@ -576,8 +492,8 @@ std::expected<void, DbError> Database::integrity_check() {
     lines.push_back(st->column_text(0));
   }
   if (lines.size() == 1 && lines[0] == "ok") return {};
-  return std::unexpected(DbError{
-      SQLITE_CORRUPT, fmt::format("{}: integrity_check: {}", path_.string(), fmt::join(lines, "; "))});
+  return std::unexpected(error::from_sqlite(
+      SQLITE_CORRUPT, fmt::format("{}: integrity_check: {}", path_.string(), fmt::join(lines, "; "))));
 }
 
 }  // namespace gpunode::store

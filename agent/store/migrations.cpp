@@ -28,8 +28,8 @@ std::expected<void, DbError> check_numbering(const std::vector<Migration>& migra
     std::string why = i > 0 && got == migrations[i - 1].version
                           ? fmt::format("version {} appears twice", got)
                           : fmt::format("entry {} has version {}, expected {}", i + 1, got, want);
-    return std::unexpected(DbError{
-        SQLITE_MISUSE, fmt::format("{}: migration list is not 1, 2, 3, ... in order: {}", where, why)});
+    return std::unexpected(error::from_sqlite(
+        SQLITE_MISUSE, fmt::format("{}: migration list is not 1, 2, 3, ... in order: {}", where, why)));
   }
   return {};
 }
@@ -54,9 +54,9 @@ std::expected<std::vector<std::string>, DbError> recorded_migrations(Tx& tx, con
     const auto v = st->column_int64(0);
     if (v != on_disk + 1) {
       return std::unexpected(
-          DbError{SQLITE_ERROR, fmt::format("{}: schema_version records version {} after {} "
-                                            "(a gap): refusing to run",
-                                            where, v, on_disk)});
+          error::from_sqlite(SQLITE_ERROR, fmt::format("{}: schema_version records version {} after {} "
+                                                       "(a gap): refusing to run",
+                                                       where, v, on_disk)));
     }
     on_disk = static_cast<int>(v);
     names.push_back(st->column_text(1));
@@ -73,18 +73,18 @@ std::expected<int, DbError> check_recorded(Tx& tx, const std::vector<Migration>&
   const int on_disk = static_cast<int>(names->size());
   if (on_disk > known) {
     return std::unexpected(
-        DbError{SQLITE_ERROR, fmt::format("{}: database schema version {} is newer than this "
-                                          "agent ({}): refusing to run",
-                                          where, on_disk, known)});
+        error::from_sqlite(SQLITE_ERROR, fmt::format("{}: database schema version {} is newer than this "
+                                                     "agent ({}): refusing to run",
+                                                     where, on_disk, known)));
   }
   for (int v = 1; v <= on_disk; ++v) {
     const auto& code_name = migrations[static_cast<std::size_t>(v - 1)].name;
     const auto& disk_name = (*names)[static_cast<std::size_t>(v - 1)];
     if (code_name != disk_name) {
       return std::unexpected(
-          DbError{SQLITE_ERROR, fmt::format("{}: migration {} is \"{}\" in the database but "
-                                            "\"{}\" in this agent: refusing to run",
-                                            where, v, disk_name, code_name)});
+          error::from_sqlite(SQLITE_ERROR, fmt::format("{}: migration {} is \"{}\" in the database but "
+                                                       "\"{}\" in this agent: refusing to run",
+                                                       where, v, disk_name, code_name)));
     }
   }
   return on_disk;
@@ -97,10 +97,11 @@ std::expected<void, DbError> apply_migration(sqlite3* db, Tx& tx, const Migratio
   auto ran = tx.exec(m.sql);
   sqlite3_set_authorizer(db, nullptr, nullptr);
   if (!ran) {
-    std::string_view why = ran.error().message;
+    std::string_view why = ran.error().detail;
     if (why.starts_with(where + ": ")) why.remove_prefix(where.size() + 2);
-    return std::unexpected(DbError{ran.error().sqlite_code, fmt::format("{}: migration {} ({}) failed: {}",
-                                                                        where, m.version, m.name, why)});
+    std::string detail = fmt::format("{}: migration {} ({}) failed: {}", where, m.version, m.name, why);
+    ran.error().detail = std::move(detail);  // SQLite's code and its Errc kept
+    return std::unexpected(std::move(ran.error()));
   }
   auto ins = tx.prepare(
       "INSERT INTO schema_version (version, name, applied_at) "
@@ -124,8 +125,8 @@ std::expected<int, DbError> Database::read_schema_version() {
   if (!row) return std::unexpected(std::move(row.error()));
   const auto v = st->column_int64(0);
   if (v < 0 || v > INT_MAX) {
-    return std::unexpected(
-        DbError{SQLITE_CORRUPT, fmt::format("{}: schema_version holds version {}", path_.string(), v)});
+    return std::unexpected(error::from_sqlite(
+        SQLITE_CORRUPT, fmt::format("{}: schema_version holds version {}", path_.string(), v)));
   }
   return static_cast<int>(v);
 }

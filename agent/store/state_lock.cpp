@@ -8,17 +8,12 @@
 
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <optional>
 #include <string_view>
 #include <utility>
 
 namespace gpunode::store {
 namespace {
-
-std::string errno_text(int e) {
-  return std::strerror(e);
-}
 
 // The pid the holder wrote, if the file holds one ("1234\n").
 std::optional<long> read_pid(int fd) {
@@ -38,15 +33,15 @@ std::optional<long> read_pid(int fd) {
 
 }  // namespace
 
-std::expected<StateLock, std::string> StateLock::acquire(const std::filesystem::path& dir) {
+error::Result<StateLock> StateLock::acquire(const std::filesystem::path& dir) {
   std::filesystem::path file = dir / "lock";
   int fd;
   do {
     fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0644);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
-    return std::unexpected(fmt::format("state directory {}: cannot open {}: {}", dir.string(), file.string(),
-                                       errno_text(errno)));
+    return std::unexpected(error::from_errno(
+        errno, fmt::format("state directory {}: cannot open {}", dir.string(), file.string())));
   }
   StateLock lock(fd, std::move(file));  // closes fd on every return below
   int rc;
@@ -57,18 +52,20 @@ std::expected<StateLock, std::string> StateLock::acquire(const std::filesystem::
     const int e = errno;
     if (e == EWOULDBLOCK) {
       auto pid = read_pid(fd);
-      return std::unexpected(fmt::format("state directory {} is in use by another gpunode-agent{}",
-                                         dir.string(), pid ? fmt::format(" (pid {})", *pid) : std::string()));
+      return error::fail(error::Errc::busy,
+                         fmt::format("state directory {} is in use by another gpunode-agent{}", dir.string(),
+                                     pid ? fmt::format(" (pid {})", *pid) : std::string()));
     }
-    return std::unexpected(fmt::format("state directory {}: cannot lock {}: {}", dir.string(),
-                                       lock.file_.string(), errno_text(e)));
+    return std::unexpected(error::from_errno(
+        e, fmt::format("state directory {}: cannot lock {}", dir.string(), lock.file_.string())));
   }
   // Ours now: say who holds it (a stale pid from a dead holder is replaced).
   const std::string pid = fmt::format("{}\n", ::getpid());
   if (::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-    return std::unexpected(fmt::format("state directory {}: cannot write the pid into {}: {}", dir.string(),
-                                       lock.file_.string(), errno_text(errno)));
+    return std::unexpected(error::from_errno(
+        errno,
+        fmt::format("state directory {}: cannot write the pid into {}", dir.string(), lock.file_.string())));
   }
   return lock;
 }

@@ -72,7 +72,7 @@ const TestKey& rsa() {
 
 TokenVerifier verifier(const std::vector<std::string>& pems, VerifierConfig cfg = config()) {
   auto v = TokenVerifier::from_pems(pems, std::move(cfg));
-  REQUIRE_MESSAGE(v.has_value(), (v ? std::string() : v.error()));
+  REQUIRE_MESSAGE(v.has_value(), (v ? std::string() : v.error().detail));
   return std::move(*v);
 }
 
@@ -640,7 +640,7 @@ TEST_SUITE("key loading") {
     const std::string a = dir.write("a.pem", ed().public_pem());
     const std::string b = dir.write("b.pem", ec().public_pem());
     auto v = TokenVerifier::from_files({a, b}, config());
-    REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.error()));
+    REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.error().detail));
     CHECK(v->key_ids().size() == 2);
     accepts(*v, bearer(ec_token()));
   }
@@ -648,14 +648,15 @@ TEST_SUITE("key loading") {
   TEST_CASE("a missing file is named with the reason") {
     auto v = TokenVerifier::from_files({"/nonexistent/gpunode/key.pem"}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == "/nonexistent/gpunode/key.pem: cannot read: No such file or directory");
+    CHECK(v.error().detail == "/nonexistent/gpunode/key.pem: cannot read: No such file or directory");
+    CHECK(v.error().code == gpunode::error::Errc::not_found);
   }
 
   TEST_CASE("a directory instead of a file") {
     TempDir dir;
     auto v = TokenVerifier::from_files({dir.path.string()}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error().starts_with(dir.path.string() + ": "));
+    CHECK(v.error().detail.starts_with(dir.path.string() + ": "));
   }
 
   TEST_CASE("a file that is not PEM") {
@@ -663,11 +664,11 @@ TEST_SUITE("key loading") {
     const std::string f = dir.write("junk.pem", "this is not a key\n");
     auto v = TokenVerifier::from_files({f}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == f + ": not a PEM public key (no -----BEGIN line)");
+    CHECK(v.error().detail == f + ": not a PEM public key (no -----BEGIN line)");
     const std::string empty = dir.write("empty.pem", "");
     v = TokenVerifier::from_files({empty}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == empty + ": not a PEM public key (no -----BEGIN line)");
+    CHECK(v.error().detail == empty + ": not a PEM public key (no -----BEGIN line)");
   }
 
   TEST_CASE("a damaged PEM block") {
@@ -675,16 +676,16 @@ TEST_SUITE("key loading") {
     pem.erase(pem.find("-----END"));
     auto v = TokenVerifier::from_pems({pem}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error().starts_with("key #1: PEM block 1 is damaged"));
+    CHECK(v.error().detail.starts_with("key #1: PEM block 1 is damaged"));
     v = TokenVerifier::from_pems({"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == "key #1: not a valid public key (bad SubjectPublicKeyInfo)");
+    CHECK(v.error().detail == "key #1: not a valid public key (bad SubjectPublicKeyInfo)");
   }
 
   TEST_CASE("an RSA key is refused as unsupported") {
     auto v = TokenVerifier::from_pems({ed().public_pem(), rsa().public_pem()}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == "key #2: unsupported key type RSA (only Ed25519 and P-256 are accepted)");
+    CHECK(v.error().detail == "key #2: unsupported key type RSA (only Ed25519 and P-256 are accepted)");
   }
 
   TEST_CASE("a P-384 key is refused as unsupported") {
@@ -692,14 +693,15 @@ TEST_SUITE("key loading") {
     const std::string f = dir.write("p384.pem", p384().public_pem());
     auto v = TokenVerifier::from_files({f}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == f + ": unsupported key type: EC curve secp384r1 (only P-256 is accepted)");
+    CHECK(v.error().detail == f + ": unsupported key type: EC curve secp384r1 (only P-256 is accepted)");
   }
 
   TEST_CASE("a private key PEM is refused: auth.keys takes public keys only") {
     for (const TestKey* k : {&ed(), &ec()}) {
       auto v = TokenVerifier::from_pems({k->private_pem()}, config());
       REQUIRE_FALSE(v.has_value());
-      CHECK(v.error() == "key #1: holds a private key (PRIVATE KEY); auth.keys takes public keys only");
+      CHECK(v.error().detail ==
+            "key #1: holds a private key (PRIVATE KEY); auth.keys takes public keys only");
     }
   }
 
@@ -707,7 +709,8 @@ TEST_SUITE("key loading") {
     auto v = TokenVerifier::from_pems({"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
                                       config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == "key #1: a \"CERTIFICATE\" block, not a PEM public key (-----BEGIN PUBLIC KEY-----)");
+    CHECK(v.error().detail ==
+          "key #1: a \"CERTIFICATE\" block, not a PEM public key (-----BEGIN PUBLIC KEY-----)");
   }
 
   TEST_CASE("several public keys in one file all load; one bad block refuses the file") {
@@ -715,14 +718,15 @@ TEST_SUITE("key loading") {
     const std::string f =
         dir.write("bundle.pem", "# rollover\n" + ed().public_pem() + ec().public_pem() + ed2().public_pem());
     auto v = TokenVerifier::from_files({f}, config());
-    REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.error()));
+    REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.error().detail));
     CHECK(v->key_ids() == std::vector<std::string>{ed().thumbprint(), ec().thumbprint(), ed2().thumbprint()});
     accepts(*v, bearer(mint(ed2(), R"({"alg":"EdDSA"})", text(good_claims()))));
 
     const std::string g = dir.write("mixed.pem", ed().public_pem() + rsa().public_pem());
     v = TokenVerifier::from_files({g}, config());
     REQUIRE_FALSE(v.has_value());
-    CHECK(v.error() == g + " (PEM block 2): unsupported key type RSA (only Ed25519 and P-256 are accepted)");
+    CHECK(v.error().detail ==
+          g + " (PEM block 2): unsupported key type RSA (only Ed25519 and P-256 are accepted)");
   }
 
   TEST_CASE("bad configurations are refused") {

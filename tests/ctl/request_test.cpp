@@ -33,17 +33,17 @@ TEST_CASE("times: + a duration from now, or RFC 3339") {
 }
 
 TEST_CASE("times: what is wrong is said") {
-  CHECK(parse_when("+", kNow).error().find("missing") != std::string::npos);
-  CHECK(parse_when("+30", kNow).error().find("needs a unit") != std::string::npos);
-  CHECK(parse_when("+30x", kNow).error().find("unknown unit 'x'") != std::string::npos);
-  CHECK(parse_when("+1h1d", kNow).error().find("largest to smallest") != std::string::npos);
-  CHECK(parse_when("+1d1d", kNow).error().find("largest to smallest") != std::string::npos);
-  CHECK(parse_when("+d", kNow).error().find("expected a number") != std::string::npos);
-  CHECK(parse_when("+-3d", kNow).error().find("expected a number") != std::string::npos);
-  CHECK(parse_when("+99999999999999999999d", kNow).error().find("too large") != std::string::npos);
-  CHECK(parse_when("+40000w", kNow).error().find("too large") != std::string::npos);
-  CHECK(parse_when("tomorrow", kNow).error().find("is not a time") != std::string::npos);
-  CHECK(parse_when("2027-02-30T00:00:00Z", kNow).error().find("is not a time") != std::string::npos);
+  CHECK(parse_when("+", kNow).error().detail.find("missing") != std::string::npos);
+  CHECK(parse_when("+30", kNow).error().detail.find("needs a unit") != std::string::npos);
+  CHECK(parse_when("+30x", kNow).error().detail.find("unknown unit 'x'") != std::string::npos);
+  CHECK(parse_when("+1h1d", kNow).error().detail.find("largest to smallest") != std::string::npos);
+  CHECK(parse_when("+1d1d", kNow).error().detail.find("largest to smallest") != std::string::npos);
+  CHECK(parse_when("+d", kNow).error().detail.find("expected a number") != std::string::npos);
+  CHECK(parse_when("+-3d", kNow).error().detail.find("expected a number") != std::string::npos);
+  CHECK(parse_when("+99999999999999999999d", kNow).error().detail.find("too large") != std::string::npos);
+  CHECK(parse_when("+40000w", kNow).error().detail.find("too large") != std::string::npos);
+  CHECK(parse_when("tomorrow", kNow).error().detail.find("is not a time") != std::string::npos);
+  CHECK(parse_when("2027-02-30T00:00:00Z", kNow).error().detail.find("is not a time") != std::string::npos);
   CHECK(!parse_when("2027-01-31", kNow));
 }
 
@@ -51,10 +51,10 @@ TEST_CASE("id lists: comma-separated, no empty entries, no repeats") {
   CHECK(parse_ids("u-1").value() == std::vector<std::string>{"u-1"});
   CHECK(parse_ids("u-1,u-2").value() == std::vector<std::string>{"u-1", "u-2"});
   CHECK(parse_ids("u-1, u-2").value() == std::vector<std::string>{"u-1", "u-2"});
-  CHECK(parse_ids("").error().find("empty entry") != std::string::npos);
-  CHECK(parse_ids("u-1,,u-2").error().find("empty entry") != std::string::npos);
-  CHECK(parse_ids("u-1,").error().find("empty entry") != std::string::npos);
-  CHECK(parse_ids("u-1,u-1").error() == "\"u-1\" is named twice");
+  CHECK(parse_ids("").error().detail.find("empty entry") != std::string::npos);
+  CHECK(parse_ids("u-1,,u-2").error().detail.find("empty entry") != std::string::npos);
+  CHECK(parse_ids("u-1,").error().detail.find("empty entry") != std::string::npos);
+  CHECK(parse_ids("u-1,u-1").error().detail == "\"u-1\" is named twice");
 }
 
 TEST_CASE("percent-encoding of path segments and query values") {
@@ -157,9 +157,9 @@ TEST_CASE("admin.socket of agent.yaml, read by the agent's own loader") {
   CHECK(sock("admin:\n  socket: /run/gpunode/admin.sock\n").value() == std::nullopt);  // the default
   CHECK(sock("").value() == std::nullopt);
   // What the agent refuses, gpunodectl refuses, saying where.
-  CHECK(sock("admin:\n  socket: \"/unterminated\n").error().starts_with("agent.yaml:"));
-  CHECK(sock("admin:\n  nested:\n    socket: /x\n").error().starts_with("agent.yaml:2:3:"));
-  CHECK(sock("admin: /x\n").error().starts_with("agent.yaml:1:"));
+  CHECK(sock("admin:\n  socket: \"/unterminated\n").error().detail.starts_with("agent.yaml:"));
+  CHECK(sock("admin:\n  nested:\n    socket: /x\n").error().detail.starts_with("agent.yaml:2:3:"));
+  CHECK(sock("admin: /x\n").error().detail.starts_with("agent.yaml:1:"));
 }
 
 TEST_CASE("which socket: --socket, else the config's admin.socket, else the default") {
@@ -171,6 +171,6 @@ TEST_CASE("which socket: --socket, else the config's admin.socket, else the defa
   CHECK(choose_socket(std::nullopt, kDefaultConfig, std::nullopt)->path == "/run/gpunode/admin.sock");
   const auto bad = choose_socket(std::nullopt, kDefaultConfig, "admin: /x\n");
   REQUIRE_FALSE(bad.has_value());
-  CHECK(bad.error().starts_with("cannot read admin.socket: /etc/gpunode/agent.yaml:1:"));
-  CHECK(bad.error().ends_with("; pass --socket PATH"));
+  CHECK(bad.error().detail.starts_with("cannot read admin.socket: /etc/gpunode/agent.yaml:1:"));
+  CHECK(bad.error().detail.ends_with("; pass --socket PATH"));
 }

@@ -97,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   auto canonical = gpunode::store::canonical_json(*parsed);
   if (!canonical) {
-    check(holds_double(*parsed), "canonical_json refused a value without a double", canonical.error());
+    check(holds_double(*parsed), "canonical_json refused a value without a double", canonical.error().detail);
     return 0;
   }
   check(!holds_double(*parsed), "canonical_json accepted a double");

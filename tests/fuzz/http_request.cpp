@@ -95,7 +95,7 @@ class Node {
                                      std::string(gpunode::fuzz::kAudience),
                                      std::string(gpunode::fuzz::kNodeId), std::chrono::seconds(60)};
     auto verifier = gpunode::auth::TokenVerifier::from_pems({key_.public_pem()}, vc);
-    if (!verifier) gpunode::fuzz::fail("the fuzzer's key does not load", verifier.error());
+    if (!verifier) gpunode::fuzz::fail("the fuzzer's key does not load", verifier.error().detail);
     verifier_ = std::make_shared<const gpunode::auth::TokenVerifier>(std::move(*verifier));
     for (const Caller& c : kCallers) tokens_.emplace(std::string(c.name), mint(c));
   }

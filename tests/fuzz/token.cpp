@@ -39,7 +39,7 @@ struct Setup {
                                          std::string(gpunode::fuzz::kAudience),
                                          std::string(gpunode::fuzz::kNodeId), std::chrono::seconds(60)};
     auto v = gpunode::auth::TokenVerifier::from_pems({ed.public_pem(), p256.public_pem()}, config);
-    if (!v) gpunode::fuzz::fail("the fuzzer's keys do not load", v.error());
+    if (!v) gpunode::fuzz::fail("the fuzzer's keys do not load", v.error().detail);
     verifier = std::make_unique<gpunode::auth::TokenVerifier>(std::move(*v));
   }
 };

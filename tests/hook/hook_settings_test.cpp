@@ -38,20 +38,19 @@ struct Reader {
   int calls = 0;
   std::optional<std::string> refuse;  // the error it answers with, if set
   gpunode::agent::HookSettingsReader fn() {
-    return
-        [this](const std::string& file, std::string_view bytes) -> std::expected<HookSettings, std::string> {
-          ++calls;
-          if (refuse) return std::unexpected(*refuse);
-          HookSettings s;
-          if (bytes.find("when_agent_down: allow") != std::string_view::npos)
-            s.when_agent_down = WhenAgentDown::allow;
-          if (const auto at = bytes.find("socket: "); at != std::string_view::npos) {
-            const auto from = at + 8;
-            s.socket = std::string(bytes.substr(from, bytes.find('\n', from) - from));
-          }
-          (void)file;
-          return s;
-        };
+    return [this](const std::string& file, std::string_view bytes) -> gpunode::error::Result<HookSettings> {
+      ++calls;
+      if (refuse) return gpunode::error::fail(gpunode::error::Errc::invalid, *refuse);
+      HookSettings s;
+      if (bytes.find("when_agent_down: allow") != std::string_view::npos)
+        s.when_agent_down = WhenAgentDown::allow;
+      if (const auto at = bytes.find("socket: "); at != std::string_view::npos) {
+        const auto from = at + 8;
+        s.socket = std::string(bytes.substr(from, bytes.find('\n', from) - from));
+      }
+      (void)file;
+      return s;
+    };
   }
 };
 
@@ -84,7 +83,7 @@ TEST_CASE("hook settings: a missing file is the defaults, read by nobody; an unr
     CAPTURE(path);
     const auto bad = gpunode::agent::hook_settings(path.string(), cache, reader.fn());
     REQUIRE_FALSE(bad);
-    CHECK(bad.error() == "cannot read " + path.string() + ": " + why);
+    CHECK(bad.error().detail == "cannot read " + path.string() + ": " + why);
   }
   CHECK(reader.calls == 0);
 
@@ -93,7 +92,7 @@ TEST_CASE("hook settings: a missing file is the defaults, read by nobody; an unr
         config_text("/nonexistent/admin.sock", "allow") + std::string(gpunode::config::kMaxFileSize, '#'));
   const auto big = gpunode::agent::hook_settings((dir / "big.yaml").string(), cache, reader.fn());
   REQUIRE_FALSE(big);
-  CHECK(big.error() == "cannot read " + (dir / "big.yaml").string() + ": larger than 1 MiB");
+  CHECK(big.error().detail == "cannot read " + (dir / "big.yaml").string() + ": larger than 1 MiB");
   CHECK(reader.calls == 0);
 }
 
@@ -167,7 +166,7 @@ TEST_CASE("hook settings: an error is never stored, a large file never cached") 
   for (int i = 0; i < 2; ++i) {
     const auto s = gpunode::agent::hook_settings(config, cache, reader.fn());
     REQUIRE_FALSE(s);
-    CHECK(s.error() == *reader.refuse);
+    CHECK(s.error().detail == *reader.refuse);
   }
   CHECK(reader.calls == 2);
   CHECK_FALSE(fs::exists(dir / "cache" / HookSettingsCache::slot_name(config)));

@@ -111,7 +111,7 @@ TEST_CASE(
   const std::string gpu =
       "<domain><name>vm</name><devices><hostdev mode='subsystem' type='pci'/></devices></domain>";
   int reads = 0;
-  const auto defaults = [&]() -> std::expected<HookSettings, std::string> {
+  const auto defaults = [&]() -> gpunode::error::Result<HookSettings> {
     ++reads;
     return HookSettings{};
   };
@@ -128,7 +128,7 @@ TEST_CASE(
   CHECK(asked.stderr_lines[0].starts_with(
       "gpunode: agent unreachable at /nonexistent/gpunode/admin.sock: no socket"));
   // Without --socket, admin.socket of the settings; with allow, the start goes ahead.
-  const auto allow = [&]() -> std::expected<HookSettings, std::string> {
+  const auto allow = [&]() -> gpunode::error::Result<HookSettings> {
     return HookSettings{"/nonexistent/other/admin.sock", gpunode::config::WhenAgentDown::allow};
   };
   auto allowed = run_libvirt_hook({"vm", "prepare", "begin", "-"}, std::nullopt, allow, gpu);
@@ -137,8 +137,8 @@ TEST_CASE(
   CHECK(allowed.stderr_lines[0].starts_with(
       "gpunode: agent unreachable at /nonexistent/other/admin.sock: no socket"));
   // Settings that cannot be read: refused, whatever when_agent_down would have said.
-  const auto invalid = []() -> std::expected<HookSettings, std::string> {
-    return std::unexpected("/etc/gpunode/agent.yaml is invalid: x\x1b");
+  const auto invalid = []() -> gpunode::error::Result<HookSettings> {
+    return gpunode::error::fail(gpunode::error::Errc::invalid, "/etc/gpunode/agent.yaml is invalid: x\x1b");
   };
   auto refused = run_libvirt_hook({"vm\n", "prepare", "begin", "-"}, std::nullopt, invalid, gpu);
   CHECK(refused.exit_code == 1);

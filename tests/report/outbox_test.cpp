@@ -128,6 +128,7 @@ TEST_CASE("no state file: an error naming it, and no file is made") {
   TempDir dir;
   auto ob = report::Outbox::open(dir / "state.db");
   REQUIRE(!ob);
-  CHECK(ob.error().find("state.db") != std::string::npos);
+  CHECK(ob.error().detail.find("state.db") != std::string::npos);
+  CHECK(ob.error().code == gpunode::error::Errc::not_found);
   CHECK(!std::filesystem::exists(dir / "state.db"));
 }

@@ -109,7 +109,7 @@ TEST_CASE("parse_ack: {\"ackedSeq\": N}, unknown keys ignored, nothing else") {
   CHECK(!report::parse_ack(R"([7])"));
   CHECK(!report::parse_ack("<html>bad gateway</html>"));
   CHECK(!report::parse_ack(""));
-  CHECK(report::parse_ack("{\"ackedSeq\": 3").error().starts_with("the answer is not JSON"));
+  CHECK(report::parse_ack("{\"ackedSeq\": 3").error().detail.starts_with("the answer is not JSON"));
 }
 
 TEST_CASE("batches: the stored events byte for byte, in order, under the event and byte limits") {

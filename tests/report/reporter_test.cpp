@@ -150,7 +150,7 @@ TEST_CASE(
   o.heartbeat_interval = 200ms;
   o.facts = [&] { return report::NodeFacts{revision.load(), true}; };
   auto reporter = report::Reporter::start(o);
-  REQUIRE_MESSAGE(reporter, (reporter ? "" : reporter.error()));
+  REQUIRE_MESSAGE(reporter, (reporter ? "" : reporter.error().detail));
 
   // status() from this thread while the reporter's thread delivers (before its first read of the
   // outbox it knows nothing yet: depth 0, acked 0).

@@ -69,7 +69,7 @@ TEST_CASE("audit_hash refuses what canonical_json refuses") {
   r["detail"] = 0.5;
   auto h = audit_hash(r);
   REQUIRE_FALSE(h.has_value());
-  CHECK(h.error().find("$.detail") == 0);
+  CHECK(h.error().detail.find("$.detail") == 0);
 }
 
 TEST_CASE("kGenesisPrevHash is 64 zeros") {

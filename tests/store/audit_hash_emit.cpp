@@ -116,7 +116,7 @@ int main() {
           {"nested", json::object{{"y", json::object{{"b", 2}, {"a", 1}}}, {"x", json::array{}}}}};
     }
     if (auto sealed = gpunode::store::seal_audit_record(r, prev); !sealed) {
-      std::fprintf(stderr, "record %d: %s\n", i + 1, sealed.error().c_str());
+      std::fprintf(stderr, "record %d: %s\n", i + 1, sealed.error().detail.c_str());
       return 1;
     }
     prev = std::string(r["hash"].get_string());

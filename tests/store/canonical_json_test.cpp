@@ -90,7 +90,7 @@ TEST_CASE("canonical_json matches Python byte for byte") {
   for (const auto& c : kCases) {
     CAPTURE(c.name);
     auto got = canonical_json(parse(c.input));
-    REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error()));
+    REQUIRE_MESSAGE(got.has_value(), (got ? "" : got.error().detail));
     CHECK(*got == std::string(c.expected));
   }
 }
@@ -139,12 +139,12 @@ TEST_CASE("canonical_json: the object overload can leave one top-level key out")
 TEST_CASE("canonical_json refuses doubles, naming where") {
   auto top = canonical_json(json::value(1.5));
   REQUIRE_FALSE(top.has_value());
-  CHECK(top.error().find("$:") == 0);
-  CHECK(top.error().find("floating-point") != std::string::npos);
+  CHECK(top.error().detail.find("$:") == 0);
+  CHECK(top.error().detail.find("floating-point") != std::string::npos);
 
   auto nested = canonical_json(parse(R"({"a":[1,{"b":2.0}]})"));
   REQUIRE_FALSE(nested.has_value());
-  CHECK(nested.error().find("$.a[1].b") == 0);
+  CHECK(nested.error().detail.find("$.a[1].b") == 0);
 
   // 1e3 and 1.0 are doubles to Boost.JSON: refused rather than guessed (Python would print 1000.0).
   CHECK_FALSE(canonical_json(parse("[1e3]")).has_value());
@@ -173,12 +173,12 @@ TEST_CASE("canonical_json refuses invalid UTF-8 in values and keys") {
     CHECK_FALSE(is_valid_utf8(s));
     auto as_value = canonical_json(json::value(json::array{json::string(s)}));
     REQUIRE_FALSE(as_value.has_value());
-    CHECK(as_value.error().find("$[0]: string is not valid UTF-8") == 0);
+    CHECK(as_value.error().detail.find("$[0]: string is not valid UTF-8") == 0);
     json::object o;
     o[s] = 1;
     auto as_key = canonical_json(json::value(json::object{{"outer", o}}));
     REQUIRE_FALSE(as_key.has_value());
-    CHECK(as_key.error().find("$.outer: a key is not valid UTF-8") == 0);
+    CHECK(as_key.error().detail.find("$.outer: a key is not valid UTF-8") == 0);
   }
 }
 

@@ -35,18 +35,18 @@ namespace {
 
 Database open_ok(const fs::path& file) {
   auto db = Database::open(file);
-  REQUIRE_MESSAGE(db.has_value(), (db ? std::string() : db.error().message));
+  REQUIRE_MESSAGE(db.has_value(), (db ? std::string() : db.error().detail));
   return std::move(*db);
 }
 
 void exec_ok(Database& db, std::string_view sql) {
   auto r = db.exec(sql);
-  REQUIRE_MESSAGE(r.has_value(), (r ? std::string() : r.error().message));
+  REQUIRE_MESSAGE(r.has_value(), (r ? std::string() : r.error().detail));
 }
 
 std::int64_t query_int(Database& db, std::string_view sql) {
   auto st = db.prepare(sql);
-  REQUIRE_MESSAGE(st.has_value(), (st ? std::string() : st.error().message));
+  REQUIRE_MESSAGE(st.has_value(), (st ? std::string() : st.error().detail));
   auto row = st->step();
   REQUIRE(row.has_value());
   REQUIRE(*row == Statement::Step::row);
@@ -278,8 +278,8 @@ TEST_CASE("a file that is not a database: a clear error naming it, and the file 
   auto db = Database::open(file);
   REQUIRE_FALSE(db.has_value());
   CHECK(db.error().primary_code() == SQLITE_NOTADB);
-  CHECK(contains(db.error().message, file.string()));
-  CHECK(contains(db.error().message, "file is not a database"));
+  CHECK(contains(db.error().detail, file.string()));
+  CHECK(contains(db.error().detail, "file is not a database"));
   CHECK(read_file(file) == text);
 }
 
@@ -305,18 +305,18 @@ TEST_CASE(
   };
   for (const auto& c : cases) {
     CAPTURE(c.code);
-    const DbError e{c.code, "/var/lib/gpunode/state.db: what happened"};
+    const DbError e = gpunode::error::from_sqlite(c.code, "/var/lib/gpunode/state.db: what happened");
     CHECK(e.kind() == c.kind);
     CHECK(e.code_name() == c.name);
     CHECK(contains(e.to_string(), std::string(c.kind)));
     CHECK(contains(e.to_string(), "/var/lib/gpunode/state.db: what happened"));
     if (c.code != 0) CHECK(contains(e.to_string(), std::string(c.name)));
   }
-  CHECK(DbError{SQLITE_FULL, "m"}.to_string() == "disk full (SQLITE_FULL): m");
-  CHECK(DbError{SQLITE_IOERR_WRITE, "m"}.to_string() ==
+  CHECK(gpunode::error::from_sqlite(SQLITE_FULL, "m").to_string() == "disk full (SQLITE_FULL): m");
+  CHECK(gpunode::error::from_sqlite(SQLITE_IOERR_WRITE, "m").to_string() ==
         fmt::format("I/O error (SQLITE_IOERR, extended code {}): m", SQLITE_IOERR_WRITE));
-  CHECK(DbError{0, "m"}.to_string() == "internal: m");
-  CHECK(DbError::corrupt("bad row").kind() == "corrupt");
+  CHECK(gpunode::error::from_sqlite(0, "m").to_string() == "internal: m");
+  CHECK(gpunode::store::corrupt("bad row").kind() == "corrupt");
 
   TempDir dir;
   // Corrupt: a file that is not a database.
@@ -351,14 +351,14 @@ TEST_CASE("a missing directory or a directory in place of the file: errors namin
   const auto missing = dir / "no-such-dir" / "state.db";
   auto a = Database::open(missing);
   REQUIRE_FALSE(a.has_value());
-  CHECK(a.error().sqlite_code == SQLITE_CANTOPEN);
-  CHECK(a.error().message ==
+  CHECK(a.error().native == SQLITE_CANTOPEN);
+  CHECK(a.error().detail ==
         missing.string() + ": cannot open or create the database file: No such file or directory");
 
   auto b = Database::open(dir.path());
   REQUIRE_FALSE(b.has_value());
-  CHECK(contains(b.error().message, dir.path().string()));
-  CHECK(contains(b.error().message, "Is a directory"));
+  CHECK(contains(b.error().detail, dir.path().string()));
+  CHECK(contains(b.error().detail, "Is a directory"));
 }
 
 TEST_CASE("a directory the agent cannot write: a clear error naming the file") {
@@ -384,13 +384,13 @@ TEST_CASE("a directory the agent cannot write: a clear error naming the file") {
   const auto fresh = ro / "state.db";
   const std::string fresh_msg = in_unprivileged_child([&] {
     auto db = Database::open(fresh);
-    return db ? std::string("opened") : db.error().message;
+    return db ? std::string("opened") : db.error().detail;
   });
   CHECK(fresh_msg == fresh.string() + ": cannot open or create the database file: Permission denied");
 
   const std::string existing_msg = in_unprivileged_child([&] {
     auto db = Database::open(existing);
-    return db ? std::string("opened") : db.error().message;
+    return db ? std::string("opened") : db.error().detail;
   });
   CHECK(existing_msg != "opened");
   CHECK(contains(existing_msg, existing.string()));
@@ -463,7 +463,7 @@ TEST_CASE("a database newer than the agent is refused") {
   CHECK(db.schema_version() == 3);
   auto r = db.migrate(kV2);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().message ==
+  CHECK(r.error().detail ==
         file.string() + ": database schema version 3 is newer than this agent (2): refusing to run");
   CHECK(db.schema_version() == 3);
   CHECK(query_int(db, "SELECT count(*) FROM schema_version") == 3);
@@ -490,9 +490,9 @@ TEST_CASE("a migration list with gaps, duplicates or disorder is refused before 
     CAPTURE(b.what);
     auto r = db.migrate(b.list);
     REQUIRE_FALSE(r.has_value());
-    CHECK(r.error().sqlite_code == SQLITE_MISUSE);
-    CHECK(contains(r.error().message, "migration list is not 1, 2, 3, ... in order"));
-    CHECK(contains(r.error().message, b.says));
+    CHECK(r.error().native == SQLITE_MISUSE);
+    CHECK(contains(r.error().detail, "migration list is not 1, 2, 3, ... in order"));
+    CHECK(contains(r.error().detail, b.says));
   }
   CHECK_FALSE(has_table(db, "schema_version"));
   CHECK_FALSE(has_table(db, "a"));
@@ -508,7 +508,7 @@ TEST_CASE("a database whose recorded migrations differ from the agent's is refus
   renamed[1].name = "something_else";
   auto r = db.migrate(renamed);
   REQUIRE_FALSE(r.has_value());
-  CHECK(contains(r.error().message,
+  CHECK(contains(r.error().detail,
                  "migration 2 is \"item_notes\" in the database but \"something_else\" in this agent"));
   CHECK(db.schema_version() == 2);
   CHECK_FALSE(has_table(db, "items_seen"));
@@ -527,7 +527,7 @@ TEST_CASE("a failing migration leaves nothing of itself applied") {
   list.push_back({3, "never", "CREATE TABLE d (x);"});
   auto r = db.migrate(list);
   REQUIRE_FALSE(r.has_value());
-  CHECK(contains(r.error().message,
+  CHECK(contains(r.error().detail,
                  file.string() + ": migration 2 (half_done) failed: table items already exists"));
   CHECK(r.error().primary_code() == SQLITE_ERROR);
   CHECK(db.schema_version() == 1);  // the one before it stays
@@ -547,7 +547,7 @@ TEST_CASE("a migration that tries to end its own transaction is refused whole") 
   auto db = open_ok(dir / "state.db");
   auto r = db.migrate({{1, "sneaky", "CREATE TABLE a (x); COMMIT; CREATE TABLE b (x);"}});
   REQUIRE_FALSE(r.has_value());
-  CHECK(contains(r.error().message, "migration 1 (sneaky) failed: not authorized"));
+  CHECK(contains(r.error().detail, "migration 1 (sneaky) failed: not authorized"));
   CHECK_FALSE(has_table(db, "a"));
   CHECK_FALSE(has_table(db, "b"));
   CHECK(db.schema_version() == 0);
@@ -584,10 +584,10 @@ TEST_CASE("a transaction whose body fails rolls back") {
     auto r = db.transaction([&](Tx& tx) -> std::expected<void, DbError> {
       REQUIRE(tx.exec("INSERT INTO items (name) VALUES ('x')").has_value());
       REQUIRE(tx.exec("DELETE FROM items WHERE name = 'before'").has_value());
-      return std::unexpected(DbError{0, "the body changed its mind"});
+      return std::unexpected(gpunode::error::from_sqlite(0, "the body changed its mind"));
     });
     REQUIRE_FALSE(r.has_value());
-    CHECK(r.error().message == "the body changed its mind");
+    CHECK(r.error().detail == "the body changed its mind");
   }
   SUBCASE("a statement in the body fails") {
     auto r = db.transaction([&](Tx& tx) -> std::expected<void, DbError> {
@@ -596,8 +596,8 @@ TEST_CASE("a transaction whose body fails rolls back") {
     });
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().primary_code() == SQLITE_CONSTRAINT);
-    CHECK(contains(r.error().message, "UNIQUE constraint failed: items.name"));
-    CHECK(contains(r.error().message, "statement \"INSERT INTO items (name) VALUES ('before')\""));
+    CHECK(contains(r.error().detail, "UNIQUE constraint failed: items.name"));
+    CHECK(contains(r.error().detail, "statement \"INSERT INTO items (name) VALUES ('before')\""));
   }
   SUBCASE("the body throws: rolled back, then rethrown") {
     CHECK_THROWS_AS(db.transaction([&](Tx& tx) -> std::expected<void, DbError> {
@@ -640,8 +640,8 @@ TEST_CASE("a COMMIT that fails (deferred foreign key) rolls back and says why") 
   auto r = db.transaction([&](Tx& tx) { return tx.exec("INSERT INTO child VALUES (1, 99)"); });
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().primary_code() == SQLITE_CONSTRAINT);
-  CHECK(contains(r.error().message, "FOREIGN KEY constraint failed"));
-  CHECK(contains(r.error().message, "COMMIT"));
+  CHECK(contains(r.error().detail, "FOREIGN KEY constraint failed"));
+  CHECK(contains(r.error().detail, "COMMIT"));
   CHECK_FALSE(db.in_transaction());
   CHECK(query_int(db, "SELECT count(*) FROM child") == 0);
 }
@@ -652,7 +652,7 @@ TEST_CASE("foreign keys are enforced") {
   REQUIRE(db.migrate(kV2).has_value());
   auto r = db.exec("INSERT INTO notes (item_id, body) VALUES (12345, 'orphan')");
   REQUIRE_FALSE(r.has_value());
-  CHECK(contains(r.error().message, "FOREIGN KEY constraint failed"));
+  CHECK(contains(r.error().detail, "FOREIGN KEY constraint failed"));
 }
 
 TEST_CASE("transactions do not nest") {
@@ -661,8 +661,8 @@ TEST_CASE("transactions do not nest") {
   auto outer = db.transaction([&](Tx&) -> std::expected<void, DbError> {
     auto inner = db.transaction([](Tx&) -> std::expected<void, DbError> { return {}; });
     REQUIRE_FALSE(inner.has_value());
-    CHECK(inner.error().sqlite_code == SQLITE_MISUSE);
-    CHECK(contains(inner.error().message, "transactions do not nest"));
+    CHECK(inner.error().native == SQLITE_MISUSE);
+    CHECK(contains(inner.error().detail, "transactions do not nest"));
     CHECK(db.in_transaction());  // the outer one is untouched
     return {};
   });
@@ -689,7 +689,7 @@ TEST_CASE("a second connection sees only committed data") {
 
   auto rolled = a.transaction([&](Tx& tx) -> std::expected<void, DbError> {
     REQUIRE(tx.exec("INSERT INTO items (name) VALUES ('two')").has_value());
-    return std::unexpected(DbError{0, "no"});
+    return std::unexpected(gpunode::error::from_sqlite(0, "no"));
   });
   REQUIRE_FALSE(rolled.has_value());
   CHECK(query_int(b, "SELECT count(*) FROM items") == 1);
@@ -721,8 +721,8 @@ TEST_CASE("statements bind every type, step, and read columns") {
   ins->reset();
   auto too_big = ins->bind(1, std::uint64_t{1} << 63);
   REQUIRE_FALSE(too_big.has_value());
-  CHECK(too_big.error().sqlite_code == SQLITE_TOOBIG);
-  CHECK(contains(too_big.error().message, "binding parameter 1"));
+  CHECK(too_big.error().native == SQLITE_TOOBIG);
+  CHECK(contains(too_big.error().detail, "binding parameter 1"));
   REQUIRE(ins->bind_all(std::uint64_t{INT64_MAX}, true, 'A', 2654435761LL).has_value());
   REQUIRE(ins->run().has_value());
 
@@ -766,15 +766,15 @@ TEST_CASE("statement errors say what and where") {
   auto syntax = db.prepare("SELEC 1");
   REQUIRE_FALSE(syntax.has_value());
   CHECK(syntax.error().primary_code() == SQLITE_ERROR);
-  CHECK(syntax.error().message == file.string() + ": near \"SELEC\": syntax error (statement \"SELEC 1\")");
+  CHECK(syntax.error().detail == file.string() + ": near \"SELEC\": syntax error (statement \"SELEC 1\")");
 
   auto no_table = db.prepare("SELECT * FROM nowhere");
   REQUIRE_FALSE(no_table.has_value());
-  CHECK(contains(no_table.error().message, "no such table: nowhere"));
+  CHECK(contains(no_table.error().detail, "no such table: nowhere"));
 
   auto two = db.prepare("SELECT 1; SELECT 2");
   REQUIRE_FALSE(two.has_value());
-  CHECK(contains(two.error().message, "prepare takes one statement"));
+  CHECK(contains(two.error().detail, "prepare takes one statement"));
   CHECK(db.prepare("SELECT 1; -- a comment after it is fine\n").has_value());
   CHECK_FALSE(db.prepare("   ").has_value());
 
@@ -783,24 +783,24 @@ TEST_CASE("statement errors say what and where") {
   auto range = st->bind(2, 1);
   REQUIRE_FALSE(range.has_value());
   CHECK(range.error().primary_code() == SQLITE_RANGE);
-  CHECK(contains(range.error().message, "binding parameter 2"));
-  CHECK(contains(range.error().message, "statement \"INSERT INTO s (id) VALUES (?1)\""));
+  CHECK(contains(range.error().detail, "binding parameter 2"));
+  CHECK(contains(range.error().detail, "statement \"INSERT INTO s (id) VALUES (?1)\""));
 
   REQUIRE(st->bind(1, 1).has_value());
   REQUIRE(st->run().has_value());
   st->reset();
   auto dup = st->run();
   REQUIRE_FALSE(dup.has_value());
-  CHECK(dup.error().sqlite_code == SQLITE_CONSTRAINT_PRIMARYKEY);
-  CHECK(contains(dup.error().message, file.string() + ": UNIQUE constraint failed: s.id"));
+  CHECK(dup.error().native == SQLITE_CONSTRAINT_PRIMARYKEY);
+  CHECK(contains(dup.error().detail, file.string() + ": UNIQUE constraint failed: s.id"));
 
   std::string long_sql = "SELECT 1 AS a";
   for (int i = 0; i < 50; ++i) long_sql += ",\n       " + std::to_string(i) + " AS c" + std::to_string(i);
   long_sql += " FROM nowhere";
   auto long_err = db.prepare(long_sql);
   REQUIRE_FALSE(long_err.has_value());
-  CHECK(contains(long_err.error().message, "statement \"SELECT 1 AS a, 0 AS c0, 1 AS c1"));  // folded
-  CHECK(contains(long_err.error().message, "...\")"));                                       // shortened
+  CHECK(contains(long_err.error().detail, "statement \"SELECT 1 AS a, 0 AS c0, 1 AS c1"));  // folded
+  CHECK(contains(long_err.error().detail, "...\")"));                                       // shortened
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -835,12 +835,12 @@ TEST_CASE("integrity_check: ok on a sound file, the findings on a damaged one") 
     f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
   auto db = Database::open(file);
-  REQUIRE_MESSAGE(db.has_value(), (db ? std::string() : db.error().message));  // the schema page is intact
+  REQUIRE_MESSAGE(db.has_value(), (db ? std::string() : db.error().detail));  // the schema page is intact
   auto check = db->integrity_check();
   REQUIRE_FALSE(check.has_value());
   CHECK(check.error().primary_code() == SQLITE_CORRUPT);
-  CHECK(contains(check.error().message, file.string()));
-  MESSAGE("integrity_check on a damaged file: " << check.error().message.substr(0, 300));
+  CHECK(contains(check.error().detail, file.string()));
+  MESSAGE("integrity_check on a damaged file: " << check.error().detail.substr(0, 300));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -928,7 +928,7 @@ TEST_CASE("a writer SIGKILLed mid-stream leaves a consistent database with every
 
     auto db = open_ok(file);
     auto ok = db.integrity_check();
-    CHECK_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error().message));
+    CHECK_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error().detail));
     const auto rows = query_int(db, "SELECT count(*) FROM items");
     CHECK(query_int(db, "SELECT coalesce(min(id), 0) FROM items") == 1);
     CHECK(query_int(db, "SELECT coalesce(max(id), 0) FROM items") == rows);  // no holes

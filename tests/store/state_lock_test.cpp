@@ -41,7 +41,7 @@ std::string in_use(const fs::path& dir, long pid) {
 
 StateLock acquire_ok(const fs::path& dir) {
   auto lock = StateLock::acquire(dir);
-  REQUIRE_MESSAGE(lock.has_value(), (lock ? "" : lock.error()));
+  REQUIRE_MESSAGE(lock.has_value(), (lock ? "" : lock.error().detail));
   return std::move(*lock);
 }
 
@@ -55,7 +55,7 @@ TEST_CASE("state lock: a second acquire in the same process is refused with the 
 
   auto second = StateLock::acquire(d.path());  // another open file description: flock conflicts
   REQUIRE_FALSE(second.has_value());
-  CHECK(second.error() == in_use(d.path(), ::getpid()));
+  CHECK(second.error().detail == in_use(d.path(), ::getpid()));
   CHECK(slurp(d / "lock") == own_pid_line());  // the refused one wrote nothing
 }
 
@@ -84,7 +84,8 @@ TEST_CASE("state lock: held without a pid in the file, the refusal names the dir
   REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);  // as `flock -n FILE` from a shell would
   auto r = StateLock::acquire(d.path());
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error() == "state directory " + d.path().string() + " is in use by another gpunode-agent");
+  CHECK(r.error().detail == "state directory " + d.path().string() + " is in use by another gpunode-agent");
+  CHECK(r.error().code == gpunode::error::Errc::busy);
   ::close(fd);
   acquire_ok(d.path());
 }
@@ -110,7 +111,7 @@ TEST_CASE("state lock: a lock held by another process is seen, and goes when tha
 
   auto refused = StateLock::acquire(d.path());
   REQUIRE_FALSE(refused.has_value());
-  CHECK(refused.error() == in_use(d.path(), child));
+  CHECK(refused.error().detail == in_use(d.path(), child));
 
   REQUIRE(::kill(child, SIGKILL) == 0);
   int status = 0;
@@ -125,7 +126,8 @@ TEST_CASE("state lock: a missing directory is an error naming it") {
   const fs::path missing = d / "no-such-dir";
   auto r = StateLock::acquire(missing);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("state directory " + missing.string() + ": cannot open " +
-                       (missing / "lock").string()) == 0);
-  CHECK(r.error().find("No such file or directory") != std::string::npos);
+  CHECK(r.error().detail.find("state directory " + missing.string() + ": cannot open " +
+                              (missing / "lock").string()) == 0);
+  CHECK(r.error().detail.find("No such file or directory") != std::string::npos);
+  CHECK(r.error().code == gpunode::error::Errc::not_found);
 }

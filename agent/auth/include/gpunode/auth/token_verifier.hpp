@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::auth {
 
 // What a verified token says about its bearer.
@@ -82,11 +84,11 @@ class TokenVerifier {
   // a key that is neither Ed25519 nor P-256 (RSA, P-384, Ed448, ...). The error names the file
   // (and the block, when the file has several) and says why. An empty list is refused too, as is
   // an empty issuer, a config with neither audience nor node id, and a negative leeway.
-  static std::expected<TokenVerifier, std::string> from_files(const std::vector<std::string>& pem_files,
-                                                              VerifierConfig cfg);
+  static error::Result<TokenVerifier> from_files(const std::vector<std::string>& pem_files,
+                                                 VerifierConfig cfg);
   // The same over PEM texts; errors name them "key #1", "key #2", ...
-  static std::expected<TokenVerifier, std::string> from_pems(const std::vector<std::string>& pem_texts,
-                                                             VerifierConfig cfg);
+  static error::Result<TokenVerifier> from_pems(const std::vector<std::string>& pem_texts,
+                                                VerifierConfig cfg);
 
   // `authorization` is the whole header value ("Bearer <jwt>"), empty when there is none.
   std::expected<Claims, AuthError> verify(std::string_view authorization,
@@ -104,9 +106,8 @@ class TokenVerifier {
  private:
   struct Impl;
   explicit TokenVerifier(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-  static std::expected<TokenVerifier, std::string> build(const std::vector<std::string>& texts,
-                                                         const std::vector<std::string>& labels,
-                                                         VerifierConfig cfg);
+  static error::Result<TokenVerifier> build(const std::vector<std::string>& texts,
+                                            const std::vector<std::string>& labels, VerifierConfig cfg);
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpunode/ctl/request.hpp"
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::ctl {
 
@@ -72,14 +73,13 @@ struct NodeState {
   std::optional<std::map<std::string, std::string>> unentitled;
 };
 
-std::expected<NodeState, std::string> decode_state(const boost::json::value& body);
+error::Result<NodeState> decode_state(const boost::json::value& body);
 // GET /v1/admin/unentitled: domain uuid -> "UNIT: CODE, ..." (escaped for people).
-std::expected<std::map<std::string, std::string>, std::string> decode_unentitled(
-    const boost::json::value& body);
-std::expected<std::vector<Reservation>, std::string> decode_reservations(
-    const boost::json::value& body, std::string_view key = "reservations");
-std::expected<Reservation, std::string> decode_reservation(const boost::json::value& body);
-std::expected<std::vector<Workload>, std::string> decode_workloads(const boost::json::value& body);
+error::Result<std::map<std::string, std::string>> decode_unentitled(const boost::json::value& body);
+error::Result<std::vector<Reservation>> decode_reservations(const boost::json::value& body,
+                                                            std::string_view key = "reservations");
+error::Result<Reservation> decode_reservation(const boost::json::value& body);
+error::Result<std::vector<Workload>> decode_workloads(const boost::json::value& body);
 
 // A value of the Prometheus text format (`name value` or `name{labels} value`; the first sample
 // of that name), nullopt when absent or unreadable.

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::ctl {
 
 using Time = std::chrono::sys_seconds;
@@ -28,14 +30,14 @@ struct Request {
 // into UTC, fractions of a second are dropped as the agent drops them), or `+` and a duration from
 // `now`: one or more NUMBER UNIT pairs, units w, d, h, m, s from largest to smallest ("+30d",
 // "+12h", "+90m", "+1d12h"). The error says what is wrong with the text.
-std::expected<Time, std::string> parse_when(std::string_view text, Time now);
+error::Result<Time> parse_when(std::string_view text, Time now);
 // "+30d" without the '+': the duration alone.
-std::expected<std::chrono::seconds, std::string> parse_offset(std::string_view text);
+error::Result<std::chrono::seconds> parse_offset(std::string_view text);
 // RFC 3339 UTC to the second, as the API writes times: "2027-01-31T00:00:00Z".
 std::string format_time(Time t);
 
 // A comma-separated list of ids ("u-0000-23-00-0,u-0000-24-00-0"): no empty entries, no repeats.
-std::expected<std::vector<std::string>, std::string> parse_ids(std::string_view text);
+error::Result<std::vector<std::string>> parse_ids(std::string_view text);
 
 // Percent-encoding of one path segment or query value: RFC 3986 unreserved characters pass.
 std::string encode_component(std::string_view text);

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::ctl {
 
 inline constexpr std::string_view kDefaultConfig = "/etc/gpunode/agent.yaml";
@@ -18,8 +20,8 @@ inline constexpr std::string_view kDefaultSocket = "/run/gpunode/admin.sock";
 
 // `admin.socket` of an agent.yaml text (`file` names it in errors); nullopt when the text leaves it
 // at the default. The error is the loader's first problem ("FILE:LINE:COLUMN: ...").
-std::expected<std::optional<std::string>, std::string> admin_socket_from_yaml(std::string_view text,
-                                                                              const std::string& file);
+error::Result<std::optional<std::string>> admin_socket_from_yaml(std::string_view text,
+                                                                 const std::string& file);
 
 struct SocketChoice {
   std::string path;
@@ -28,8 +30,8 @@ struct SocketChoice {
 
 // The flag when given; else the config file's key when the file is readable (`read` returns its
 // text, or nullopt when it cannot be read); else the default.
-std::expected<SocketChoice, std::string> choose_socket(const std::optional<std::string>& flag,
-                                                       std::string_view config_path,
-                                                       const std::optional<std::string>& config_text);
+error::Result<SocketChoice> choose_socket(const std::optional<std::string>& flag,
+                                          std::string_view config_path,
+                                          const std::optional<std::string>& config_text);
 
 }  // namespace gpunode::ctl

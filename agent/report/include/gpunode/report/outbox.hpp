@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "gpunode/error/error.hpp"
 #include "gpunode/report/policy.hpp"
 #include "gpunode/store/database.hpp"
 
@@ -29,27 +30,31 @@ struct OutboxStats {
 class Outbox {
  public:
   // Opens an existing state.db (its schema is the NodeService's; this never migrates it).
-  static std::expected<Outbox, std::string> open(const std::filesystem::path& state_db);
+  static error::Result<Outbox> open(const std::filesystem::path& state_db);
 
   // The highest seq known to be acknowledged: every event up to it has left the outbox. That is
   // the oldest row's seq - 1, or, with the outbox empty, the last seq ever written (meta
   // `event_seq`), or 0.
-  std::expected<std::int64_t, std::string> acknowledged();
+  error::Result<std::int64_t> acknowledged();
   // Fills `batch` with the rows after `after`, in seq order, until it is full.
   // `bad` is set when a row is not a valid event (the batch then holds the rows before it).
   struct Read {
     bool bad = false;
   };
-  std::expected<Read, std::string> read_batch(std::int64_t after, BatchBuilder& batch);
+  error::Result<Read> read_batch(std::int64_t after, BatchBuilder& batch);
   // Deletes every row with seq <= `seq` (one transaction). Returns the rows deleted.
-  std::expected<std::int64_t, std::string> delete_through(std::int64_t seq);
+  error::Result<std::int64_t> delete_through(std::int64_t seq);
   // Depth from min(seq) and max(seq) (each an O(log n) look-up: seq is the rowid and dense, and
   // only prefixes are deleted), so it costs the same for 10 or 10 million waiting events.
-  std::expected<OutboxStats, std::string> stats();
+  error::Result<OutboxStats> stats();
+
+  // One of these errors as the log tells it: the store's with SQLite's code (to_string()), open's
+  // own "no such file" as its detail.
+  static std::string describe(const error::Error& e);
 
  private:
   explicit Outbox(store::Database db) : db_(std::move(db)) {}
-  std::expected<std::optional<std::int64_t>, std::string> single(std::string_view sql);
+  error::Result<std::optional<std::int64_t>> single(std::string_view sql);
   store::Database db_;
 };
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::report {
 
 using std::chrono::milliseconds;
@@ -67,7 +69,7 @@ milliseconds retry_delay(Failure f, unsigned attempt, std::optional<milliseconds
                          std::uint64_t random);
 
 // {"ackedSeq": N} -> N (unknown keys ignored). Never throws; an error says what is wrong.
-std::expected<std::int64_t, std::string> parse_ack(std::string_view body);
+error::Result<std::int64_t> parse_ack(std::string_view body);
 
 // What an acknowledgement means for a batch of seqs (base, last]: `base` is the highest seq
 // known acknowledged (every event up to it is gone from the outbox), `last` the last one sent.

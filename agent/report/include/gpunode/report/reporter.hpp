@@ -28,6 +28,7 @@
 #include <string>
 
 #include "gpunode/config/config.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/report/policy.hpp"
 
 namespace gpunode::report {
@@ -73,7 +74,7 @@ class Reporter {
  public:
   // Parses the URL, opens the outbox, reads where delivery stands and starts the thread (which
   // sends the first heartbeat at once). An error names what and why; nothing runs then.
-  static std::expected<std::unique_ptr<Reporter>, std::string> start(Options options);
+  static error::Result<std::unique_ptr<Reporter>> start(Options options);
   ~Reporter();  // stop()
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;

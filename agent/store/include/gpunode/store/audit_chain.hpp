@@ -13,24 +13,26 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::store {
 
 inline constexpr std::string_view kGenesisPrevHash =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
 // Lowercase hex SHA-256 of `bytes` (OpenSSL). Fails only if OpenSSL does.
-std::expected<std::string, std::string> sha256_hex(std::string_view bytes);
+error::Result<std::string> sha256_hex(std::string_view bytes);
 
 // The record's hash. A "hash" key, if the record has one, is left out (so a stored record can be
 // checked as is); "prevHash" is part of what is hashed. Errors are canonical_json's (a double,
 // invalid UTF-8), naming the JSON path.
-std::expected<std::string, std::string> audit_hash(const boost::json::object& record);
+error::Result<std::string> audit_hash(const boost::json::object& record);
 
 // Sets record["prevHash"] = prev_hash and record["hash"] = its hash: how a record joins the chain.
-std::expected<void, std::string> seal_audit_record(boost::json::object& record, std::string_view prev_hash);
+error::Result<void> seal_audit_record(boost::json::object& record, std::string_view prev_hash);
 
 // "aud_42" -> 42; nullopt-like error for anything else ("aud_0", "aud_007", "aud_", "aud_-1", "x").
-std::expected<std::uint64_t, std::string> parse_audit_id(std::string_view id);
+error::Result<std::uint64_t> parse_audit_id(std::string_view id);
 std::string format_audit_id(std::uint64_t sequence);
 
 struct ChainBreak {

@@ -19,14 +19,16 @@
 #include <string>
 #include <string_view>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::store {
 
-std::expected<std::string, std::string> canonical_json(const boost::json::value& value);
+error::Result<std::string> canonical_json(const boost::json::value& value);
 
 // The same for an object, without copying it; `omit_key`, when given, is left out at the top level
 // (the audit hash is taken over the record without its "hash").
-std::expected<std::string, std::string> canonical_json(
-    const boost::json::object& object, std::optional<std::string_view> omit_key = std::nullopt);
+error::Result<std::string> canonical_json(const boost::json::object& object,
+                                          std::optional<std::string_view> omit_key = std::nullopt);
 
 // True when `text` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, at most U+10FFFF).
 bool is_valid_utf8(std::string_view text);

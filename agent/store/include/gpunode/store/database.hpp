@@ -4,7 +4,7 @@
 // never on the I/O threads (a write can wait up to busy_timeout for the lock).
 //
 // Every call that can fail returns std::expected<..., DbError>; nothing here throws for bad input
-// or a bad file. A DbError's message says what failed and where: the database file and, for a
+// or a bad file. A DbError's detail says what failed and where: the database file and, for a
 // statement, its SQL (shortened), e.g.
 //   /var/lib/gpunode/state.db: UNIQUE constraint failed: items.id (statement "INSERT INTO items ...")
 #pragma once
@@ -22,29 +22,22 @@
 #include <utility>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 struct sqlite3;
 struct sqlite3_stmt;
 
 namespace gpunode::store {
 
-// The store's one error type, from SQLite to the answer and the log: SQLite's result code is kept
-// (a full disk, a busy database and a corrupt one are told apart) beside what failed and where.
-struct DbError {
-  int sqlite_code =
-      0;  // SQLite's extended result code (SQLITE_CANTOPEN, SQLITE_BUSY, ...); 0: the agent's own
-  std::string message;  // what and where: file, statement or migration
-  int primary_code() const { return sqlite_code & 0xff; }
-  // What an operator acts on, in words: "disk full", "busy", "corrupt", "read-only", "I/O error",
-  // "cannot open", "permission denied", "out of memory", "constraint", "schema", "internal"
-  // (sqlite_code 0) or "error". Safe to show a caller: it names no file or statement.
-  std::string_view kind() const;
-  // SQLite's name of the primary code ("SQLITE_FULL"), or "" for 0.
-  std::string_view code_name() const;
-  // For the log: "disk full (SQLITE_FULL): MESSAGE", or "internal: MESSAGE".
-  std::string to_string() const;
-  // A stored value that cannot be what the agent wrote: kind "corrupt", as SQLite's own.
-  static DbError corrupt(std::string message);
-};
+// The store's errors are the agent's one error type (gpunode/error/error.hpp), made here from
+// SQLite's result code and only here: native keeps SQLite's extended code (origin Native::sqlite),
+// code is its Errc (a full disk, a busy database and a corrupt one are told apart), detail says
+// what failed and where. kind() ("disk full", "busy", "corrupt", "read-only", "I/O error", "cannot
+// open", ...) names no file or statement; to_string() is "disk full (SQLITE_FULL): DETAIL".
+using DbError = error::Error;
+
+// A stored value that cannot be what the agent wrote: SQLITE_CORRUPT, as SQLite's own.
+DbError corrupt(std::string detail);
 
 struct Migration {
   int version = 0;   // 1, 2, 3, ... in order, no gaps
@@ -183,7 +176,7 @@ class Database {
   std::expected<void, DbError> exec(std::string_view sql);  // one or more statements, no rows
   std::expected<Statement, DbError> prepare(std::string_view sql);
 
-  // PRAGMA integrity_check: ok, or a DbError (SQLITE_CORRUPT) whose message lists what it found.
+  // PRAGMA integrity_check: ok, or a DbError (SQLITE_CORRUPT) whose detail lists what it found.
   std::expected<void, DbError> integrity_check();
 
   // Writes zeros after the WAL's last whole frame (a frame a crash cut short is overwritten, never

@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <string>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::store {
 
 class StateLock {
@@ -28,7 +30,7 @@ class StateLock {
   //   state directory /var/lib/gpunode is in use by another gpunode-agent (pid 1234)
   // (without the pid when the file does not hold one), or with the file and the reason when the
   // lock file cannot be opened or locked.
-  static std::expected<StateLock, std::string> acquire(const std::filesystem::path& dir);
+  static error::Result<StateLock> acquire(const std::filesystem::path& dir);
 
   StateLock(StateLock&& other) noexcept;
   StateLock& operator=(StateLock&& other) noexcept;
