@@ -161,6 +161,10 @@ struct NodeService::Impl {
   void touch() { generation.fetch_add(1, std::memory_order_acq_rel); }
   // Core thread: the snapshot of the current state, built and published when the state moved.
   std::shared_ptr<const detail::Snapshot> snapshot();
+  // The committer's last step: after every change (each public member of NodeService that may
+  // change the state ends with it, before its answer goes out), the next snapshot is published, so
+  // that the reads after a change are answered by the network threads with no hop.
+  void publish() { (void)snapshot(); }
   // Any thread: the answer to a read the published snapshot can give (NodeService::read).
   std::optional<ApiResponse> read(const ApiRequest& q, std::chrono::system_clock::time_point now);
 

@@ -290,18 +290,23 @@ Outcome NodeService::handle(const ApiRequest& request) {
   } clear{*impl_};
   Outcome out = impl_->route(request);
   if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = conditional(request, std::move(*resp));
+  impl_->publish();  // before the answer goes out
   return out;
 }
 
 std::optional<reservations::Time> NodeService::tick() {
   impl_->purge_idempotency();
-  return impl_->apply_terms();
+  auto next = impl_->apply_terms();
+  impl_->publish();
+  return next;
 }
 void NodeService::rescan() {
   impl_->scan(false);
+  impl_->publish();
 }
 void NodeService::rescan_if_changed() {
   impl_->backstop_scan();
+  impl_->publish();
 }
 void NodeService::set_has_hypervisor(bool has) {
   impl_->has_hypervisor = has;
@@ -309,6 +314,7 @@ void NodeService::set_has_hypervisor(bool has) {
 void NodeService::set_enforcement(config::EnforcementMode mode) {
   impl_->opt.enforcement = mode;
   impl_->touch();
+  impl_->publish();
 }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
   impl_->authenticator.set_verifier(std::move(verifier));
@@ -318,6 +324,7 @@ void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->touch();
   impl_->reader.reset();
   impl_->scan(false);
+  impl_->publish();
 }
 std::int64_t NodeService::revision() const {
   return impl_->store.revision();
@@ -335,11 +342,15 @@ metrics::NodeGauges NodeService::gauges() const {
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
-  return impl_->finish(batch, std::move(outcomes), after);
+  auto answer = impl_->finish(batch, std::move(outcomes), after);
+  impl_->publish();
+  return answer;
 }
 
 std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Domain>& domains) {
-  return impl_->observe(domains);
+  auto work = impl_->observe(domains);
+  impl_->publish();
+  return work;
 }
 
 }  // namespace gpunode::service

@@ -1,7 +1,7 @@
 // One state of the node, immutable once published (private to gpunode_service): the units, the
-// reservations, the workloads as last listed and the revision. The core thread builds one when a
-// read needs it and the state moved (its generation: every commit, revision bump and reload
-// setting moves it) and publishes it; the network threads answer GET units, state and
+// reservations not ended, the workloads as last listed and the revision. The core thread builds
+// and publishes the next one after every change (its generation: every commit, revision bump and
+// reload setting moves it; Impl::publish); the network threads answer GET units, state and
 // reservations from the published one without a hop, as long as its generation is the current one
 // and no term has come since (NodeService::read). What it renders for a class of caller is kept in
 // it, so an answer lives exactly as long as the state it shows.

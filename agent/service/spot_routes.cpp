@@ -285,8 +285,15 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
         if (u.is_string()) unit_ids.emplace_back(u.get_string());
       }
     }
-    const auto grace =
+    // What is left of its grace (CONTRACT §11): counted from when it was written ahead, so that a
+    // restart never gives a VM more time than the caller granted.
+    const auto granted =
         std::chrono::seconds(o.contains("grace") && o.at("grace").is_int64() ? o.at("grace").get_int64() : 0);
+    const auto written = r::parse_time(str("at"));
+    const auto grace =
+        written ? std::clamp(std::chrono::duration_cast<std::chrono::seconds>(*written + granted - now()),
+                             std::chrono::seconds(0), granted)
+                : granted;
     vmctl::TerminationRecord record{"capacity-reclaim", str("at"), str("by"),
                                     store::format_audit_id(static_cast<std::uint64_t>(seq))};
     auto found = std::find_if(domains.begin(), domains.end(),

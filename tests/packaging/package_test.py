@@ -371,11 +371,19 @@ def cmd_install(out, src):
             f.write("libvirtd.service\n")
         with open(conf, "w", encoding="utf-8") as f:
             f.write(gated)
-        script("postinst", "configure", "0.0.9-1")
-        want = [f"deb-systemd-invoke start {SOCKET}", f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
-        c.eq("postinst, configured (upgrade), libvirtd running: the agent restarted (its sockets kept), libvirtd "
-             "reloaded (not restarted)", actions(),
+        script("postinst", "configure", "0.1.0-1")
+        want = ([f"deb-systemd-invoke stop {UNIT}", f"deb-systemd-invoke start {SOCKET}",
+                 f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else [])
+        c.eq("postinst, configured (upgrade from a package without the socket unit): the agent stopped, so that "
+             "the socket unit can bind, then started; libvirtd reloaded (not restarted)", actions(),
              ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
+        os.remove(calls)
+        with open(active, "a", encoding="utf-8") as f:
+            f.write(f"{SOCKET}\n")
+        script("postinst", "configure", "0.2.0-1")
+        want = [f"deb-systemd-invoke start {SOCKET}", f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
+        c.eq("postinst, configured (upgrade, the socket unit active): the agent alone restarted, its sockets kept",
+             actions(), ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
         with open(conf, "w", encoding="utf-8") as f:
             f.write(filled)
 

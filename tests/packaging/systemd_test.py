@@ -19,8 +19,11 @@ then, each checked and printed:
   reload      refused (`systemctl reload` fails, the agent keeps running with the same PID) and
               accepted; a key needing a restart, then the restart
   watchdog    a frozen agent (SIGSTOP) is killed by systemd and restarted
+  restart     `systemctl restart` while HTTPS and admin-socket callers keep asking: none refused
   upgrade     the same package installed over the running agent: restarted, state and edited
-              configuration kept
+              configuration kept, no caller refused; then the handover from 0.1.0 (its unit, with no
+              socket unit, running the agent): the postinst stops it, the socket unit binds, the
+              agent runs from it, and the next restart refuses nothing
   remove      stopped, state and configuration kept; purge: both gone
 
 The root is cached in $GPUNODE_TEST_CACHE (default /var/cache/gpunode-tests), one directory per
@@ -463,6 +466,35 @@ def check_upgrade(c, ct, deb_name, fixture, rid):
     c.eq("... libvirt connected again", wait_libvirt(ct).get("libvirt"), "connected")
 
 
+def check_upgrade_from_socketless(c, ct, src, deb_name, rid):
+    """The handover from 0.1.0, whose unit had no socket unit (the agent bound the HTTPS port and the
+    admin socket itself): 0.1.0's unit (tests/packaging/fixtures) runs the agent, then this package
+    is installed over it. Its postinst must stop that agent before the socket unit can bind."""
+    with open(os.path.join(src, "tests", "packaging", "fixtures", "gpunode-agent-0.1.0.service"), encoding="utf-8") as f:
+        old_unit = f.read()
+    ct.sh(f"systemctl stop {UNIT} gpunode-agent.socket", timeout=60)
+    with open(ct.path(f"/etc/systemd/system/{UNIT}"), "w", encoding="utf-8") as f:
+        f.write(old_unit)
+    ct.sh(f"systemctl daemon-reload && systemctl start {UNIT}", timeout=60)
+    pid = main_pid(ct)
+    bound = ct.sh("curl -sk https://127.0.0.1:8443/healthz; systemctl is-active gpunode-agent.socket").stdout
+    c.check("0.1.0's unit: the agent binds its own sockets, the socket unit is not active",
+            wait_active(ct) == "active" and '{"status":"ok"}' in bound and "inactive" in bound, bound)
+    os.remove(ct.path(f"/etc/systemd/system/{UNIT}"))  # what dpkg does: the new package's unit replaces it
+    rc, tcp, refused, admin, failed = under_load(ct, f"apt-get install -y --reinstall /mnt/pkg/{deb_name} >/dev/null 2>&1")
+    c.eq("apt-get install over 0.1.0's running agent: exit 0", rc, 0)
+    active = ct.sh(f"systemctl is-active gpunode-agent.socket {UNIT}").stdout.split()
+    c.check("... the socket unit holds the sockets and the agent runs (new PID) from them",
+            active == ["active", "active"] and main_pid(ct) != pid
+            and "(systemd's socket)" in ct.sh(f"journalctl -u {UNIT} -o cat | tail -40").stdout, (active, pid, main_pid(ct)))
+    c.check(f"... answered meanwhile ({tcp} HTTPS, {admin} admin socket; a gap this once: {refused + failed} not)",
+            tcp > 0 and admin > 0, (tcp, refused, admin, failed))
+    c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
+    rc, tcp, refused, admin, failed = under_load(ct, f"systemctl restart {UNIT}", timeout=60)
+    c.check("... and from then on a restart refuses nothing", rc == 0 and refused == 0 and failed == 0 and tcp > 0,
+            (rc, tcp, refused, admin, failed))
+
+
 def check_remove(c, ct, rid):
     p = ct.sh("apt-get remove -y gpunode-agent", timeout=300)
     c.eq("apt-get remove: exit 0", p.returncode, 0)
@@ -526,6 +558,7 @@ def main():
         check_watchdog(c, ct)
         c.check(f"the reservation {rid} survived the watchdog's restart", has_reservation(ct, rid), rid)
         check_upgrade(c, ct, name, fixture, rid)
+        check_upgrade_from_socketless(c, ct, src, name, rid)
         check_remove(c, ct, rid)
     except Exception as e:  # a broken step: say where, with what the container said
         c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)

@@ -699,16 +699,16 @@ TEST_CASE(
   CHECK(node.read(units, lab.now_ + std::chrono::seconds(180)));
   CHECK_FALSE(node.read(units, lab.now_ + std::chrono::seconds(181)));
 
-  // A commit moves the generation before its own answer is given: nothing is answered from the
-  // old snapshot, and the next read on the state thread publishes the new one.
+  // A commit moves the generation, and the committer publishes the next snapshot before the
+  // change's answer is given: the old one is never answered from again, the new one at once.
   const auto t0 = lab.now_;
   auto created = lab.create(admin, {"u-0000-41-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::seconds(30)),
                             iso(t0 + std::chrono::hours(1)));
-  CHECK_FALSE(node.read(units, lab.now_));
+  const auto fresh = node.read(units, lab.now_);
+  REQUIRE(fresh);
+  CHECK(fresh->header("ETag") != first.header("ETag"));
   const auto after = lab.call_request(units);
-  CHECK(after.header("ETag") != first.header("ETag"));
-  REQUIRE(node.read(units, lab.now_));
-  CHECK(node.read(units, lab.now_)->body == after.body);
+  CHECK(fresh->body == after.body);
   // The audience sees its reservation, alone, from the snapshot too.
   const auto id = created.at("id").as_string();
   const auto mine =
@@ -752,9 +752,9 @@ TEST_CASE(
   // A change ends the 304 before its own answer: the next poll sees the new revision.
   lab.create(admin, {"u-0000-42-00-0"}, {"org-a"}, {}, iso(t0 + std::chrono::hours(2)),
              iso(t0 + std::chrono::hours(3)));
-  CHECK_FALSE(node.read(now_poll, lab.now_));
-  CHECK(lab.call_request(now_poll).status == 200);
+  REQUIRE(node.read(now_poll, lab.now_));
   CHECK(node.read(now_poll, lab.now_)->status == 200);
+  CHECK(lab.call_request(now_poll).status == 200);
 
   // New token keys: the old token is refused, here as on the state thread.
   REQUIRE(node.read(units, lab.now_));
@@ -1341,6 +1341,35 @@ TEST_CASE(
   CHECK(lab.events("workload.terminated").size() == 3);
   CHECK(std::string(lab.audits("workload.terminate").back().at("detail").as_string()).find("gone") !=
         std::string::npos);
+}
+
+TEST_CASE("a termination cut short is finished within what is left of its grace (CONTRACT §11)") {
+  Lab lab;
+  lab.hypervisor_->domains = two_spot_vms();
+  lab.hypervisor_->ignore_shutdown = {"uuid-b"};  // its guest ignores the shutdown: the grace is waited out
+  const auto owner = lab.token(kOwner);
+  const ApiRequest q = Lab::request("POST", Lab::path("/terminate-spot"), owner,
+                                    fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":60}})", U2));
+  auto parked = lab.handle_listed(q);
+  REQUIRE(std::holds_alternative<RunBatch>(parked));
+  CHECK(std::get<RunBatch>(parked).work.jobs.at(0).grace == std::chrono::seconds(60));
+  // The agent stops 45 s into the grace; the next one has 15 s of it left, no more.
+  lab.now_ += std::chrono::seconds(45);
+  lab.open();
+  lab.slept_ = {};
+  lab.refresh();
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "shutoff");
+  CHECK(lab.slept_ > std::chrono::seconds(0));
+  CHECK(lab.slept_ <= std::chrono::seconds(15));
+  // Past its grace: destroyed at once, with no wait.
+  lab.hypervisor_->find("uuid-b")->state = "running";
+  REQUIRE(std::holds_alternative<RunBatch>(lab.handle_listed(q)));
+  lab.now_ += std::chrono::seconds(90);
+  lab.open();
+  lab.slept_ = {};
+  lab.refresh();
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "shutoff");
+  CHECK(lab.slept_ == std::chrono::milliseconds(0));
 }
 
 TEST_CASE("terminate-spot: a failed stop is reported, audited failed, never terminated") {
