@@ -95,8 +95,7 @@ struct NodeService::Impl {
   detail::StateStore store;
   std::unique_ptr<discovery::SysfsReader> reader;
 
-  detail::ReservationTable reservations;  // the ones not ended
-  std::int64_t ended_count = 0;           // the ended ones, kept on disk (gauges)
+  detail::ReservationTable reservations;  // the ones not ended (StateStore counts the ended ones)
   // A reservation by id: the live one, else the stored one (ended) moved into `kept`; nullptr when
   // there is none, or (logged) when the store could not be read.
   const r::Reservation* find_reservation(std::string_view id, std::optional<r::Reservation>& kept);

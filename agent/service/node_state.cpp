@@ -20,7 +20,6 @@ void NodeService::Impl::load() {
     for (auto& [id, x] : loaded.reservations) sorted.push_back(std::move(x));
     reservations.assign(std::move(sorted));
   }
-  ended_count = loaded.ended;
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
   live.clear();
@@ -47,8 +46,8 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
     queue_term(x);
     if (!x.ended())
       reservations.put(x);
-    else if (reservations.erase(x.id))
-      ++ended_count;  // it ended now: from here on it is read from disk
+    else
+      reservations.erase(x.id);  // it ended: from here on it is read from disk
   }
   for (const auto& row : c.terminations) {
     TerminationRow stored = row;
@@ -124,7 +123,7 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
     if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(x.state))) ++g.reservations[*i];
   }
   if (auto i = metrics::index_of(metrics::kReservationStates, r::to_string(r::State::ended)))
-    g.reservations[*i] += ended_count;
+    g.reservations[*i] += store.ended_reservations();
   g.revision = store.revision();
   g.discovery_seconds = last_scan_seconds;
   g.unentitled_workloads = static_cast<std::int64_t>(unentitled.size());

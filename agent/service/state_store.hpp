@@ -146,6 +146,8 @@ class StateStore {
   // or bump_revision() returns.
   void on_revision_moved(std::function<void()> f) { on_moved_ = std::move(f); }
   const std::string& inventory_digest() const { return inventory_digest_; }
+  // How many ended reservations are kept (on disk only).
+  std::int64_t ended_reservations() const { return ended_; }
   const std::filesystem::path& path() const { return db_.path(); }
 
   // Units stored as present (absent = 0), and one unit's stored document.
@@ -180,8 +182,9 @@ class StateStore {
   // commit()'s steps, in order, inside its transaction: each writes one part of the change and
   // counts what it numbered in the Tally (the audit chain's head and sequence, the event sequence).
   struct Tally {
-    std::int64_t seq = 0;  // the last audit record's
-    std::int64_t ev = 0;   // the last event's
+    std::int64_t seq = 0;    // the last audit record's
+    std::int64_t ev = 0;     // the last event's
+    std::int64_t ended = 0;  // the ended reservations, this change's included
     std::string last_hash;
     Committed out;
   };
@@ -197,7 +200,7 @@ class StateStore {
   store::Database db_;
   std::string node_id_;
   std::map<std::string, store::Statement, std::less<>> statements_;
-  std::int64_t revision_ = 0, audit_seq_ = 0, event_seq_ = 0;
+  std::int64_t revision_ = 0, audit_seq_ = 0, event_seq_ = 0, ended_ = 0;
   std::function<void()> on_moved_;
   std::string audit_last_hash_;
   std::string inventory_digest_;

@@ -151,6 +151,8 @@ def write_history(db_path, node):
             orgs += [(aud, rid), (mgr, rid)]
         db.executemany("INSERT INTO reservations (id, doc) VALUES (?, ?)", rows)
         db.executemany("INSERT OR IGNORE INTO reservation_orgs (org, id) VALUES (?, ?)", orgs)
+        db.execute("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT) WHERE key = 'ended_reservations'",
+                   (HISTORY,))
     say(f"  wrote {HISTORY} ended reservations in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     prev = template["hash"]
@@ -201,7 +203,8 @@ def main(argv):
                     ratio=full[1] / empty[1], target="≤ +4 MiB", met=rss <= 4)
         summary.row("GET state with that history", f"{full[2]} B, p50 {full[3]:.2f} ms",
                     f"{empty[2]} B, p50 {empty[3]:.2f} ms without", ratio=full[3] / empty[3],
-                    target="same size, ≤ 1.2x", met=full[2] <= empty[2] and full[3] <= 1.2 * empty[3])
+                    target="same size (but the revision's digits), ≤ 1.2x",
+                    met=full[2] <= empty[2] + 2 and full[3] <= 1.2 * empty[3])
     return 0
 
 

@@ -40,6 +40,11 @@ FLOOD_IDLE=10000 FLOOD_HANDSHAKES=1000 FLOOD_HOOK_RUNS=200 python3 "$top/tests/i
 # the fake central API (events/s, RSS while draining vs idle), and a 304 state poll beside a full one.
 echo
 python3 "$top/tests/bench/metrics_bench.py" "$build"
+# History stays on disk (tests/bench/history_bench.py, CONTRACT §11): start-up, RSS, GET state,
+# GET units and a create without history, then with 100,000 ended reservations and 1,000,000
+# audit records written into the same state.db.
+echo
+python3 "$top/tests/bench/history_bench.py" "$build"
 echo
 echo "== make bench: every figure beside its anchor, this run =="
 python3 "$top/tests/bench/summary.py" "$base/bench.log"

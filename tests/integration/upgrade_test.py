@@ -66,6 +66,10 @@ def one_release(c, agent, sql_file):
         c.eq(f"{release}: GET state holds the live reservations only", sorted(x["id"] for x in state["reservations"]), live)
         c.eq(f"{release}: GET reservations?state=ended pages the ended ones",
              sorted(x["id"] for x in lab.reservations_all(state="ended")), ended)
+        metrics = lab.get("/metrics", unix=True).body.decode()
+        c.check(f"{release}: the ended ones counted by the migration (gpunode_reservations ended {len(ended)})",
+                f'gpunode_reservations{{state="ended"}} {len(ended)}\n' in metrics,
+                [l for l in metrics.splitlines() if l.startswith("gpunode_reservations")])
         for rid in ended:
             got = lab.get(lab.npath(f"/reservations/{rid}"), unix=True)
             c.check(f"{release}: the ended {rid} is read by id, as it was stored",
