@@ -31,6 +31,9 @@ import lab as L  # noqa: E402
 import hook_test as H  # noqa: E402
 
 RESTARTS = 20
+# Under the sanitizers the stop's 2 s are the sanitizer's (a leak check at exit): printed, and held to
+# their bound in release builds. The counts (refused, unanswered, failed) are held everywhere.
+STRICT_TIMING = os.environ.get("GPUNODE_RESTART_TIMING") != "report"
 U_CREATE, U_HOOK = "u-0000-23-00-0", "u-0000-81-00-0"
 CLOSED = (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError, BrokenPipeError,
           ssl.SSLEOFError, ssl.SSLZeroReturnError, http.client.IncompleteRead)
@@ -232,9 +235,10 @@ def long_poll_at_sigterm(c, lab, token):
     rc, took = lab.stop(timeout=10)
     t.join(10)
     answered = got.get("at", 99) - 0.5
-    c.check("a long poll parked at SIGTERM gets its 304 within 2 s", got.get("status") == 304 and answered < 2.0,
-            f"{got} ({answered:.3f} s after SIGTERM)")
-    c.check("the agent stops within 2 s of SIGTERM with a poll parked", rc == 0 and took < 2.0, f"rc={rc} {took:.3f} s")
+    c.check("a long poll parked at SIGTERM gets its 304 within 2 s",
+            got.get("status") == 304 and (answered < 2.0 or not STRICT_TIMING), f"{got} ({answered:.3f} s after SIGTERM)")
+    c.check("the agent stops within 2 s of SIGTERM with a poll parked", rc == 0 and (took < 2.0 or not STRICT_TIMING),
+            f"rc={rc} {took:.3f} s")
     return t_term
 
 
@@ -270,7 +274,9 @@ def run(c, lab, sockets):
     ms = sorted(g * 1000 for g in gaps)
     print(f"  gaps (SIGTERM to the next agent's first answer), ms: min {ms[0]:.0f}, median {ms[len(ms) // 2]:.0f}, "
           f"max {ms[-1]:.0f}: {', '.join(f'{g:.0f}' for g in ms)}")
-    c.check(f"{RESTARTS} restarts, every stop exit 0 within 2 s", all(rc == 0 and t < 2.0 for rc, t in stops),
+    print(f"  stops (SIGTERM to exit), s: {', '.join(f'{t:.2f}' for _, t in stops)}")
+    c.check(f"{RESTARTS} restarts, every stop exit 0 within 2 s",
+            all(rc == 0 and (t < 2.0 or not STRICT_TIMING) for rc, t in stops),
             ", ".join(f"{rc}/{t:.2f}s" for rc, t in stops))
     for kind in ("https", "admin", "create"):
         c.check(f"{kind}: answered under load ({tally.get(kind, 'ok')})", tally.get(kind, "ok") > RESTARTS)
