@@ -437,7 +437,9 @@ def cmd_install(out, src):
         run([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host], check=True)
         state = os.path.join(root, "var/lib/gpunode")
         sock = os.path.join(root, "run/gpunode/admin.sock")
-        os.makedirs(os.path.dirname(sock))
+        c.check("postinst: /run/gpunode made root's, 0755 (tmpfiles; the hook trusts a socket there)",
+                os.path.isdir(os.path.dirname(sock)) and (os.geteuid() != 0 or os.stat(os.path.dirname(sock)).st_uid == 0)
+                and stat_mode(os.stat(os.path.dirname(sock)).st_mode) == "drwxr-xr-x", os.path.dirname(sock))
         port = L.free_port()
         cfg = (filled.replace("host_root: /", f"host_root: {host}", 1)
                .replace('listen: "0.0.0.0:8443"', f'listen: "127.0.0.1:{port}"', 1)

@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 sys.dont_write_bytecode = True
 import lab as L  # noqa: E402
+import hook_test as H  # noqa: E402
 sys.path.insert(0, HERE)
 from package_test import HOOK, MAX_EXPOSURE, UNIT, run, wait_for  # noqa: E402
 
@@ -490,6 +491,14 @@ def check_upgrade_from_socketless(c, ct, src, deb_name, rid):
     c.check(f"... answered meanwhile ({tcp} HTTPS, {admin} admin socket; a gap this once: {refused + failed} not)",
             tcp > 0 and admin > 0, (tcp, refused, admin, failed))
     c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
+    # The shipped hook asks through the socket unit's admin socket (its owner gpunode, the agent's
+    # user; its directory root's 0755): the hook trusts it and the agent decides.
+    for name, unit, want in (("ct-free", "u-0000-81-00-0", 0), ("ct-reserved", L.RESERVABLE[0], 1)):
+        with open(ct.path(f"/var/tmp/{name}.xml"), "w", encoding="utf-8") as f:
+            f.write(H.domain_xml(name, ("org-x", "on-demand"), [H.GPU[unit][0]]))
+        p = ct.sh(f"{HOOK} {name} prepare begin - < /var/tmp/{name}.xml")
+        c.check(f"the shipped hook through the socket unit's admin socket: org-x on-demand on {unit}: exit {want}",
+                p.returncode == want and (want == 0 or "reserved" in p.stderr), short(p.stdout + p.stderr))
     rc, tcp, refused, admin, failed = under_load(ct, f"systemctl restart {UNIT}", timeout=60)
     c.check("... and from then on a restart refuses nothing", rc == 0 and refused == 0 and failed == 0 and tcp > 0,
             (rc, tcp, refused, admin, failed))
