@@ -193,20 +193,29 @@ std::expected<reservations::Reservation, DbError> StateStore::parse_reservation(
   return std::move(*x);
 }
 
+template <class Row, class... Args>
+std::expected<void, DbError> StateStore::read(std::string_view sql, Row row, const Args&... args) {
+  auto st = cached(sql);
+  if (!st) return std::unexpected(st.error());
+  if (auto b = (*st)->bind_all(args...); !b) return std::unexpected(b.error());
+  auto done = each_row(**st, row);
+  (*st)->reset();
+  return done;
+}
+
 std::expected<std::optional<reservations::Reservation>, DbError> StateStore::reservation(
     std::string_view id) {
-  auto st = cached("SELECT doc FROM reservations WHERE id = ?1");
-  if (!st) return std::unexpected(st.error());
-  if (auto b = (*st)->bind_all(std::string(id)); !b) return std::unexpected(b.error());
   std::optional<reservations::Reservation> out;
-  auto read = each_row(**st, [&](store::Statement& row) -> std::expected<void, DbError> {
-    auto x = parse_reservation(std::string(id), row.column_text(0));
-    if (!x) return std::unexpected(x.error());
-    out = std::move(*x);
-    return {};
-  });
-  (*st)->reset();
-  if (!read) return std::unexpected(read.error());
+  auto done = read(
+      "SELECT doc FROM reservations WHERE id = ?1",
+      [&](store::Statement& row) -> std::expected<void, DbError> {
+        auto x = parse_reservation(std::string(id), row.column_text(0));
+        if (!x) return std::unexpected(x.error());
+        out = std::move(*x);
+        return {};
+      },
+      std::string(id));
+  if (!done) return std::unexpected(done.error());
   return out;
 }
 
@@ -221,20 +230,16 @@ std::expected<std::vector<reservations::Reservation>, DbError> StateStore::reser
             : (q.ended_only
                    ? "SELECT id, doc FROM reservations WHERE ended = 1 AND id > ?1 ORDER BY id LIMIT ?2"
                    : "SELECT id, doc FROM reservations WHERE id > ?1 ORDER BY id LIMIT ?2");
-  auto st = cached(sql);
-  if (!st) return std::unexpected(st.error());
-  const auto limit = static_cast<std::int64_t>(q.limit);
-  auto bound = q.org ? (*st)->bind_all(q.after, limit, *q.org) : (*st)->bind_all(q.after, limit);
-  if (!bound) return std::unexpected(bound.error());
   std::vector<reservations::Reservation> out;
-  auto read = each_row(**st, [&](store::Statement& row) -> std::expected<void, DbError> {
+  auto add = [&](store::Statement& row) -> std::expected<void, DbError> {
     auto x = parse_reservation(row.column_text(0), row.column_text(1));
     if (!x) return std::unexpected(x.error());
     out.push_back(std::move(*x));
     return {};
-  });
-  (*st)->reset();
-  if (!read) return std::unexpected(read.error());
+  };
+  const auto limit = static_cast<std::int64_t>(q.limit);
+  auto done = q.org ? read(sql, add, q.after, limit, *q.org) : read(sql, add, q.after, limit);
+  if (!done) return std::unexpected(done.error());
   return out;
 }
 
@@ -289,16 +294,15 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c,
 std::expected<void, DbError> StateStore::write_reservations(const Change& c, Tally& t, Wall) {
   for (const auto& x : c.upserts) {
     if (x.ended()) {  // ended now, or written again once ended: counted once
-      auto was = cached("SELECT ended FROM reservations WHERE id = ?1");
-      if (!was) return std::unexpected(was.error());
-      if (auto b = (*was)->bind_all(x.id); !b) return std::unexpected(b.error());
       bool ended_before = false;
-      auto read = each_row(**was, [&](store::Statement& row) -> std::expected<void, DbError> {
-        ended_before = row.column_int64(0) != 0;
-        return {};
-      });
-      (*was)->reset();
-      if (!read) return read;
+      auto was = read(
+          "SELECT ended FROM reservations WHERE id = ?1",
+          [&](store::Statement& row) -> std::expected<void, DbError> {
+            ended_before = row.column_int64(0) != 0;
+            return {};
+          },
+          x.id);
+      if (!was) return was;
       if (!ended_before) ++t.ended;
     }
     if (auto w = write("INSERT INTO reservations (id, doc) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET "

@@ -178,6 +178,9 @@ class StateStore {
   std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
   template <class... Args>
   std::expected<void, store::DbError> write(std::string_view sql, const Args&... args);
+  // Runs the cached `sql` with `args` bound, calling `row` on each row; the statement is reset after.
+  template <class Row, class... Args>
+  std::expected<void, store::DbError> read(std::string_view sql, Row row, const Args&... args);
 
   // commit()'s steps, in order, inside its transaction: each writes one part of the change and
   // counts what it numbered in the Tally (the audit chain's head and sequence, the event sequence).
