@@ -117,17 +117,12 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
             (*answer)(std::move(r), *this);
             node_.write_held(held);
           },
-          [&](service::NeedsWorkloads& need) {
+          [&](service::NeedsWorkloads&) {
             if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
               say(LogLevel::error,
                   fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
               (*answer)(internal_error(), *this);
               return;
-            }
-            if (view_ && need.max_age.count() > 0 && hypervisor_->watching() &&
-                std::chrono::steady_clock::now() - view_at_ <= need.max_age) {
-              request.workloads = view_;
-              return dispatch(std::move(request), std::move(answer));
             }
             list_then_dispatch(std::move(request), std::move(answer));
           },
@@ -140,12 +135,10 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
 void Driver::list_then_dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   asio::post(opt_.lists, [this, request = std::move(request), answer = std::move(answer)]() mutable {
     const auto started = std::chrono::steady_clock::now();
-    auto listing =
-        std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list_safely(*hypervisor_)});
-    asio::post(core_, [this, request = std::move(request), answer = std::move(answer),
-                       listing = std::move(listing), started]() mutable {
-      keep_view(listing, started);
-      request.workloads = std::move(listing);
+    auto list = list_safely(*hypervisor_);
+    asio::post(core_, [this, request = std::move(request), answer = std::move(answer), list = std::move(list),
+                       started]() mutable {
+      request.workloads = listing(std::move(list), started);  // the service takes it with the request
       dispatch(std::move(request), std::move(answer));
       changed();
     });
@@ -172,7 +165,6 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
     }
     asio::post(core_, [this, batch = work.batch, outcomes = std::move(outcomes), after = std::move(after),
                        answer = std::move(answer)]() mutable {
-      view_.reset();  // domains were stopped: the next request that needs them lists them
       ApiResponse r;
       try {
         r = node_.finish(batch, std::move(outcomes), after);
@@ -238,16 +230,22 @@ void Driver::refresh() {
   asio::post(opt_.lists, [this] {
     const auto started = std::chrono::steady_clock::now();
     auto list = list_safely(*hypervisor_);
-    asio::post(core_, [this, list = std::move(list), started] {
-      keep_view(std::make_shared<const service::WorkloadListing>(service::WorkloadListing{list}), started);
-      if (!list) {
-        say(LogLevel::warning, "workload refresh: " + list.error().message);
+    asio::post(core_, [this, list = std::move(list), started]() mutable {
+      const bool listed = list.has_value();
+      if (!listed) say(LogLevel::warning, "workload refresh: " + list.error().message);
+      std::optional<service::Work> work;
+      try {
+        work = node_.observe_workloads(listing(std::move(list), started));
+      } catch (...) {
+        say(LogLevel::error, "internal error in the workload refresh: " + what_of(std::current_exception()));
+      }
+      if (!listed) {
         after_refresh_failed();
         return;
       }
       retry_delay_ = std::chrono::milliseconds(1000);
       try {
-        if (auto w = node_.observe_workloads(*list)) run_batch(std::move(*w), nullptr);
+        if (work) run_batch(std::move(*work), nullptr);
       } catch (...) {
         say(LogLevel::error, "internal error in the workload refresh: " + what_of(std::current_exception()));
       }
@@ -267,22 +265,20 @@ void Driver::after_refresh_failed() {
   });
 }
 
-// A list is kept only when it succeeded, and only if no event came since it started (an event
-// meanwhile may be a domain the list missed): `listed_at` is when the listing began.
-void Driver::keep_view(std::shared_ptr<const service::WorkloadListing> listing,
-                       std::chrono::steady_clock::time_point listed_at) {
-  if (!listing->domains || listed_at < last_event_) {
-    view_.reset();
-    return;
-  }
-  view_ = std::move(listing);
-  view_at_ = listed_at;
+// A list as the service takes it: current while libvirt's events are watched and none came since
+// the listing began (`listed_at`): an event meanwhile may be a domain the list missed.
+std::shared_ptr<const service::WorkloadListing> Driver::listing(
+    std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list,
+    std::chrono::steady_clock::time_point listed_at) const {
+  const bool current = list.has_value() && hypervisor_->watching() && listed_at >= last_event_;
+  return std::make_shared<const service::WorkloadListing>(
+      service::WorkloadListing{std::move(list), listed_at, current});
 }
 
 void Driver::workloads_event() {
   asio::post(core_, [this] {
-    view_.reset();  // the domains changed: the next request that needs them lists them
     last_event_ = std::chrono::steady_clock::now();
+    node_.workloads_changed();  // the domains changed: the next request that needs them lists them
     if (!stopping_) event_refresh_.poke();
   });
 }

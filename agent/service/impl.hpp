@@ -21,6 +21,7 @@
 
 #include "admitted.hpp"
 #include "authenticator.hpp"
+#include "decision.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/live_index.hpp"
@@ -37,50 +38,6 @@
 namespace gpunode::service {
 namespace r = gpunode::reservations;
 namespace json = boost::json;
-
-namespace detail {
-
-inline r::Time to_time(std::chrono::system_clock::time_point t) {
-  return std::chrono::time_point_cast<std::chrono::seconds>(t);
-}
-
-inline Caller agent_caller() {
-  return Caller{r::Caller{"gpunode-agent", std::nullopt, {}, "agent"}};
-}
-
-inline ApiResponse forbidden(std::string_view detail) {
-  return problem(403, "forbidden", detail);
-}
-
-// 503 storage-unavailable for a store error: `what` failed because of its kind ("disk full",
-// "busy", "corrupt", ...: store::DbError::kind, which names no file or statement), then `after`.
-// The log line, written where it failed, carries the whole error.
-inline ApiResponse storage_problem(const store::DbError& e, std::string_view what, std::string_view after) {
-  return problem(503, "storage-unavailable", fmt::format("{} ({}); {}", what, e.kind(), after));
-}
-
-// 422 unknown-unit naming each of `ids` that `current` does not hold (release, reclaim).
-inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current,
-                                                 const std::vector<std::string>& ids) {
-  std::vector<FieldProblem> unknown;
-  for (const auto& u : ids) {
-    if (!current.holds_unit(u))
-      unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
-  }
-  if (unknown.empty()) return std::nullopt;
-  return problem(422, "unknown-unit", "some units are not units of this reservation", unknown);
-}
-
-inline ApiResponse with_header(ApiResponse resp, std::string name, std::string value) {
-  resp.headers.emplace_back(std::move(name), std::move(value));
-  return resp;
-}
-
-inline std::string etag_of_version(std::int64_t version) {
-  return fmt::format("\"{}\"", version);
-}
-
-}  // namespace detail
 
 struct NodeService::Impl {
   using Caller = detail::Caller;
@@ -105,7 +62,16 @@ struct NodeService::Impl {
   r::LiveIndex live;
   detail::Inventory inventory;
   bool has_hypervisor = false;
-  const WorkloadListing* listing = nullptr;  // the current request's, while handle() runs
+  // The domains as last listed (for a request, or by the driver's refresh) and the units each
+  // occupies; `listed_current` while the hypervisor's events say the list still holds (an event,
+  // a failed list or a batch of terminations ends it). A route asks for them through Asks.
+  std::shared_ptr<const WorkloadListing> listed;
+  std::vector<detail::Workload> listed_workloads;
+  bool listed_current = false;
+  // Takes a new list: what it shows is noted (the revision, unentitled domains, admitted ones
+  // that now run) and kept.
+  void take_listing(std::shared_ptr<const WorkloadListing> listing);
+  void listing_stale();
   // Terminations written ahead and not decided, and the batches running them.
   detail::TerminationLedger terminations;
   using BatchVm = detail::BatchVm;
@@ -202,8 +168,6 @@ struct NodeService::Impl {
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
   static std::string caller_key(const Caller& c);
-  std::optional<ApiResponse> idempotent_replay(const ApiRequest& q, const Caller& c,
-                                               std::optional<IdempotencyDraft>& draft);
   ApiResponse commit_response(Change& c, ApiResponse resp);
   void purge_idempotency();
   r::Time last_purge{};
@@ -212,55 +176,39 @@ struct NodeService::Impl {
   Outcome route(const ApiRequest& q);
   ApiResponse method_not_allowed(std::string allow);
   Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
-  std::optional<ApiResponse> check_units(const std::vector<std::string>& ids);
-  std::optional<ApiResponse> check_overlap(const r::Reservation& candidate);
-  Outcome create(const ApiRequest& q, const Caller& c);
-  Outcome amend(const ApiRequest& q, const Caller& c, const r::Reservation& current);
-  ApiResponse end(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+  // The committer: carries out what a route decided (decision.hpp), the one place a request's
+  // change is committed. The facts the routes decide on, with `asks` for the reads beyond them.
+  class Asks;
+  detail::Facts facts(const Asks& asks) const;
+  Outcome carry_out(detail::Decision d);
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   // GET reservations whose list holds ended ones: paged from the store (reads.cpp answers the rest).
   ApiResponse stored_reservations(const ApiRequest& q, const Caller& c);
   ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
 
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
-  using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
-
-  // The domains as listed for this request; without a list, NeedsWorkloads{max_age}.
-  std::expected<std::vector<Workload>, Outcome> workloads_now(std::chrono::milliseconds max_age = {});
-  // How old the occupancy check's list may be when events keep it current (CONTRACT §7 Occupancy
-  // is a check at the moment of the change; the hook's admission closes the start race).
-  static constexpr std::chrono::milliseconds kOccupancyListAge{5000};
+  using Workload = detail::Workload;
   std::vector<Workload> occupants(std::vector<vmctl::Domain> list) const;
-  static json::value opt_str(const std::optional<std::string>& s) {
-    return s ? json::value(*s) : json::value(nullptr);
-  }
   static json::object workload_json(const Workload& w);
-  Outcome workloads(const Caller& c);
-  std::optional<Outcome> check_occupancy(const r::Reservation& x, const std::vector<std::string>& checked,
-                                         r::Time t, json::array& spot);
+  Outcome workloads(const Asks& asks, const Caller& c);
 
   // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
-  ApiResponse admission(const ApiRequest& q, const Caller& c);
   // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
   ApiResponse domain_admission(const ApiRequest& q);
   std::vector<std::string> hostdev_units(const vmctl::DomainXmlFacts& facts, json::array& reasons) const;
   void report_refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
                       const std::vector<std::string>& unit_ids, const json::array& reasons);
 
-  // release (CONTRACT §4)
-  ApiResponse release(const ApiRequest& q, const Caller& c, const r::Reservation& current);
-
   // ---- spot_routes.cpp: the spot market, reclaim and terminate-spot (CONTRACT §4, §5, §7) ------
-  void note_workloads(const std::vector<Workload>& ws);
+  bool note_workloads(const std::vector<Workload>& ws);
   void judge_workloads(const std::vector<Workload>& ws);
   ApiResponse unentitled_route() const;
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids,
                                 std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
-  Outcome start_batch(Batch b, Change base, const spot::Plan& plan, std::chrono::seconds grace,
-                      const std::optional<std::string>& reason);
+  Outcome start_batch(detail::Terminate t);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts);
   using TermResult = std::expected<vmctl::TerminateResult, vmctl::VmError>;
@@ -273,8 +221,22 @@ struct NodeService::Impl {
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
-  Outcome terminate_spot(const ApiRequest& q, const Caller& c);
-  Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+};
+
+// The reads a route may make beyond its facts (decision.hpp), for one request.
+class NodeService::Impl::Asks final : public detail::Lookups {
+ public:
+  Asks(Impl& impl, const ApiRequest& q) : impl_(impl), q_(q) {}
+  std::expected<std::optional<IdempotencyDraft>, ApiResponse> idempotency(const ApiRequest& q,
+                                                                          const Caller& c) const override;
+  detail::WorkloadsOrNot workloads(std::chrono::milliseconds max_age) const override;
+  std::vector<detail::Workload> starting() const override;
+  const r::Reservation* reservation(std::string_view id, std::optional<r::Reservation>& kept) const override;
+  std::string new_id(std::string_view prefix) const override;
+
+ private:
+  Impl& impl_;  // read only, but for the store's cached statements and the admitted domains' expiry
+  const ApiRequest& q_;
 };
 
 }  // namespace gpunode::service

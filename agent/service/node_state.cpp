@@ -192,33 +192,114 @@ std::string NodeService::Impl::caller_key(const Caller& c) {
   return fmt::format("{}|{}|{}", c.who.via, c.who.sub, c.who.org.value_or(""));
 }
 
-// Idempotency-Key: a stored response to replay, a 422, or nothing (go on).
-std::optional<ApiResponse> NodeService::Impl::idempotent_replay(const ApiRequest& q, const Caller& c,
-                                                                std::optional<IdempotencyDraft>& draft) {
+// ---- what a route may ask (decision.hpp's Lookups) ----------------------------------------------
+// Idempotency-Key: the draft to store with the change, or the answer to give now (a replay, a 409
+// while the first call runs, a 422 for another request under the same key).
+std::expected<std::optional<IdempotencyDraft>, ApiResponse> NodeService::Impl::Asks::idempotency(
+    const ApiRequest& q, const Caller& c) const {
   auto key = q.header("idempotency-key");
   if (!key) return std::nullopt;
   if (key->empty() || key->size() > 256)
-    return problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters",
-                   {{"Idempotency-Key", "must be 1 to 256 characters"}});
+    return std::unexpected(problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters",
+                                   {{"Idempotency-Key", "must be 1 to 256 characters"}}));
   auto fp = store::sha256_hex(q.method + " " + q.path + "\n" + q.body);
   IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
   // A call with this key still running (terminations waiting out their grace): its answer is not
   // stored yet, and a second call must neither start again nor overwrite it.
-  if (terminations.running_key(d.caller, d.key)) {
-    return with_header(
-        problem(409, "idempotency-key-in-use",
-                "a request with this Idempotency-Key is still running; retry to get its answer"),
-        "Retry-After", "1");
+  if (impl_.terminations.running_key(d.caller, d.key)) {
+    return std::unexpected(
+        with_header(problem(409, "idempotency-key-in-use",
+                            "a request with this Idempotency-Key is still running; retry to get its answer"),
+                    "Retry-After", "1"));
   }
-  if (auto kept = store.idempotent_answer(d.caller, d.key);
-      kept && now().time_since_epoch().count() - kept->created_at < kIdempotencyWindow.count()) {
+  if (auto kept = impl_.store.idempotent_answer(d.caller, d.key);
+      kept && impl_.now().time_since_epoch().count() - kept->created_at < kIdempotencyWindow.count()) {
     if (kept->fingerprint != d.fingerprint)
-      return problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request");
+      return std::unexpected(
+          problem(422, "idempotency-key-reuse", "this Idempotency-Key was used with another request"));
     kept->response.headers.emplace_back("Idempotent-Replayed", "true");
-    return std::move(kept->response);
+    return std::unexpected(std::move(kept->response));
   }
-  draft = std::move(d);
-  return std::nullopt;
+  return d;
+}
+
+// The request's own list (max_age zero asks for one), else the kept one while events say it holds
+// and it is young enough.
+detail::WorkloadsOrNot NodeService::Impl::Asks::workloads(std::chrono::milliseconds max_age) const {
+  if (!impl_.has_hypervisor)
+    return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
+  const auto& kept = impl_.listed;
+  const bool own = q_.workloads != nullptr && q_.workloads == kept;
+  const bool usable = kept && impl_.listed_current && max_age.count() > 0 &&
+                      (max_age == kAnyListAge || std::chrono::steady_clock::now() - kept->at <= max_age);
+  if (!own && !usable) return std::unexpected(NeedsWorkloads{});
+  if (!kept->domains) {
+    impl_.say(LogLevel::warning, "hypervisor: " + kept->domains.error().message);
+    return std::unexpected(
+        problem(503, "hypervisor-unavailable",
+                fmt::format("the hypervisor cannot be reached: {}", kept->domains.error().message)));
+  }
+  return &impl_.listed_workloads;
+}
+
+std::vector<detail::Workload> NodeService::Impl::Asks::starting() const {
+  std::vector<detail::Workload> out;
+  for (const auto& [uuid, e] : impl_.admitted.starting(impl_.clock())) out.push_back({e.domain, e.unit_ids});
+  return out;
+}
+
+const r::Reservation* NodeService::Impl::Asks::reservation(std::string_view id,
+                                                           std::optional<r::Reservation>& kept) const {
+  return impl_.find_reservation(id, kept);
+}
+
+std::string NodeService::Impl::Asks::new_id(std::string_view prefix) const {
+  return detail::new_id(prefix, impl_.clock());
+}
+
+// ---- the committer ---------------------------------------------------------------------------------
+detail::Facts NodeService::Impl::facts(const Asks& asks) const {
+  return detail::Facts{.node = node(),
+                       .reservations = reservations,
+                       .live = live,
+                       .inventory = inventory,
+                       .now = now(),
+                       .shutdown_grace = opt.shutdown_grace,
+                       .ask = asks};
+}
+
+Outcome NodeService::Impl::carry_out(detail::Decision d) {
+  if (auto* c = std::get_if<detail::CommitThen>(&d)) {
+    auto out = commit_response(c->change, std::move(c->answer));
+    if (c->log && out.status < 300) say(LogLevel::info, *c->log);
+    if (c->apply_terms) apply_terms();
+    return out;
+  }
+  if (auto* t = std::get_if<detail::Terminate>(&d)) return start_batch(std::move(*t));
+  if (auto* n = std::get_if<NeedsWorkloads>(&d)) return *n;
+  return std::move(std::get<ApiResponse>(d));
+}
+
+// ---- the domains as listed -----------------------------------------------------------------------
+void NodeService::Impl::take_listing(std::shared_ptr<const WorkloadListing> listing) {
+  listed = std::move(listing);
+  listed_current = listed->current && listed->domains.has_value();
+  listed_workloads.clear();
+  if (!listed->domains) {
+    touch();
+    return;
+  }
+  listed_workloads = occupants(*listed->domains);
+  // Served from the snapshot only while the snapshot shows this very list.
+  if (!note_workloads(listed_workloads)) listed_current = false;
+  admitted.seen(*listed->domains);
+  touch();
+}
+
+void NodeService::Impl::listing_stale() {
+  if (!listed_current) return;
+  listed_current = false;
+  touch();
 }
 
 // Idempotency rows are kept 24 h (CONTRACT §4 Conventions), then deleted: at most once a minute,
@@ -282,11 +363,7 @@ void NodeService::write_held(HeldLog& held) const {
 
 Outcome NodeService::handle(const ApiRequest& request) {
   impl_->apply_terms();  // never answer with a term the clock has passed
-  impl_->listing = request.workloads.get();
-  struct Clear {
-    Impl& impl;
-    ~Clear() { impl.listing = nullptr; }
-  } clear{*impl_};
+  if (request.workloads && request.workloads != impl_->listed) impl_->take_listing(request.workloads);
   Outcome out = impl_->route(request);
   if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = conditional(request, std::move(*resp));
   impl_->publish();  // before the answer goes out
@@ -341,15 +418,23 @@ metrics::NodeGauges NodeService::gauges() const {
 
 ApiResponse NodeService::finish(std::uint64_t batch, std::vector<vmctl::TerminationOutcome> outcomes,
                                 const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
+  impl_->listing_stale();  // domains were stopped: the next request that needs them lists them
   auto answer = impl_->finish(batch, std::move(outcomes), after);
   impl_->publish();
   return answer;
 }
 
-std::optional<Work> NodeService::observe_workloads(const std::vector<vmctl::Domain>& domains) {
-  auto work = impl_->observe(domains);
+std::optional<Work> NodeService::observe_workloads(std::shared_ptr<const WorkloadListing> listing) {
+  impl_->take_listing(std::move(listing));
+  std::optional<Work> work;
+  if (impl_->listed->domains) work = impl_->observe(*impl_->listed->domains);
   impl_->publish();
   return work;
+}
+
+void NodeService::workloads_changed() {
+  impl_->listing_stale();
+  impl_->publish();
 }
 
 }  // namespace gpunode::service

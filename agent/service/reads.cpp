@@ -191,6 +191,10 @@ ApiResponse reservation_answer(const r::Reservation& x) {
   return resp;
 }
 
+ApiResponse workloads_answer(const std::string& node_id, json::array workloads) {
+  return json_response(json::object{{"nodeId", node_id}, {"workloads", std::move(workloads)}});
+}
+
 ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const r::Caller& who) {
   if (!r::may(r::Action::read_capacity, who, on_node(s)))
     return problem(403, "forbidden", "capacity is answered for platform admins and operators");

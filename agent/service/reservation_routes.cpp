@@ -65,6 +65,11 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
                                       const std::vector<std::string>& seg) {
   if (seg[2] != opt.node_id || !allowed(r::Action::see_node, c)) return not_found();
   const std::size_t n = seg.size();
+  const Asks asks(*this, q);
+  auto decide = [&](std::string_view method, auto&& route, auto&&... args) -> Outcome {
+    if (q.method != method) return method_not_allowed(std::string(method));
+    return carry_out(route(facts(asks), q, c, args...));
+  };
   if (n == 4 && seg[3] == "units")
     return q.method == "GET" ? units_answer(*snapshot(), c.who) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
@@ -72,16 +77,15 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
     if (q.method != "GET") return method_not_allowed("GET");
     return std::visit([](auto&& a) -> Outcome { return std::move(a); }, state_answer(*snapshot(), q, c.who));
   }
-  if (n == 4 && seg[3] == "workloads") return q.method == "GET" ? workloads(c) : method_not_allowed("GET");
+  if (n == 4 && seg[3] == "workloads")
+    return q.method == "GET" ? workloads(asks, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "capacity")
     return q.method == "GET" ? capacity_answer(*snapshot(), q, c.who) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "admission")
-    return q.method == "POST" ? admission(q, c) : method_not_allowed("POST");
-  if (n == 4 && seg[3] == "terminate-spot")
-    return q.method == "POST" ? terminate_spot(q, c) : method_not_allowed("POST");
+  if (n == 4 && seg[3] == "admission") return decide("POST", routes::admission);
+  if (n == 4 && seg[3] == "terminate-spot") return decide("POST", routes::terminate_spot);
   if (n == 4 && seg[3] == "reservations") {
     if (q.method == "GET") return stored_reservations(q, c);
-    if (q.method == "POST") return create(q, c);
+    if (q.method == "POST") return decide("POST", routes::create);
     return method_not_allowed("GET, POST");
   }
   if (n >= 5 && seg[3] == "reservations") {
@@ -90,218 +94,14 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
     if (x == nullptr || !allowed(r::Action::see_reservation, c, x)) return not_found();
     if (n == 5) {
       if (q.method == "GET") return reservation_answer(*x);
-      if (q.method == "PATCH") return amend(q, c, *x);
+      if (q.method == "PATCH") return decide("PATCH", routes::amend, *x);
       return method_not_allowed("GET, PATCH");
     }
-    if (n == 6 && seg[5] == "end") return q.method == "POST" ? end(q, c, *x) : method_not_allowed("POST");
-    if (n == 6 && seg[5] == "release")
-      return q.method == "POST" ? release(q, c, *x) : method_not_allowed("POST");
-    if (n == 6 && seg[5] == "reclaim")
-      return q.method == "POST" ? reclaim(q, c, *x) : method_not_allowed("POST");
+    if (n == 6 && seg[5] == "end") return decide("POST", routes::end, *x);
+    if (n == 6 && seg[5] == "release") return decide("POST", routes::release, *x);
+    if (n == 6 && seg[5] == "reclaim") return decide("POST", routes::reclaim, *x);
   }
   return not_found();
-}
-
-// Units named in a request: 422 unknown-unit, 409 unit-not-reservable.
-std::optional<ApiResponse> NodeService::Impl::check_units(const std::vector<std::string>& ids) {
-  std::vector<FieldProblem> unknown;
-  json::array not_reservable;
-  for (const auto& id : ids) {
-    const auto* u = inventory.find(id);
-    const auto* absent = inventory.absent_doc(id);
-    if (u == nullptr && absent == nullptr) {
-      unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", id, opt.node_id)});
-      continue;
-    }
-    json::array reasons;
-    if (u != nullptr) {
-      for (const auto& rs : u->reasons)
-        reasons.emplace_back(json::object{{"code", rs.code}, {"message", rs.message}});
-    } else {
-      // Stored JSON: read without throwing or inserting; an absent unit is never reservable.
-      if (const auto* rs = absent->if_contains("notReservableReasons"); rs != nullptr && rs->is_array())
-        reasons = rs->get_array();
-      if (reasons.empty())
-        reasons.emplace_back(
-            json::object{{"code", "absent"}, {"message", "the unit was seen before and is gone now"}});
-    }
-    if (!reasons.empty())
-      not_reservable.emplace_back(json::object{{"unitId", id}, {"reasons", std::move(reasons)}});
-  }
-  if (!unknown.empty()) return problem(422, "unknown-unit", "some units are not units of this node", unknown);
-  if (!not_reservable.empty()) {
-    json::object extra{{"units", not_reservable}};
-    return problem(409, "unit-not-reservable", "some units cannot be reserved", {}, &extra);
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiResponse> NodeService::Impl::check_overlap(const r::Reservation& candidate) {
-  // Only the live reservations on its units whose terms come near can block it; the rule decides.
-  std::vector<const r::Reservation*> near;
-  for (const auto id : live.near(candidate.unit_ids, candidate.starts_at, candidate.ends_at)) {
-    if (const auto* x = reservations.find(id)) near.push_back(x);
-  }
-  auto blockers = r::blocking_reservations(candidate, std::span<const r::Reservation* const>(near));
-  if (blockers.empty()) return std::nullopt;
-  json::object extra{{"blockingReservationIds", strings_json(blockers)}};
-  return problem(409, "reservation-overlap",
-                 fmt::format("the units are held at overlapping times by {}", fmt::join(blockers, ", ")), {},
-                 &extra);
-}
-
-Outcome NodeService::Impl::create(const ApiRequest& q, const Caller& c) {
-  if (!allowed(r::Action::create, c)) return forbidden("only a platform admin reserves units");
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
-  r::CreateRequest req;
-  req.unit_ids = f.strings("unitIds").value_or(std::vector<std::string>{});
-  req.audience_org_ids = f.strings("audienceOrgIds").value_or(std::vector<std::string>{});
-  req.managing_org_ids = f.strings("managingOrgIds").value_or(std::vector<std::string>{});
-  req.starts_at = f.time("startsAt");
-  req.ends_at = f.time("endsAt");
-  req.note = f.string("note").value_or("");
-  const r::Time t = now();
-  auto problems = std::move(f.problems());
-  for (auto& e : r::validate_create(req, t)) {
-    if (std::none_of(problems.begin(), problems.end(),
-                     [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back(std::move(e));
-    }
-  }
-  if (!problems.empty())
-    return problem(400, "invalid-request", "the body is not a valid reservation request", problems);
-  if (auto bad = check_units(req.unit_ids)) return *bad;
-
-  r::Reservation x;
-  x.id = new_id("rsv_", clock());
-  x.node_id = opt.node_id;
-  x.unit_ids = req.unit_ids;
-  x.audience_org_ids = req.audience_org_ids;
-  x.managing_org_ids = req.managing_org_ids;
-  x.starts_at = req.starts_at.value_or(t);
-  x.ends_at = *req.ends_at;
-  x.state = x.starts_at <= t ? r::State::active : r::State::scheduled;
-  x.note = req.note;
-  x.created_at = x.updated_at = t;
-  x.version = 1;
-  if (auto overlap = check_overlap(x)) return *overlap;
-  json::array spot;
-  if (auto occupied = check_occupancy(x, x.unit_ids, t, spot)) return *occupied;
-
-  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
-  ch.audits.push_back(AuditDraft{"reservation.create", x.id, x.unit_ids, {}, "ok", std::nullopt});
-  auto body_out = to_json(x);
-  ch.events.push_back(EventDraft{"reservation.created", json::object{{"reservation", body_out}}});
-  body_out["spotWorkloads"] = std::move(spot);
-  ApiResponse resp = json_response(body_out, 201);
-  resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", opt.node_id, x.id));
-  resp.headers.emplace_back("ETag", etag_of_version(x.version));
-  auto out = commit_response(ch, std::move(resp));
-  if (out.status == 201)
-    say(LogLevel::info,
-        fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub, fmt::join(x.unit_ids, ",")));
-  return out;
-}
-
-Outcome NodeService::Impl::amend(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!allowed(r::Action::amend, c, &current)) return forbidden("only a platform admin amends reservations");
-  const auto ct = q.header("content-type").value_or("");
-  if (!ct.starts_with("application/merge-patch+json") && !ct.starts_with("application/json")) {
-    return problem(415, "unsupported-media-type", "send application/merge-patch+json or application/json");
-  }
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  if (auto m = q.header("if-match"); m && !etag_matches(*m, etag_of_version(current.version))) {
-    return problem(412, "version-mismatch", fmt::format("the reservation is at version {}", current.version));
-  }
-  if (current.ended()) return problem(409, "reservation-ended", "an ended reservation cannot be amended");
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"unitIds", "audienceOrgIds", "managingOrgIds", "startsAt", "endsAt", "note"});
-  r::Reservation x = current;
-  const r::Time t = now();
-  if (auto v = f.strings("unitIds")) x.unit_ids = *v;
-  if (auto v = f.strings("audienceOrgIds")) x.audience_org_ids = *v;
-  if (auto v = f.strings("managingOrgIds")) x.managing_org_ids = *v;
-  if (auto v = f.string("note")) x.note = *v;
-  if (f.has("startsAt")) {
-    if (auto v = f.time("startsAt")) {
-      if (current.state != r::State::scheduled) {
-        f.problems().push_back({"startsAt", "can change only while the reservation is scheduled"});
-      } else {
-        x.starts_at = *v;
-      }
-    }
-  }
-  if (auto v = f.time("endsAt")) x.ends_at = *v;
-  auto problems = std::move(f.problems());
-  r::CreateRequest check{x.unit_ids, x.audience_org_ids, x.managing_org_ids, x.starts_at, x.ends_at, x.note};
-  for (auto& e : r::validate_create(check, t)) {
-    if (e.field == "endsAt" && !body->contains("endsAt") && !body->contains("startsAt")) continue;
-    if (std::none_of(problems.begin(), problems.end(),
-                     [&](const FieldProblem& p) { return p.field == e.field; })) {
-      problems.push_back(std::move(e));
-    }
-  }
-  if (!problems.empty())
-    return problem(400, "invalid-request", "the body is not a valid amendment", problems);
-  std::vector<std::string> added;
-  for (const auto& u : x.unit_ids) {
-    if (!current.holds_unit(u)) added.push_back(u);
-  }
-  if (auto bad = check_units(added)) return *bad;
-  if (auto overlap = check_overlap(x)) return *overlap;
-  json::array spot;
-  const bool audience_changed = x.audience_org_ids != current.audience_org_ids;
-  if (auto occupied = check_occupancy(x, audience_changed ? x.unit_ids : added, t, spot)) return *occupied;
-  // Released or reclaiming units that left the reservation leave the spot market with it.
-  std::erase_if(x.released_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
-  std::erase_if(x.reclaiming_unit_ids, [&](const std::string& u) { return !x.holds_unit(u); });
-  x.version += 1;
-  x.updated_at = t;
-  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
-  ch.audits.push_back(AuditDraft{"reservation.amend", x.id, x.unit_ids, {}, "ok", std::nullopt});
-  ch.events.push_back(EventDraft{"reservation.amended", json::object{{"reservation", to_json(x)}}});
-  auto amended = to_json(x);
-  amended["spotWorkloads"] = std::move(spot);
-  auto resp = with_header(json_response(amended), "ETag", etag_of_version(x.version));
-  auto out = commit_response(ch, std::move(resp));
-  // A new startsAt or endsAt may be due already: the term is a change of its own (its audit record,
-  // its event, the next version), after the amendment. The answer stays the amendment's, as stored
-  // for an Idempotency-Key: a replay answers the same bytes.
-  apply_terms();
-  return out;
-}
-
-ApiResponse NodeService::Impl::end(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!allowed(r::Action::end, c, &current)) return forbidden("only a platform admin ends reservations");
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, true);
-  if (!body) return body.error();
-  Fields f(*body, {"reason"});
-  auto reason = f.string("reason", true);
-  if (reason && r::code_points(*reason) > r::kMaxNote)
-    f.problems().push_back({"reason", "must be at most 1024 characters"});
-  if (!f.problems().empty()) return problem(400, "invalid-request", "the body is not valid", f.problems());
-  if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
-  const r::Time t = now();
-  r::Reservation x = current;
-  x.state = r::State::ended;
-  x.ended_at = t;
-  x.end_reason = r::EndReason::ended_early;
-  x.released_unit_ids.clear();
-  x.reclaiming_unit_ids.clear();
-  x.version += 1;
-  x.updated_at = t;
-  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
-  ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
-  ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
-  return commit_response(ch, with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version)));
 }
 
 // GET reservations: a list of live states from the snapshot; one that holds ended reservations from

@@ -16,6 +16,7 @@ std::shared_ptr<const Snapshot> NodeService::Impl::snapshot() {
   s->reservations = reservations;
   s->inventory = inventory;
   s->workloads = observed_workloads;
+  s->workloads_current = listed_current;
   if (!term_queue.empty()) s->next_term = std::chrono::system_clock::time_point(term_queue.begin()->first);
   std::shared_ptr<const Snapshot> done = std::move(s);
   std::lock_guard lock(publish_mu);
@@ -47,6 +48,10 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
   } else if (seg.size() == 4 && seg[3] == "state") {
     auto decided = state_answer(*s, q, who);
     if (auto* a = std::get_if<ApiResponse>(&decided)) answer = std::move(*a);
+  } else if (seg.size() == 4 && seg[3] == "workloads") {
+    if (s->workloads_current &&
+        r::may(r::Action::list_workloads, who, r::Subject{s->node, s->reservations.all(), nullptr, {}}))
+      answer = workloads_answer(s->node.node_id, s->workloads);
   } else if (seg.size() == 4 && seg[3] == "capacity") {
     answer = capacity_answer(*s, q, who);
   } else if (seg.size() == 4 && seg[3] == "reservations") {

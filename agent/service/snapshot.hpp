@@ -34,7 +34,8 @@ struct Snapshot {
   reservations::NodeView node;
   ReservationTable reservations;
   Inventory inventory;
-  boost::json::array workloads;  // as last listed (GET state)
+  boost::json::array workloads;    // as last listed (GET state)
+  bool workloads_current = false;  // the hypervisor's events say they still hold (GET workloads)
   // The next term's instant: from then on the clock changes what the node shows, and only the
   // core thread (which applies the term first) may answer.
   std::optional<std::chrono::system_clock::time_point> next_term;
@@ -93,6 +94,8 @@ class ReservationPage {
 ApiResponse reservations_answer(const Snapshot& s, const ReservationQuery& query,
                                 const reservations::Caller& who);
 ApiResponse reservation_answer(const reservations::Reservation& x);  // needs no snapshot: `x` is its own
+// GET workloads: {"nodeId", "workloads"}, each as workload_json gives it.
+ApiResponse workloads_answer(const std::string& node_id, boost::json::array workloads);
 // GET capacity?org=ORG: the units ORG may place on now, each with its tier (CONTRACT §4).
 ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const reservations::Caller& who);
 

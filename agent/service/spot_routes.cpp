@@ -12,20 +12,22 @@ using namespace detail;
 
 // ---- the spot market: reclaim and terminate-spot (CONTRACT §4, §5, §7) --------------------------
 // A list that differs from the last one moves the revision (stored, so it never goes back).
-void NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
+// Returns whether observed_workloads shows `ws` now.
+bool NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
   judge_workloads(ws);  // at every listing: a reservation may have started under an unchanged list
   json::array a;
   for (const auto& w : ws) a.emplace_back(workload_json(w));
   std::string digest = json::serialize(a);
-  if (digest == observed_digest) return;
+  if (digest == observed_digest) return true;
   if (auto bumped = store.bump_revision(); !bumped) {
     say(LogLevel::warning,
         "workloads changed but the revision could not be stored (tried again with the next list): " +
             bumped.error().to_string());
-    return;
+    return false;
   }
   observed_workloads = std::move(a);
   observed_digest = std::move(digest);
+  return true;
 }
 
 // The active reservation holding one of the units (the first found), for workload.terminated.
@@ -65,13 +67,16 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
 // Writes the terminations ahead (each one's audit record, whose id goes into the domain's
 // termination record, and its pending row) together with `base` (a reclaim's change), then
 // hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
-Outcome NodeService::Impl::start_batch(Batch b, Change base, const spot::Plan& plan_in,
-                                       std::chrono::seconds grace, const std::optional<std::string>& reason) {
-  for (const auto& l : plan_in.left_running)
+Outcome NodeService::Impl::start_batch(Terminate t) {
+  auto& b = t.batch;
+  auto& base = t.change;
+  const auto grace = t.grace;
+  const auto& reason = t.reason;
+  for (const auto& l : t.plan.left_running)
     b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
   // A domain whose termination another call (or the agent) has already started is not started
   // again: it is listed as `terminating`, and that other termination reports it.
-  spot::Plan plan = plan_in;
+  spot::Plan& plan = t.plan;
   const auto underway = terminations.underway_domains();
   std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
     if (!underway.contains(vm->domain.uuid)) return false;
@@ -320,144 +325,6 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   }
   if (run.vms.empty()) return std::nullopt;
   return terminations.work(terminations.start(std::move(run)));
-}
-
-Outcome NodeService::Impl::terminate_spot(const ApiRequest& q, const Caller& c) {
-  if (!allowed(r::Action::terminate_spot, c)) {
-    return forbidden("spot workloads are terminated by platform admins, the node's owner and managing orgs");
-  }
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, true);
-  if (!body) return body.error();
-  Fields f(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason"});
-  auto ids = f.strings("unitIds");
-  if (f.has("unitIds") && ids && ids->empty())
-    f.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
-  auto rid = f.string("reservationId");
-  auto grace_s = f.integer("gracePeriodSeconds", 0, 300);
-  auto reason = f.string("reason");
-  if (reason && r::code_points(*reason) > r::kMaxNote)
-    f.problems().push_back({"reason", "must be at most 1024 characters"});
-  if (!f.problems().empty())
-    return problem(400, "invalid-request", "the body is not a valid terminate-spot request", f.problems());
-  const auto grace = grace_s ? std::chrono::seconds(*grace_s) : opt.shutdown_grace;
-
-  const auto reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
-  const r::Reservation* rx = nullptr;
-  std::optional<r::Reservation> kept;
-  if (rid) {
-    rx = find_reservation(*rid, kept);
-    if (rx == nullptr || !allowed(r::Action::see_reservation, c, rx)) {
-      return problem(422, "unknown-reservation",
-                     fmt::format("no reservation {} on node {} that you can see", *rid, opt.node_id),
-                     {{"reservationId", "is not a reservation of this node"}});
-    }
-  }
-  std::set<std::string> targets;
-  if (ids) {
-    std::vector<FieldProblem> unknown, outside;
-    for (const auto& u : *ids) {
-      if (!inventory.known(u))
-        unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, opt.node_id)});
-      else if (rx && !rx->holds_unit(u))
-        unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, rx->id)});
-      else if (!reach.contains(u))
-        outside.push_back({"unitIds", fmt::format("{} is outside your reach", u)});
-    }
-    if (!unknown.empty())
-      return problem(422, "unknown-unit", "some units are not units of this node", unknown);
-    if (!outside.empty())
-      return problem(403, "out-of-reach",
-                     "some units are outside your reach: a managing org reaches only the released and "
-                     "reclaiming units of its active reservations",
-                     outside);
-    targets.insert(ids->begin(), ids->end());
-  } else {
-    for (const auto& u : reach) {
-      if (!rx || rx->holds_unit(u)) targets.insert(u);
-    }
-  }
-  auto ws = workloads_now();
-  if (!ws) return ws.error();
-  Batch b;
-  b.kind = Batch::Kind::terminate_spot;
-  b.caller = c;
-  b.request_id = q.request_id;
-  b.idempotency = std::move(idem);
-  Change base{.actor = c, .request_id = q.request_id, .at = now()};
-  const bool whole_node = (c.who.admin() || r::is_owner(c.who, node())) && !ids && !rx;
-  return start_batch(std::move(b), std::move(base), spot::plan(*ws, targets, reach, whole_node), grace,
-                     reason);
-}
-
-Outcome NodeService::Impl::reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!allowed(r::Action::reclaim, c, &current))
-    return forbidden("only a platform admin or a managing org reclaims units");
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"unitIds", "terminateSpot"});
-  auto ids = f.strings("unitIds");
-  const bool terminate = f.boolean("terminateSpot").value_or(false);
-  if (!ids || ids->empty()) {
-    if (std::none_of(f.problems().begin(), f.problems().end(),
-                     [](const FieldProblem& p) { return p.field == "unitIds"; })) {
-      f.problems().push_back({"unitIds", "must name at least one unit"});
-    }
-  }
-  if (!f.problems().empty())
-    return problem(400, "invalid-request", "the body is not a valid reclaim request", f.problems());
-  if (current.state != r::State::active)
-    return problem(409, "reservation-not-active", "units are reclaimed only in an active reservation");
-  if (auto unknown = units_not_held(current, *ids)) return *unknown;
-  // Without a list of the workloads, every reclaimed unit is taken to carry spot workloads: it
-  // stays reclaiming (in its managers' reach) until a later list shows it vacated. Terminating
-  // needs the list: 503 and nothing changed.
-  auto ws = workloads_now();
-  if (!ws && (terminate || std::holds_alternative<NeedsWorkloads>(ws.error()))) return ws.error();
-  const std::set<std::string> named(ids->begin(), ids->end());
-  const auto occupied = ws ? spot::spot_occupied(*ws) : named;
-  r::Reservation x = current;
-  const auto move = r::reclaim_units(x, named, occupied);
-  const r::Time t = now();
-  Change base{.actor = c, .request_id = q.request_id, .at = t};
-  if (move.changed) {
-    x.version += 1;
-    x.updated_at = t;
-    base.upserts.push_back(x);
-    const auto& newly = move.newly_reclaimed;
-    base.audits.push_back(AuditDraft{
-        "units.reclaim",
-        x.id,
-        newly.empty() ? std::vector<std::string>(named.begin(), named.end()) : newly,
-        {},
-        "ok",
-        move.still_occupied.empty()
-            ? std::optional<std::string>()
-            : fmt::format("spot workloads still run on {}", fmt::join(move.still_occupied, ", "))});
-    if (!newly.empty())
-      base.events.push_back(EventDraft{
-          "units.reclaimed", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
-  }
-  Batch b;
-  b.kind = Batch::Kind::reclaim;
-  b.caller = c;
-  b.request_id = q.request_id;
-  b.reservation_id = current.id;
-  b.idempotency = std::move(idem);
-  spot::Plan p;
-  if (terminate) {
-    std::set<std::string> targets,
-        reach = r::terminate_reach(c.who, node(), all_reservations(), inventory.ids());
-    for (const auto& u : x.reclaiming_unit_ids) {
-      if (named.contains(u)) targets.insert(u);
-    }
-    reach.insert(targets.begin(), targets.end());  // the caller manages these units: they are reclaiming now
-    p = spot::plan(*ws, targets, reach);
-  }
-  return start_batch(std::move(b), std::move(base), p, opt.shutdown_grace, std::nullopt);
 }
 
 }  // namespace gpunode::service

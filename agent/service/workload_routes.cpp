@@ -1,4 +1,5 @@
-// NodeService::Impl's workload routes: workloads, occupancy, entitlement (capacity, admission), release.
+// NodeService::Impl's workload routes: GET workloads, entitlement of what runs (unentitled domains)
+// and of what starts (the hook's domain admission).
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -10,26 +11,7 @@
 namespace gpunode::service {
 using namespace detail;
 
-// ---- workloads (CONTRACT §5, §7 Occupancy) -----------------------------------------------------
-std::expected<std::vector<NodeService::Impl::Workload>, Outcome> NodeService::Impl::workloads_now(
-    std::chrono::milliseconds max_age) {
-  if (!has_hypervisor)
-    return std::unexpected(problem(503, "hypervisor-unavailable", "no hypervisor is configured"));
-  if (listing == nullptr)
-    return std::unexpected(NeedsWorkloads{max_age});  // listed off this thread, then handled again
-  const auto& list = listing->domains;
-  if (!list) {
-    say(LogLevel::warning, "hypervisor: " + list.error().message);
-    return std::unexpected(
-        problem(503, "hypervisor-unavailable",
-                fmt::format("the hypervisor cannot be reached: {}", list.error().message)));
-  }
-  auto ws = occupants(*list);
-  note_workloads(ws);
-  admitted.seen(*list);
-  return ws;
-}
-
+// ---- workloads (CONTRACT §5) ---------------------------------------------------------------------
 std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vector<vmctl::Domain> list) const {
   const auto owner = inventory.unit_of_address();
   std::vector<Workload> out;
@@ -58,62 +40,15 @@ json::object NodeService::Impl::workload_json(const Workload& w) {
       {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
 }
 
-Outcome NodeService::Impl::workloads(const Caller& c) {
+// GET workloads: the list kept current by the hypervisor's events, or one listed for this request.
+Outcome NodeService::Impl::workloads(const Asks& asks, const Caller& c) {
   if (!allowed(r::Action::list_workloads, c))
     return forbidden("workloads are listed for operators and the owner");
-  auto ws = workloads_now();
-  if (!ws) return ws.error();
+  auto ws = asks.workloads(kAnyListAge);
+  if (!ws) return std::visit([](auto&& v) -> Outcome { return std::move(v); }, std::move(ws.error()));
   json::array list;
-  for (const auto& w : *ws) list.emplace_back(workload_json(w));
-  return json_response(json::object{{"nodeId", opt.node_id}, {"workloads", std::move(list)}});
-}
-
-// Occupancy of `checked` units once the term has started: a workload that is not spot, of an
-// org outside the audience (or unlabelled), blocks (409 unit-occupied); spot workloads are
-// allowed and listed.
-std::optional<Outcome> NodeService::Impl::check_occupancy(const r::Reservation& x,
-                                                          const std::vector<std::string>& checked, r::Time t,
-                                                          json::array& spot) {
-  if (x.starts_at > t || checked.empty()) return std::nullopt;
-  auto ws = workloads_now(kOccupancyListAge);
-  if (!ws) return ws.error();
-  // Active domains hold their units; so do those the hook let through that are still starting
-  // (the start race, CONTRACT §9): libvirt lists them only once they run.
-  std::vector<const Workload*> holding;
-  for (const auto& w : *ws) {
-    if (w.domain.active()) holding.push_back(&w);
-  }
-  std::vector<Workload> starting;
-  for (const auto& [uuid, e] : admitted.starting(clock())) starting.push_back(Workload{e.domain, e.unit_ids});
-  for (const auto& w : starting) holding.push_back(&w);
-  json::array blockers;
-  for (const auto* held : holding) {
-    const auto& w = *held;
-    if (std::none_of(w.unit_ids.begin(), w.unit_ids.end(), [&](const std::string& u) {
-          return std::find(checked.begin(), checked.end(), u) != checked.end();
-        })) {
-      continue;
-    }
-    const auto& label = w.domain.label;
-    if (label && label->tier == vmctl::Tier::spot) {
-      spot.emplace_back(json::object{{"vmId", label->vm_id},
-                                     {"domainUuid", w.domain.uuid},
-                                     {"name", w.domain.name},
-                                     {"org", label->org},
-                                     {"unitIds", strings_json(w.unit_ids)}});
-      continue;
-    }
-    if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) !=
-                     x.audience_org_ids.end())
-      continue;
-    blockers.emplace_back(json::object{{"vmId", label ? json::value(label->vm_id) : json::value(nullptr)},
-                                       {"domainUuid", w.domain.uuid},
-                                       {"name", w.domain.name}});
-  }
-  if (blockers.empty()) return std::nullopt;
-  json::object extra{{"workloads", blockers}};
-  return problem(409, "unit-occupied", "workloads of orgs outside the audience are running on the units", {},
-                 &extra);
+  for (const auto& w : **ws) list.emplace_back(workload_json(w));
+  return detail::workloads_answer(opt.node_id, std::move(list));
 }
 
 // ---- entitlement (CONTRACT §4 capacity and admission): the rule is reservations::entitled ----
@@ -195,52 +130,6 @@ ApiResponse NodeService::Impl::unentitled_route() const {
 r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier,
                                            const std::string& unit_id) const {
   return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
-}
-
-ApiResponse NodeService::Impl::admission(const ApiRequest& q, const Caller& c) {
-  if (!allowed(r::Action::ask_admission, c))
-    return forbidden("admission is answered for platform admins and operators");
-  // A POST: an Idempotency-Key replays the first answer (CONTRACT §4 Conventions), even though
-  // the question changes nothing.
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"orgId", "tier", "unitIds"});
-  auto org = f.string("orgId");
-  auto tier = f.string("tier");
-  auto ids = f.strings("unitIds");
-  if (!body->contains("orgId")) f.problems().push_back({"orgId", "is required"});
-  if (!body->contains("tier")) f.problems().push_back({"tier", "is required"});
-  if (!ids || ids->empty()) {
-    if (std::none_of(f.problems().begin(), f.problems().end(),
-                     [](const FieldProblem& p) { return p.field == "unitIds"; })) {
-      f.problems().push_back({"unitIds", "must name at least one unit"});
-    }
-  }
-  if (!f.problems().empty())
-    return problem(400, "invalid-request", "the body is not a valid admission request", f.problems());
-  json::array reasons;
-  auto parsed = vmctl::parse_tier(*tier);
-  if (!parsed) {
-    reasons.emplace_back(
-        json::object{{"code", "invalid-tier"},
-                     {"message", fmt::format("tier must be spot, on-demand or reserved, not \"{}\"", *tier)},
-                     {"unitId", nullptr}});
-  } else {
-    for (const auto& id : *ids) {
-      auto e = entitled(*org, *parsed, id);
-      if (!e.allowed())
-        reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", id}});
-    }
-  }
-  auto answer = json_response(json::object{{"allowed", reasons.empty()}, {"reasons", std::move(reasons)}});
-  if (!idem) return answer;
-  Change keep{.actor = c,
-              .request_id = q.request_id,
-              .at = now(),
-              .idempotency = std::move(idem)};  // the answer alone: no revision moves
-  return commit_response(keep, std::move(answer));
 }
 
 // ---- the libvirt hook's admission (CONTRACT §9) ---------------------------------------------------
@@ -368,56 +257,6 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
                                     {"mode", config::to_string(mode)},
                                     {"unitIds", strings_json(unit_ids)},
                                     {"reasons", std::move(reasons)}});
-}
-
-// ---- release (CONTRACT §4) -----------------------------------------------------------------------
-ApiResponse NodeService::Impl::release(const ApiRequest& q, const Caller& c, const r::Reservation& current) {
-  if (!allowed(r::Action::release, c, &current))
-    return forbidden("only a platform admin or a managing org releases units");
-  std::optional<IdempotencyDraft> idem;
-  if (auto replay = idempotent_replay(q, c, idem)) return *replay;
-  auto body = parse_object(q.body, false);
-  if (!body) return body.error();
-  Fields f(*body, {"unitIds"});
-  auto ids = f.strings("unitIds");
-  if (!ids || ids->empty()) {
-    if (f.problems().empty()) f.problems().push_back({"unitIds", "must name at least one unit"});
-  }
-  if (!f.problems().empty())
-    return problem(400, "invalid-request", "the body is not a valid release request", f.problems());
-  if (current.state != r::State::active)
-    return problem(409, "reservation-not-active", "units are released only from an active reservation");
-  if (auto unknown = units_not_held(current, *ids)) return *unknown;
-  r::Reservation x = current;
-  std::vector<std::string> newly;
-  for (const auto& u : *ids) {
-    if (std::find(x.released_unit_ids.begin(), x.released_unit_ids.end(), u) != x.released_unit_ids.end())
-      continue;
-    if (std::find(newly.begin(), newly.end(), u) != newly.end()) continue;
-    newly.push_back(u);
-    x.released_unit_ids.push_back(u);
-    std::erase(x.reclaiming_unit_ids, u);
-  }
-  if (newly.empty()) {  // already released: a no-op, answered like a change (with its ETag)
-    auto answer = with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag",
-                              etag_of_version(current.version));
-    if (!idem) return answer;
-    // Its Idempotency-Key keeps this answer too: a retry (after a lost answer or a crash) must
-    // replay it, not release again once the units were reclaimed meanwhile. The answer alone is
-    // stored; no revision moves.
-    Change keep{.actor = c, .request_id = q.request_id, .at = now(), .idempotency = std::move(idem)};
-    return commit_response(keep, std::move(answer));
-  }
-  std::sort(x.released_unit_ids.begin(), x.released_unit_ids.end());
-  const r::Time t = now();
-  x.version += 1;
-  x.updated_at = t;
-  Change ch{.actor = c, .request_id = q.request_id, .at = t, .upserts = {x}, .idempotency = std::move(idem)};
-  ch.audits.push_back(AuditDraft{"units.release", x.id, newly, {}, "ok", std::nullopt});
-  ch.events.push_back(
-      EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
-  return commit_response(ch, with_header(json_response(json::object{{"reservation", to_json(x)}}), "ETag",
-                                         etag_of_version(x.version)));
 }
 
 }  // namespace gpunode::service

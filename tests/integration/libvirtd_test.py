@@ -25,7 +25,8 @@ grace (QEMU runs on, reparented to the namespace's `sh`): 503 hypervisor-unavail
 grace ends, the write-ahead audit record and nothing more; the `sh` holds libvirtd down while
 TMP/hold exists and then starts it again with the same command (it re-attaches to the running
 QEMUs), and the agent finishes the termination as itself at its next refresh. D (the same
-agent): libvirtd stopped (SIGSTOP) while GET workloads lists, then SIGKILLed: 503
+agent): libvirtd stopped (SIGSTOP): GET workloads still answers from the list libvirt's events
+keep current; a terminate-spot lists (it always does) and waits, then libvirtd is SIGKILLed: 503
 hypervisor-unavailable within 5 s, logged, and GET workloads 200 again once libvirtd is back.
 
 Skips (exit 77, one `SKIP: why` line) only when not root, when libvirtd, virsh, QEMU, libvirt's
@@ -761,29 +762,33 @@ def cut_short(c, lab, daemon, owner, left, uuid):
 
 def mid_list(c, lab, daemon, owner):
     """D: libvirtd stopped (SIGSTOP) while the agent lists, so the list call is on the wire with no
-    answer, then SIGKILLed: the list fails on the closed connection, GET workloads answers 503
-    hypervisor-unavailable with the reason logged, everything else is served meanwhile, and once
-    libvirtd is back the agent lists again."""
+    answer, then SIGKILLed: the list fails on the closed connection, the request that needed it
+    (a terminate-spot: it always lists now) answers 503 hypervisor-unavailable with the reason
+    logged, everything else is served meanwhile, and once libvirtd is back the agent lists again.
+    GET workloads, meanwhile, is the list libvirt's events keep current (no event came)."""
     pid = daemon.daemon_pid()
     mark = len(lab.log())
     os.kill(pid, signal.SIGSTOP)
+    kept = lab.get(lab.npath("/workloads"), token=owner, timeout=5)
+    c.status("D: GET workloads answers from the list the events keep current, libvirtd stopped", kept, 200)
     answer = {}
 
-    def get():
-        answer["r"] = lab.get(lab.npath("/workloads"), token=owner, timeout=60)
+    def terminate():
+        # The node's owner, every unit: neither VM is on a unit, so nothing would be terminated.
+        answer["r"] = lab.call("POST", lab.npath("/terminate-spot"), token=owner, body={}, timeout=60)
         answer["at"] = time.time()
 
-    t = threading.Thread(target=get)
+    t = threading.Thread(target=terminate)
     t.start()
     time.sleep(1.0)
-    c.check("D: GET workloads waits on the stopped libvirtd (the list is in flight)", t.is_alive(), answer)
+    c.check("D: terminate-spot waits on the stopped libvirtd (its list is in flight)", t.is_alive(), answer)
     c.status("D: /healthz answers meanwhile", lab.get("/healthz"), 200)
     killed_at = time.time()
     daemon.kill_daemon()  # SIGKILL to the stopped libvirtd: its socket closes mid-call
     t.join(30)
     r = answer.get("r")
     took = answer.get("at", float("inf")) - killed_at
-    print(f"# D: GET workloads answered {took:.2f}s after libvirtd was killed mid-list", flush=True)
+    print(f"# D: terminate-spot answered {took:.2f}s after libvirtd was killed mid-list", flush=True)
     c.check(f"D: the list in flight fails: 503 hypervisor-unavailable within 5 s of the kill ({took:.2f}s)",
             r is not None and r.status == 503 and r.code() == "hypervisor-unavailable" and took < 5, r)
     line = lab.log_line("hypervisor:", since=mark)

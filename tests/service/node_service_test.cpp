@@ -857,6 +857,44 @@ TEST_CASE("workloads: mapped to units by their PCI hostdevs; labels per §5/§7"
   CHECK(code_of(down) == "hypervisor-unavailable");
 }
 
+TEST_CASE(
+    "workloads from the snapshot: a list the hypervisor's events keep current is read with no hop, "
+    "until an event, a batch or a failed list") {
+  Lab lab;
+  using gpunode::vmctl::Tier;
+  lab.hypervisor_->domains = {
+      vm("spot-a", "u1", {"0000:41:00.0"}, gpunode::vmctl::WorkloadLabel{"vm-1", "org-b", Tier::spot})};
+  const auto owner = lab.token(kOwner);
+  const auto get = Lab::request("GET", Lab::path("/workloads"), owner);
+  auto& node = *lab.service_;
+  auto listing = [&](bool current) {
+    return std::make_shared<const WorkloadListing>(
+        WorkloadListing{lab.hypervisor_->list(), std::chrono::steady_clock::now(), current});
+  };
+  CHECK_FALSE(node.read(get, lab.now_));  // never listed: the state thread lists
+  (void)node.observe_workloads(listing(false));
+  CHECK_FALSE(node.read(get, lab.now_));  // listed, but no events say it holds
+  (void)node.observe_workloads(listing(true));
+  const auto read = node.read(get, lab.now_);
+  REQUIRE(read);
+  CHECK(read->status == 200);
+  CHECK(Lab::body(*read).at("workloads").as_array().size() == 1);
+  // The state thread answers the same bytes from the same list, without asking for another.
+  const auto answered = node.handle(get);
+  REQUIRE(std::holds_alternative<ApiResponse>(answered));
+  CHECK(std::get<ApiResponse>(answered).body == read->body);
+  CHECK_FALSE(node.read(Lab::request("GET", Lab::path("/workloads"), lab.token("org-b")), lab.now_));  // 404
+  node.workloads_changed();  // an event: the next reader goes to the state thread, which lists
+  CHECK_FALSE(node.read(get, lab.now_));
+  CHECK(std::holds_alternative<NeedsWorkloads>(node.handle(get)));
+  (void)node.observe_workloads(listing(true));
+  REQUIRE(node.read(get, lab.now_));
+  lab.hypervisor_->unavailable = true;
+  (void)node.observe_workloads(listing(true));  // a failed list is never current
+  CHECK_FALSE(node.read(get, lab.now_));
+  CHECK(std::holds_alternative<NeedsWorkloads>(node.handle(get)));
+}
+
 TEST_CASE("create: unit-occupied by non-spot workloads of outsiders; spot workloads allowed and listed") {
   Lab lab;
   using gpunode::vmctl::Tier;

@@ -8,11 +8,10 @@
 // the thread.
 //
 // Threads: every member function runs on the state thread (the `core` io_context's one thread),
-// except workloads_event(), which any thread may call. The kept list of the domains (view_) is
-// the state thread's too: the event that drops it is posted there. Slow work goes to the executors of
-// Options: `lists` runs Hypervisor::list(), `terminations` runs terminate_spot_all (which waits out
-// grace periods). The daemon gives each a thread pool; the tests give them the core itself, which
-// makes everything run on one thread, in order.
+// except workloads_event(), which any thread may call (it posts to the state thread). Slow work goes to the
+// executors of Options: `lists` runs Hypervisor::list(), `terminations` runs terminate_spot_all (which waits
+// out grace periods). The daemon gives each a thread pool; the tests give them the core itself, which makes
+// everything run on one thread, in order.
 //
 // Lifetime: the driver must outlive every run of `core` and every job it posted to the executors
 // (the daemon joins its pools and stops `core` before it destroys the driver).
@@ -67,9 +66,6 @@ class Driver {
   void refresh();
   // Any thread: libvirt reported a lifecycle event; refreshes event_delay after the first of a burst.
   void workloads_event();
-  // The last list of the domains, kept while the hypervisor's events say it is current: a request
-  // whose NeedsWorkloads::max_age allows it (the occupancy check of a create) is handled with it at
-  // once instead of listing again. Any event drops it until the next list.
   // SIGTERM: parked polls are answered now (304) and no poll is parked any more; no refresh starts.
   void stop();
 
@@ -102,11 +98,10 @@ class Driver {
   std::chrono::milliseconds retry_delay_{1000};
   bool retry_armed_ = false;
   Debounce event_refresh_;  // a burst of events: one refresh, event_delay after the first
-  std::shared_ptr<const service::WorkloadListing> view_;  // see workloads_event()
-  std::chrono::steady_clock::time_point view_at_{};
   std::chrono::steady_clock::time_point last_event_{};  // when the last event reached this thread
-  void keep_view(std::shared_ptr<const service::WorkloadListing> listing,
-                 std::chrono::steady_clock::time_point listed_at);
+  std::shared_ptr<const service::WorkloadListing> listing(
+      std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list,
+      std::chrono::steady_clock::time_point listed_at) const;
 };
 
 }  // namespace gpunode::daemon

@@ -41,9 +41,13 @@ struct ServiceOptions {
   config::EnforcementMode enforcement = config::EnforcementMode::enforce;  // enforcement.mode (§9)
 };
 
-// The domains as the hypervisor listed them for one request (or why it could not).
+// The domains as the hypervisor listed them (or why it could not). `at`: when the listing began;
+// `current`: the hypervisor's events are watched and none came since `at`, so the list holds until
+// the next one comes (NodeService::workloads_changed).
 struct WorkloadListing {
   std::expected<std::vector<vmctl::Domain>, vmctl::VmError> domains;
+  std::chrono::steady_clock::time_point at{};
+  bool current = false;
 };
 
 // Terminations to run with the hypervisor, off the state thread (they wait for domains to stop).
@@ -61,12 +65,10 @@ struct Work {
 //   (vmctl::terminate_spot_all), then finish() gives the answer.
 // - Park: a long poll whose revision has not passed `after`: handle it again when the revision
 //   moves, or with ApiRequest::wait_over at `deadline` (then it is a 304).
-// NeedsWorkloads::max_age: how old a list of the domains may be for this request, when the driver
-// keeps one current with the hypervisor's events (a reservation's occupancy check: a few seconds;
-// a termination: zero, it lists now).
-struct NeedsWorkloads {
-  std::chrono::milliseconds max_age{0};
-};
+// The service keeps the last list and decides itself whether it will do (a list the hypervisor's
+// events keep current serves GET workloads and, for a few seconds, a create's occupancy check; a
+// termination always asks for a new one): NeedsWorkloads means "list them now".
+struct NeedsWorkloads {};
 struct RunBatch {
   Work work;
 };
@@ -117,7 +119,11 @@ class NodeService {
   // A fresh list of the domains (the daemon lists them off this thread every rescan interval):
   // reclaiming units without spot workloads leave reclaimingUnitIds, and terminations cut short
   // (by a crash, a stop, or libvirt going away) are finished: the agent's own batch to run, if any.
-  std::optional<Work> observe_workloads(const std::vector<vmctl::Domain>& domains);
+  // The list is kept (GET workloads and a create's occupancy check use it while it is current);
+  // a failed one is kept as failed, and nothing else is done.
+  std::optional<Work> observe_workloads(std::shared_ptr<const WorkloadListing> listing);
+  // The hypervisor's event (or a batch of terminations): the kept list no longer holds.
+  void workloads_changed();
   // Applies the term transitions that are due (and purges expired idempotency keys). Returns the
   // next instant one is due, if any.
   std::optional<reservations::Time> tick();
