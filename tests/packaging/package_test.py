@@ -7,7 +7,8 @@ and its agent serves gpunodectl. Nothing outside the scratch directories is touc
     package_test.py contents OUT_DIR SOURCE_DIR     paths, modes, owners (packaging/manifest.txt),
                                                     control fields and files, stripped binaries,
                                                     the dbgsym package, man pages, docs,
-                                                    copyright (DEP-5, Apache-2.0)
+                                                    copyright (Apache-2.0), the alert rules
+                                                    (promtool test rules) and the dashboard
     package_test.py lintian  OUT_DIR SOURCE_DIR     no error; each warning listed in
                                                     packaging/lintian.txt with its reason
     package_test.py install  OUT_DIR SOURCE_DIR     a scratch root: postinst (users, groups,
@@ -19,6 +20,7 @@ and its agent serves gpunodectl. Nothing outside the scratch directories is touc
 Each check prints one line; the last line is `N passed, M failed`."""
 import glob
 import gzip
+import json
 import os
 import re
 import shutil
@@ -156,6 +158,7 @@ def cmd_contents(out, src):
         with open(os.path.join(root, "usr/share/doc/gpunode-agent/copyright"), encoding="utf-8") as cp:
             copyright_text = cp.read()
         check_copyright(c, copyright_text, src)
+        check_monitoring(c, root)
         with gzip.open(os.path.join(root, "usr/share/doc/gpunode-agent/changelog.Debian.gz"), "rt", encoding="utf-8") as ch:
             first = ch.readline()
         c.check("changelog.Debian.gz opens with this version",
@@ -224,6 +227,24 @@ def check_copyright(c, text, src):
     if os.path.exists(APACHE):
         with open(os.path.join(src, "LICENSE"), encoding="utf-8") as mine, open(APACHE, encoding="utf-8") as debian:
             c.check(f"LICENSE at the source root is the Apache License 2.0 ({APACHE})", mine.read() == debian.read(), "")
+
+
+def check_monitoring(c, root):
+    """The alerting rules pass their promtool tests where the package puts them, and the dashboard
+    is JSON (integration.alerts checks both against the agent's metrics)."""
+    share = os.path.join(root, "usr/share/gpunode-agent")
+    promtool = shutil.which("promtool")
+    if c.check("promtool is installed (Debian package prometheus; scripts/install-deps.sh)", promtool, "not on PATH"):
+        p = run([promtool, "test", "rules", os.path.join(share, "prometheus/gpunode-alerts.test.yaml")])
+        c.check("/usr/share/gpunode-agent/prometheus/gpunode-alerts.yaml passes its promtool tests as installed",
+                p.returncode == 0, p.stdout + p.stderr)
+    with open(os.path.join(share, "grafana/gpunode.json"), encoding="utf-8") as f:
+        try:
+            dash = json.load(f)
+        except ValueError as e:
+            dash = {"error": str(e)}
+    c.check("/usr/share/gpunode-agent/grafana/gpunode.json is a Grafana dashboard (JSON with panels)",
+            dash.get("panels") and dash.get("schemaVersion"), dash.get("error"))
 
 
 def cmd_lintian(out, src):
