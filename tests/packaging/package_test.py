@@ -6,7 +6,9 @@ and its agent serves gpunodectl. Nothing outside the scratch directories is touc
     package_test.py build    BUILD_DIR OUT_DIR      cpack -G DEB into OUT_DIR (the fixture)
     package_test.py contents OUT_DIR SOURCE_DIR     paths, modes, owners (packaging/manifest.txt),
                                                     control fields and files, stripped binaries,
-                                                    the dbgsym package, man pages, docs
+                                                    the dbgsym package, man pages, docs,
+                                                    copyright (Apache-2.0), the alert rules
+                                                    (promtool test rules) and the dashboard
     package_test.py lintian  OUT_DIR SOURCE_DIR     no error; each warning listed in
                                                     packaging/lintian.txt with its reason
     package_test.py install  OUT_DIR SOURCE_DIR     a scratch root: postinst (users, groups,
@@ -18,6 +20,7 @@ and its agent serves gpunodectl. Nothing outside the scratch directories is touc
 Each check prints one line; the last line is `N passed, M failed`."""
 import glob
 import gzip
+import json
 import os
 import re
 import shutil
@@ -153,8 +156,9 @@ def cmd_contents(out, src):
                     env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"))
             c.eq(f"{page}: groff has no warning", w.stderr.strip(), "")
         with open(os.path.join(root, "usr/share/doc/gpunode-agent/copyright"), encoding="utf-8") as cp:
-            c.check("copyright is machine-readable (DEP-5)",
-                    cp.readline().strip() == "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/", "")
+            copyright_text = cp.read()
+        check_copyright(c, copyright_text, src)
+        check_monitoring(c, root)
         with gzip.open(os.path.join(root, "usr/share/doc/gpunode-agent/changelog.Debian.gz"), "rt", encoding="utf-8") as ch:
             first = ch.readline()
         c.check("changelog.Debian.gz opens with this version",
@@ -182,6 +186,65 @@ def cmd_contents(out, src):
         else:
             print(f"# build type {build_type}: no debug information to split out", flush=True)
     return c.finish()
+
+
+APACHE = "/usr/share/common-licenses/Apache-2.0"
+
+
+def dep5_paragraphs(text):
+    """A DEP-5 file as a list of {field: value} (continuation lines joined with newlines)."""
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields, key = {}, None
+        for line in block.splitlines():
+            if line.startswith((" ", "\t")) and key:
+                fields[key] += "\n" + line.strip()
+            else:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        paragraphs.append(fields)
+    return paragraphs
+
+
+def check_copyright(c, text, src):
+    """The copyright file is DEP-5 and says Apache-2.0 (the project's LICENSE) for gpunode's files."""
+    paragraphs = dep5_paragraphs(text)
+    c.eq("copyright is machine-readable (DEP-5)", paragraphs[0].get("Format"),
+         "https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/")
+    c.eq("copyright: Upstream-Name", paragraphs[0].get("Upstream-Name"), "gpunode")
+    everything = [p for p in paragraphs if p.get("Files") == "*"]
+    c.check("copyright: Files: * is Apache-2.0, 2026 the gpunode authors",
+            len(everything) == 1 and everything[0].get("License") == "Apache-2.0"
+            and everything[0].get("Copyright") == "2026 the gpunode authors", everything)
+    licence = [p for p in paragraphs if "Files" not in p and p.get("License", "").startswith("Apache-2.0\n")]
+    c.check(f"copyright: an Apache-2.0 License paragraph that points at {APACHE}",
+            len(licence) == 1 and f'"{APACHE}"' in licence[0]["License"], licence)
+    c.check("copyright: no proprietary licence left", "proprietary" not in text and "No license" not in text, "")
+    for p in (p for p in paragraphs if "Files" in p):
+        name = p.get("License", "").split("\n", 1)[0]
+        c.check(f"copyright: Files: {p['Files']}: licence {name} has its text (in place or a paragraph of its own)",
+                "\n" in p.get("License", "") or any(q.get("License", "").startswith(name + "\n") for q in paragraphs), p)
+    if os.path.exists(APACHE):
+        with open(os.path.join(src, "LICENSE"), encoding="utf-8") as mine, open(APACHE, encoding="utf-8") as debian:
+            c.check(f"LICENSE at the source root is the Apache License 2.0 ({APACHE})", mine.read() == debian.read(), "")
+
+
+def check_monitoring(c, root):
+    """The alerting rules pass their promtool tests where the package puts them, and the dashboard
+    is JSON (integration.alerts checks both against the agent's metrics)."""
+    share = os.path.join(root, "usr/share/gpunode-agent")
+    promtool = shutil.which("promtool")
+    if c.check("promtool is installed (Debian package prometheus; scripts/install-deps.sh)", promtool, "not on PATH"):
+        p = run([promtool, "test", "rules", os.path.join(share, "prometheus/gpunode-alerts.test.yaml")])
+        c.check("/usr/share/gpunode-agent/prometheus/gpunode-alerts.yaml passes its promtool tests as installed",
+                p.returncode == 0, p.stdout + p.stderr)
+    with open(os.path.join(share, "grafana/gpunode.json"), encoding="utf-8") as f:
+        try:
+            dash = json.load(f)
+        except ValueError as e:
+            dash = {"error": str(e)}
+    c.check("/usr/share/gpunode-agent/grafana/gpunode.json is a Grafana dashboard (JSON with panels)",
+            dash.get("panels") and dash.get("schemaVersion"), dash.get("error"))
 
 
 def cmd_lintian(out, src):
