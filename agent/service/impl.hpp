@@ -22,6 +22,7 @@
 #include "admitted.hpp"
 #include "authenticator.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
+#include "gpunode/proof/node_key.hpp"
 #include "gpunode/reservations/entitlement.hpp"
 #include "gpunode/reservations/live_index.hpp"
 #include "gpunode/reservations/permissions.hpp"
@@ -275,6 +276,10 @@ struct NodeService::Impl {
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
   Outcome terminate_spot(const ApiRequest& q, const Caller& c);
   Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
+
+  // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
+  std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start
+  ApiResponse audit_checkpoints(const ApiRequest& q, const Caller& c);
 };
 
 }  // namespace gpunode::service
