@@ -22,6 +22,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpunode::agent {
@@ -59,6 +60,15 @@ inline constexpr int kExitInternal = 70;
 
 inline constexpr const char* kCommandEntry = "gpunode_agent_command_v2";
 inline constexpr const char* kMainEntry = "gpunode_agent_main_v2";
+
+// gpunode-agent-proof.so, loaded by gpunodectl for `audit verify` (CONTRACT §12): checks an
+// export's JSON lines against a PEM public key's text (gpunode/proof/checkpoint.hpp). Returns 0 and
+// a summary in `message` when the chain and its checkpoints are whole, else 1 and the first break
+// (or why the key cannot be used). Never throws. gpunodectl itself maps no OpenSSL.
+using VerifyEntry = int(std::string_view lines, std::string_view key_pem, const std::string& key_label,
+                        std::string& message);
+inline constexpr const char* kVerifyEntry = "gpunode_agent_audit_verify_v1";
+inline constexpr const char* kProofModule = "gpunode-agent-proof.so";
 
 // What a module's entry runs its command through: an exception is a bug, never bad input, so it
 // is reported as one (exit `failure`: 70, or 1 for the hook, which refuses the start on any error

@@ -383,6 +383,12 @@ void read_metrics(const Section& root, Config::Metrics& out) {
           text::quote(out.listen)));
 }
 
+void read_audit(const Section& root, Config::Audit& out) {
+  const Section s = root.child("audit", {"checkpoint_interval", "signing_key"});
+  read_value(s, "checkpoint_interval", "a duration", values::checkpoint_interval, out.checkpoint_interval);
+  read_string(s, "signing_key", values::optional_absolute_path, out.signing_key);
+}
+
 void read_state(const Section& root, Config::State& out, Files& files) {
   const Section s = root.child("state", {"dir"});
   read_string(s, "dir", values::absolute_path, out.dir);
@@ -398,7 +404,7 @@ void read_log(const Section& root, Config::Log& out) {
 void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out, Files& files) {
   const Section root = Section::root(problems, document,
                                      {"node", "discovery", "api", "auth", "admin", "libvirt", "central",
-                                      "enforcement", "metrics", "state", "log"});
+                                      "enforcement", "metrics", "audit", "state", "log"});
   read_node(root, purpose, out.node);
   read_discovery(root, out.discovery, files);
   read_api(root, purpose, out.api, files);
@@ -408,11 +414,17 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_central(root, purpose, out.central, files);
   read_enforcement(root, out.enforcement);
   read_metrics(root, out.metrics);
+  read_audit(root, out.audit);
   read_state(root, out.state, files);
   read_log(root, out.log);
 }
 
 }  // namespace
+
+std::string signing_key_path(const Config& c) {
+  if (!c.audit.signing_key.empty()) return c.audit.signing_key;
+  return c.state.dir + (c.state.dir.ends_with('/') ? "" : "/") + "audit-signing.key";
+}
 
 std::string Problem::to_string() const {
   if (line <= 0) return fmt::format("{}: {}", file, message);

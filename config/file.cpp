@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace gpunode::config {
@@ -44,6 +45,38 @@ std::expected<std::string, int> read_file(int fd, std::size_t limit) {
     text.append(buf, static_cast<std::size_t>(n));
     if (text.size() > limit) return std::unexpected(EFBIG);  // it grew while read
   }
+}
+
+namespace {
+
+// Writes all of `content`, then fsyncs; errno on failure.
+int write_all(int fd, std::string_view content) {
+  while (!content.empty()) {
+    const ssize_t n = ::write(fd, content.data(), content.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    content.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return ::fsync(fd) == 0 ? 0 : errno;
+}
+
+}  // namespace
+
+std::expected<void, int> write_file_atomic(const std::string& path, std::string_view content, unsigned mode,
+                                           bool replace) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  std::string temp = path + ".tmp.XXXXXX";
+  const Closer f{::mkostemp(temp.data(), O_CLOEXEC)};
+  if (f.fd < 0) return std::unexpected(errno);
+  int err = ::fchmod(f.fd, static_cast<mode_t>(mode)) == 0 ? write_all(f.fd, content) : errno;
+  if (err == 0 && replace && ::rename(temp.c_str(), path.c_str()) != 0) err = errno;
+  if (err == 0 && !replace && ::link(temp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0 || !replace) ::unlink(temp.c_str());
+  if (err != 0) return std::unexpected(err);
+  const Closer d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd >= 0 && ::fsync(d.fd) != 0) return std::unexpected(errno);
+  return {};
 }
 
 std::string read_error_text(int error, std::size_t limit) {

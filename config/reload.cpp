@@ -26,6 +26,8 @@ std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) 
   check(a.central.heartbeat_interval == b.central.heartbeat_interval, "central.heartbeat_interval");
   check(a.metrics.listen == b.metrics.listen, "metrics.listen");
   check(a.metrics.allow_remote == b.metrics.allow_remote, "metrics.allow_remote");
+  check(a.audit.checkpoint_interval == b.audit.checkpoint_interval, "audit.checkpoint_interval");
+  check(a.audit.signing_key == b.audit.signing_key, "audit.signing_key");
   check(a.state.dir == b.state.dir, "state.dir");
   return out;
 }

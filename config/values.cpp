@@ -381,6 +381,18 @@ Parsed<Duration> heartbeat_interval(std::string_view s) {
   return d;
 }
 
+Parsed<Duration> checkpoint_interval(std::string_view s) {
+  auto d = parse_duration(s);
+  if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(24)))
+    return unexpected(std::string("must be from 1s to 24h"));
+  return d;
+}
+
+Parsed<std::string> optional_absolute_path(std::string_view s) {
+  if (s.empty()) return std::string();
+  return absolute_path(s);
+}
+
 Parsed<Duration> shutdown_grace(std::string_view s) {
   auto d = parse_duration(s);
   if (d && *d > std::chrono::seconds(300)) return unexpected(std::string("must be from 0s to 300s"));

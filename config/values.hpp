@@ -54,6 +54,10 @@ Parsed<WhenAgentDown> when_agent_down(std::string_view s);
 Parsed<Duration> rescan_interval(std::string_view s);
 // parse_duration, 1s to 1h (central.heartbeat_interval).
 Parsed<Duration> heartbeat_interval(std::string_view s);
+// parse_duration, 1s to 24h (audit.checkpoint_interval).
+Parsed<Duration> checkpoint_interval(std::string_view s);
+// Empty, or an absolute path.
+Parsed<std::string> optional_absolute_path(std::string_view s);
 // parse_duration, 0s to 300s.
 Parsed<Duration> shutdown_grace(std::string_view s);
 

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/auth/jwk.hpp"
 #include "gpunode/error/error.hpp"
 
 namespace gpunode::auth::detail {
@@ -44,13 +45,7 @@ struct OsslFree {
 using BioPtr = std::unique_ptr<BIO, BioFree>;
 using BnPtr = std::unique_ptr<BIGNUM, BnFree>;
 
-// Drops whatever OpenSSL queued on this thread, so one failure never colours the next call.
-struct ErrorQueueGuard {
-  ErrorQueueGuard() = default;
-  ErrorQueueGuard(const ErrorQueueGuard&) = delete;
-  ErrorQueueGuard& operator=(const ErrorQueueGuard&) = delete;
-  ~ErrorQueueGuard() { ERR_clear_error(); }
-};
+using auth::ErrorQueueGuard;  // gpunode/auth/jwk.hpp
 
 enum class KeyType { ed25519, p256 };
 
@@ -64,6 +59,10 @@ struct Key {
 int b64url_value(char c);  // -1 for a character outside the alphabet
 std::optional<std::string> b64url_decode(std::string_view in);
 std::string b64url_encode(const unsigned char* data, std::size_t n);
+
+// RFC 7638 thumbprints of an Ed25519 and a P-256 key.
+error::Result<std::string> ed25519_thumbprint(EVP_PKEY* pkey);
+error::Result<std::string> p256_thumbprint(EVP_PKEY* pkey);
 
 // Every key of one PEM text. `label` names the text in errors.
 error::Result<std::vector<Key>> load_pem(std::string_view text, const std::string& label);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "audit_proof.hpp"
 #include "gpunode/ctl/model.hpp"
 #include "gpunode/ctl/outcome.hpp"
 #include "gpunode/ctl/paging.hpp"
@@ -144,6 +145,7 @@ struct Options {
   int grace = -1, weeks = 4;
   std::size_t limit = 0;
   bool terminate_spot = false;
+  ProofArgs proof;  // audit export, audit verify
 };
 
 CLI::Validator time_validator(Time now) {
@@ -443,9 +445,26 @@ void audit_arguments(CLI::App& cmd, Options& o, Time) {
   cmd.add_option("--after", o.after, "Records after this one (aud_N)");
   cmd.add_option("--limit", o.limit, "At most N records")
       ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
+  proof_arguments(cmd, o.proof);  // audit export, audit verify
 }
 
-Result cmd_audit(Session& s, const Options& o, const CLI::App&) {
+Result cmd_audit(Session& s, const Options& o, const CLI::App& cmd) {
+  if (cmd.got_subcommand("export") || cmd.got_subcommand("verify")) {
+    const bool offline = cmd.got_subcommand("verify") && !o.proof.file.empty();
+    std::string node;
+    if (!offline) {
+      auto n = s.node();
+      if (!n) return s.fail(n.error());
+      node = *n;
+    }
+    const ProofCall call = [&s](const Request& r) -> std::expected<Page, Failure> {
+      auto a = s.call(r);
+      if (!a) return std::unexpected(a.error());
+      return Page{std::move(a->doc), std::move(a->raw)};
+    };
+    return cmd.got_subcommand("export") ? audit_export(call, node, o.proof)
+                                        : audit_verify(call, node, o.proof, s.env());
+  }
   const auto after = unless_empty(o.after);
   std::optional<std::size_t> max;
   if (o.limit > 0) max = o.limit;
@@ -572,7 +591,10 @@ const std::array<Command, 15> kCommands{{
      terminate_spot_arguments, cmd_terminate_spot},
     {"workloads", "The VMs on the node (libvirt domains) and their units", no_arguments, cmd_workloads},
     {"capacity", "What ORG may place on the node now, per unit and tier", capacity_arguments, cmd_capacity},
-    {"audit", "The audit log, oldest first (every page, or --limit records)", audit_arguments, cmd_audit},
+    {"audit",
+     "The audit log, oldest first (every page, or --limit records); audit export, audit verify: the "
+     "chain and its signed checkpoints",
+     audit_arguments, cmd_audit},
     {"status",
      "The node at a glance: agent version, units by class, reservations by "
      "state, workloads, outbox, libvirt",

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <memory>
 
+#include "../command_line.hpp"
+#include "../modules.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/config/file.hpp"
 #include "gpunode/ctl/app.hpp"
@@ -34,6 +36,18 @@ std::optional<std::string> read_small_file(std::string_view path) {
   return std::move(*text);
 }
 
+// `audit verify`'s check, in gpunode-agent-proof.so (command_line.hpp says why a module).
+std::expected<std::string, std::string> verify_export(std::string_view lines, std::string_view key_pem,
+                                                      const std::string& key_label) {
+  namespace agent = gpunode::agent;
+  auto entry = agent::load_entry(agent::module_beside_executable(agent::kProofModule), agent::kVerifyEntry);
+  if (!entry) return std::unexpected(entry.error());
+  std::string message;
+  const int verdict = reinterpret_cast<agent::VerifyEntry*>(*entry)(lines, key_pem, key_label, message);
+  if (verdict != 0) return std::unexpected(std::move(message));
+  return message;
+}
+
 void write_all(std::FILE* f, const std::string& s) {
   if (!s.empty()) std::fwrite(s.data(), 1, s.size(), f);
 }
@@ -53,6 +67,7 @@ int main(int argc, char** argv) {
     env.width = terminal_width(env.stdout_tty);
     env.uid = ::geteuid();
     env.version = GPUNODE_VERSION;
+    env.verify_export = verify_export;
     const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
     const auto r = gpunode::ctl::run(args, env);
     write_all(stdout, r.out);

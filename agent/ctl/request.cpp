@@ -209,6 +209,11 @@ Request audit_page(std::string_view node, std::optional<std::string_view> after,
   return list_page(node, "/audit", "after", after, limit, page_token);
 }
 
+Request checkpoints_page(std::string_view node, std::optional<std::string_view> after, std::size_t limit,
+                         std::optional<std::string_view> page_token) {
+  return list_page(node, "/audit/checkpoints", "after", after, limit, page_token);
+}
+
 Request reserve_request(std::string_view node, const ReserveArgs& a) {
   json::object b{{"unitIds", strings(a.units)},
                  {"audienceOrgIds", strings(a.audience)},

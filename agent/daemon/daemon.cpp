@@ -19,6 +19,7 @@
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
+#include "gpunode/daemon/audit_checkpoints.hpp"
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
@@ -73,7 +74,8 @@ struct Daemon::Parts {
   config::Config cfg;  // as started; immutable after start() (a reload compares against it)
   std::optional<discovery::PciIds> names;
   std::optional<store::StateLock> lock;
-  PassedListeners passed;  // the sockets systemd passed (socket activation), if any
+  std::shared_ptr<const proof::NodeKey> audit_key;  // signs the audit checkpoints (CONTRACT §12)
+  PassedListeners passed;                           // the sockets systemd passed (socket activation), if any
   // Core thread only, except read() (any thread). Set in start() before the threads run.
   std::unique_ptr<service::NodeService> node;
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
@@ -100,6 +102,7 @@ struct Daemon::Parts {
   // turns a burst of them into one rescan.
   std::unique_ptr<WallTimer> term_timer;
   asio::steady_timer rescan_timer{core};
+  std::optional<AuditCheckpoints> audit_checkpoints;  // every audit.checkpoint_interval, and at stop
   std::unique_ptr<UeventMonitor> uevents;
   Debounce uevent_rescan{core.get_executor(), std::chrono::milliseconds(200), Debounce::Mode::after_first,
                          [this] {
@@ -427,6 +430,7 @@ struct Daemon::Parts {
     lists.join();
     slow.join();
     asio::post(core, [this] {
+      if (audit_checkpoints) audit_checkpoints->stop();  // the next agent reports its checkpoint
       term_timer->cancel();
       rescan_timer.cancel();
       uevent_rescan.cancel();
@@ -550,6 +554,7 @@ std::expected<void, std::string> start_reporter(Daemon::Parts& p,
   }
   Daemon::Parts* raw = &p;
   auto ro = reporter_options(p.cfg, p.opt.version, std::move(central));
+  ro.audit_key = p.audit_key->public_pem();
   ro.facts = [raw] {
     return report::NodeFacts{raw->revision.load(), raw->hypervisor && raw->hypervisor->connected()};
   };
@@ -577,6 +582,7 @@ void start_threads(Daemon::Parts& p) {
     if (raw->uevents) raw->uevents->watch([raw](const UeventNotice& n) { raw->on_uevent(n); });
     raw->run_terms();
     raw->arm_rescan();
+    raw->audit_checkpoints->start();
     raw->driver->refresh();  // finishes terminations an earlier run left pending
   });
   p.core_thread = std::thread([raw] { run_guarded(raw->core, raw->log, "core"); });
@@ -614,8 +620,20 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   auto lock = lock_state_dir(cfg);
   if (!lock) return std::unexpected(lock.error());
   p->lock.emplace(std::move(*lock));
+  std::string key_line;
+  auto audit_key = load_audit_key(cfg, key_line);
+  if (!audit_key) return std::unexpected(audit_key.error());
+  p->audit_key = std::move(*audit_key);
+  p->say(LogLevel::info, key_line);
 
   if (auto ok = open_node(*p, *verifier); !ok) return std::unexpected(ok.error());
+  p->node->set_audit_key(p->audit_key);
+  p->audit_checkpoints.emplace(
+      p->core, *p->node, cfg.audit.checkpoint_interval,
+      [raw = p.get()] {
+        if (raw->reporter) raw->reporter->notify();
+      },
+      p->log_sink());
   if (auto ok = start_driver(*p); !ok) return std::unexpected(ok.error());
   if (auto ok = bind_servers(*p, *tls); !ok) return std::unexpected(ok.error());
   if (auto ok = start_reporter(*p, *central); !ok) return std::unexpected(ok.error());

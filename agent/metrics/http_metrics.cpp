@@ -39,6 +39,8 @@ std::string_view node_route(const std::vector<std::string_view>& s) {
     }
     return kOther;
   }
+  if (s.size() == 5 && s[3] == "audit" && s[4] == "checkpoints")
+    return "/v1/nodes/{nodeId}/audit/checkpoints";
   if (s[3] != "reservations" || s[4].empty()) return kOther;
   if (s.size() == 5) return "/v1/nodes/{nodeId}/reservations/{reservationId}";
   if (s.size() == 6) {

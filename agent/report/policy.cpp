@@ -137,6 +137,7 @@ std::string heartbeat_body(const Heartbeat& h) {
   o["oldestUndeliveredAt"] =
       h.oldest_undelivered_at ? json::value(*h.oldest_undelivered_at) : json::value(nullptr);
   o["libvirt"] = h.libvirt_connected ? "connected" : "disconnected";
+  o["auditKey"] = h.audit_key;
   return json::serialize(o);
 }
 

@@ -384,6 +384,7 @@ struct Reporter::Impl {
       h.version = opt.version;
       h.revision = facts.revision;
       h.libvirt_connected = facts.libvirt_connected;
+      h.audit_key = opt.audit_key;
       {
         std::lock_guard lock(status_mu);
         h.outbox_depth = status.outbox_depth;

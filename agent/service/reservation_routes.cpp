@@ -73,6 +73,8 @@ Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
   if (n == 4 && seg[3] == "units")
     return q.method == "GET" ? units_answer(*snapshot(), c.who) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
+  if (n == 5 && seg[3] == "audit" && seg[4] == "checkpoints")
+    return q.method == "GET" ? audit_checkpoints(q, c) : method_not_allowed("GET");
   if (n == 4 && seg[3] == "state") {
     if (q.method != "GET") return method_not_allowed("GET");
     return std::visit([](auto&& a) -> Outcome { return std::move(a); }, state_answer(*snapshot(), q, c.who));

@@ -59,6 +59,12 @@ INSERT OR IGNORE INTO reservation_orgs (org, id)
   UNION
   SELECT o.value, r.id FROM reservations r, json_each(CASE WHEN json_valid(r.doc) THEN r.doc ELSE '{}' END,
                                                       '$.managingOrgIds') o WHERE o.type = 'text';
+)sql"},
+                                                  {4, "audit checkpoints",
+                                                   // CONTRACT §12: the signed checkpoints of the audit
+                                                   // chain's head, by the head's seq (checkpoint_store.cpp).
+                                                   R"sql(
+CREATE TABLE checkpoints (seq INTEGER PRIMARY KEY, checkpoint TEXT NOT NULL);
 )sql"}};
   return list;
 }

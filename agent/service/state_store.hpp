@@ -169,6 +169,20 @@ class StateStore {
   std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> audit_after(
       std::int64_t after_seq, std::size_t limit);
 
+  // Signed audit checkpoints (CONTRACT §12; checkpoint_store.cpp). The chain's head as committed:
+  // (0, 64 zeros) before the first record.
+  std::pair<std::int64_t, std::string> audit_head() const { return {audit_seq_, audit_last_hash_}; }
+  // The head seq of the last checkpoint stored; 0 when there is none.
+  std::expected<std::int64_t, store::DbError> last_checkpoint_seq();
+  // Stores `checkpoint` (its "seq" is its key) and its audit.checkpoint event, stamped `at`, in one
+  // transaction. Not a change of the node's state: the revision does not move.
+  std::expected<void, store::DbError> commit_checkpoint(const boost::json::object& checkpoint,
+                                                        std::string_view at,
+                                                        std::chrono::system_clock::time_point wall);
+  // Up to `limit` checkpoints after head seq `after_seq`, as (seq, stored JSON text).
+  std::expected<std::vector<std::pair<std::int64_t, std::string>>, store::DbError> checkpoints_after(
+      std::int64_t after_seq, std::size_t limit);
+
  private:
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
   std::expected<void, store::DbError> load();

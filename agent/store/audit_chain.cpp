@@ -112,8 +112,11 @@ std::expected<void, ChainBreak> verify_chain(const std::vector<boost::json::obje
       return std::unexpected(std::move(brk));
     }
     if (prev->get_string() != prev_hash) {
-      brk.reason = fmt::format("prevHash {} is not the previous record's hash {}",
-                               short_hash(prev->get_string()), short_hash(prev_hash));
+      brk.reason = i == 0 ? fmt::format("prevHash {} is not the previous record's hash {}",
+                                        short_hash(prev->get_string()), short_hash(prev_hash))
+                          : fmt::format("prevHash {} does not link to {} (its hash {})",
+                                        short_hash(prev->get_string()), format_audit_id(prev_seq),
+                                        short_hash(prev_hash));
       return std::unexpected(std::move(brk));
     }
     auto computed = audit_hash(r);

@@ -543,6 +543,21 @@ TEST_CASE("bad durations are reported at the value, and their ranges are checked
         "agent.yaml:1:31: invalid value \"500ms\" for central.heartbeat_interval: must be from 1s to 1h\n");
   CHECK(problems_of("central: {heartbeat_interval: 1h1s}\n") ==
         "agent.yaml:1:31: invalid value \"1h1s\" for central.heartbeat_interval: must be from 1s to 1h\n");
+  CHECK(problems_of("audit: {checkpoint_interval: 500ms, signing_key: keys/audit.pem}\n") ==
+        "agent.yaml:1:30: invalid value \"500ms\" for audit.checkpoint_interval: must be from 1s to 24h\n"
+        "agent.yaml:1:50: invalid value \"keys/audit.pem\" for audit.signing_key: must be an absolute path, "
+        "starting with /\n");
+  {
+    const LoadResult a =
+        load_string("audit: {checkpoint_interval: 1s, signing_key: /etc/gpunode/audit.pem}\n", "agent.yaml",
+                    Purpose::discover);
+    REQUIRE(a.ok());
+    CHECK(a.config.audit.checkpoint_interval == 1s);
+    CHECK(gpunode::config::signing_key_path(a.config) == "/etc/gpunode/audit.pem");
+    const LoadResult d = load_string("state: {dir: /srv/gpunode}\n", "agent.yaml", Purpose::discover);
+    CHECK(d.config.audit.checkpoint_interval == std::chrono::hours(1));
+    CHECK(gpunode::config::signing_key_path(d.config) == "/srv/gpunode/audit-signing.key");
+  }
   CHECK(problems_of("central: {heartbeat_interval: 30}\n") ==
         "agent.yaml:1:31: invalid value \"30\" for central.heartbeat_interval: duration needs a unit, e.g. "
         "30s\n");

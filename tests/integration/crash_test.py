@@ -16,6 +16,7 @@ import http.client
 import os
 import random
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -196,6 +197,20 @@ def main(c, agent):
                 if v["version"] - 1 - amends.get(x, 0) not in ((0, 1) if v["state"] == "ended" else (0,))]
         c.check("each version = 1 + its amend records (+ the end): audit written with the change", not badv,
                 badv[:5])
+        # CONTRACT §12: the crash loop's history exported and verified with the node's key, and live;
+        # the final SIGTERM above signed its head.
+        pub = os.path.join(lab.dir, "node.pub")
+        subprocess.run(["openssl", "pkey", "-in", os.path.join(lab.state, "audit-signing.key"), "-pubout",
+                        "-out", pub], check=True)
+        gctl = [os.path.join(os.path.dirname(lab.agent), "gpunodectl"), "--socket", lab.sock, "audit"]
+        out = os.path.join(lab.dir, "export.jsonl")
+        e = subprocess.run(gctl + ["export", "--output", out], capture_output=True, text=True)
+        v = subprocess.run(gctl + ["verify", "--file", out, "--key", pub], capture_output=True, text=True)
+        signed = sum('"signature"' in x for x in open(out)) if e.returncode == 0 else 0
+        c.check(f"gpunodectl audit verify over the crash loop's history ({signed} checkpoints): {v.stdout.strip()}",
+                e.returncode == 0 and v.returncode == 0 and signed >= 1, (e.stderr, v.stdout, v.stderr))
+        lv = subprocess.run(gctl + ["verify"], capture_output=True, text=True)
+        c.check("gpunodectl audit verify (live) after the crash loop", lv.returncode == 0, (lv.stdout, lv.stderr))
         rc, took = lab.stop()
         c.check(f"SIGTERM at the end exits 0 ({took:.1f}s)", rc == 0, rc)
 

@@ -88,6 +88,8 @@ TEST_CASE("route templates: every route of the API, ids never a label, the rest 
       {"/v1/nodes/n/reservations/rsv_x/release", "/v1/nodes/{nodeId}/reservations/{reservationId}/release"},
       {"/v1/nodes/n/reservations/rsv_x/reclaim", "/v1/nodes/{nodeId}/reservations/{reservationId}/reclaim"},
       {"/v1/nodes/n/audit", "/v1/nodes/{nodeId}/audit"},
+      {"/v1/nodes/n/audit/checkpoints", "/v1/nodes/{nodeId}/audit/checkpoints"},
+      {"/v1/nodes/n/audit/other", "other"},
       {"/v1/nodes/n/state", "/v1/nodes/{nodeId}/state"},
       {"/v1/nodes/n/workloads", "/v1/nodes/{nodeId}/workloads"},
       {"/v1/nodes/n/capacity", "/v1/nodes/{nodeId}/capacity"},

@@ -175,14 +175,15 @@ TEST_CASE("event_at and the heartbeat body") {
   CHECK(report::event_at("{}") == std::nullopt);
   CHECK(report::event_at("{\"at\": 5}") == std::nullopt);
   CHECK(report::event_at("nope") == std::nullopt);
-  report::Heartbeat h{"node-1", "2027-01-31T00:00:00Z", "0.1.0", 42, 7, "2027-01-30T23:00:00Z", true};
+  report::Heartbeat h{"node-1", "2027-01-31T00:00:00Z", "0.1.0", 42,
+                      7,        "2027-01-30T23:00:00Z", true,    "PEM\n"};
   CHECK(report::heartbeat_body(h) ==
         R"({"nodeId":"node-1","at":"2027-01-31T00:00:00Z","version":"0.1.0","revision":42,"outboxDepth":7,)"
-        R"("oldestUndeliveredAt":"2027-01-30T23:00:00Z","libvirt":"connected"})");
+        R"("oldestUndeliveredAt":"2027-01-30T23:00:00Z","libvirt":"connected","auditKey":"PEM\n"})");
   h.oldest_undelivered_at.reset();
   h.outbox_depth = 0;
   h.libvirt_connected = false;
   CHECK(report::heartbeat_body(h) ==
         R"({"nodeId":"node-1","at":"2027-01-31T00:00:00Z","version":"0.1.0","revision":42,"outboxDepth":0,)"
-        R"("oldestUndeliveredAt":null,"libvirt":"disconnected"})");
+        R"("oldestUndeliveredAt":null,"libvirt":"disconnected","auditKey":"PEM\n"})");
 }

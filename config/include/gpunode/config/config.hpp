@@ -73,6 +73,10 @@ struct Config {
     std::string listen;         // empty: /metrics on the admin socket only; else HOST:PORT (plain HTTP)
     bool allow_remote = false;  // listen must be loopback unless true (CONTRACT §10)
   } metrics;
+  struct Audit {                                           // CONTRACT §12
+    Duration checkpoint_interval = std::chrono::hours(1);  // 1s to 24h
+    std::string signing_key;  // an absolute path; empty: <state.dir>/audit-signing.key (signing_key_path())
+  } audit;
   struct State {
     std::string dir = "/var/lib/gpunode";
   } state;
@@ -81,6 +85,9 @@ struct Config {
     LogFormat format = LogFormat::text;
   } log;
 };
+
+// The audit signing key's file: audit.signing_key, else audit-signing.key in state.dir.
+std::string signing_key_path(const Config& c);
 
 // One problem in a config file. line/column are 1-based; 0 only when the whole file is the
 // problem (it cannot be read). A required key that is absent points at its parent mapping, or at

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <expected>
 #include <string>
+#include <string_view>
 
 namespace gpunode::config {
 
@@ -21,5 +22,12 @@ std::expected<std::string, int> read_file(int fd, std::size_t limit);
 // What read_file's error says, for a message: "not a regular file" (EINVAL), "larger than N MiB"
 // (or bytes; EFBIG), or strerror's text ("Is a directory" for EISDIR).
 std::string read_error_text(int error, std::size_t limit);
+
+// Writes `content` to `path` whole or not at all: a new file beside it (mode `mode`, whatever the
+// umask), written and fsync'ed, then renamed over `path` (replace) or linked to it only when
+// nothing is there (!replace: EEXIST then, and the existing file is left as it was), and the
+// directory fsync'ed. A crash leaves `path` old or new, never partial. errno on failure.
+std::expected<void, int> write_file_atomic(const std::string& path, std::string_view content, unsigned mode,
+                                           bool replace);
 
 }  // namespace gpunode::config

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <expected>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,6 +28,12 @@ struct Env {
   std::size_t width = 100;         // the terminal's columns
   uid_t uid = 0;
   std::string version;
+  // `audit verify` (CONTRACT §12): checks an export's JSON lines against a PEM public key file's
+  // text (`key_label` names it); the summary when whole, else the first break. The real one runs
+  // gpunode-agent-proof.so (main.cpp), so gpunodectl itself maps no OpenSSL; unset: not available.
+  std::function<std::expected<std::string, std::string>(std::string_view lines, std::string_view key_pem,
+                                                        const std::string& key_label)>
+      verify_export;
 };
 
 struct Result {

@@ -57,6 +57,9 @@ Request reservations_page(std::string_view node, std::optional<std::string_view>
                           std::optional<std::string_view> page_token);
 Request audit_page(std::string_view node, std::optional<std::string_view> after, std::size_t limit,
                    std::optional<std::string_view> page_token);
+// GET .../audit/checkpoints (CONTRACT §12): `after` a checkpoint's seq, in decimal.
+Request checkpoints_page(std::string_view node, std::optional<std::string_view> after, std::size_t limit,
+                         std::optional<std::string_view> page_token);
 
 struct ReserveArgs {
   std::vector<std::string> units, audience, managers;

@@ -122,6 +122,7 @@ struct Heartbeat {
   std::int64_t outbox_depth = 0;
   std::optional<std::string> oldest_undelivered_at;  // null when the outbox is empty
   bool libvirt_connected = false;
+  std::string audit_key;  // PEM (CONTRACT §12)
 };
 std::string heartbeat_body(const Heartbeat& h);
 

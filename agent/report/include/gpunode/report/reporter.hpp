@@ -68,6 +68,7 @@ struct Options {
   std::chrono::milliseconds heartbeat_timeout{10'000};  // at most the interval
   std::function<NodeFacts()> facts;
   LogSink log;
+  std::string audit_key;  // the heartbeat's auditKey: the node key's public PEM (CONTRACT §12)
 };
 
 class Reporter {

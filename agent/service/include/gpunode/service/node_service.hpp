@@ -7,6 +7,7 @@
 // the commit.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -24,6 +25,7 @@
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/metrics/node_metrics.hpp"
+#include "gpunode/proof/node_key.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
@@ -146,6 +148,15 @@ class NodeService {
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   void set_unsellable(std::vector<std::string> unsellable);
   void set_enforcement(config::EnforcementMode mode);
+
+  // Signed audit checkpoints (CONTRACT §12, checkpoints.cpp). The node key they are signed with
+  // (GET .../audit/checkpoints shows its public half); without one, no checkpoint is made.
+  void set_audit_key(std::shared_ptr<const proof::NodeKey> key);
+  // When the audit chain has grown since the last checkpoint: signs its head and stores the
+  // checkpoint with its audit.checkpoint event in one transaction, and returns it (the revision
+  // does not move: the daemon wakes the reporter). Nothing when it has not grown; the store's
+  // error in words.
+  std::expected<std::optional<boost::json::object>, std::string> checkpoint_audit();
 
   [[nodiscard]] std::int64_t revision() const;
   // Any thread (the only member another thread may use): the answer to a GET of units, state,

@@ -1,0 +1,55 @@
+// The signed audit checkpoints' timer (see audit_checkpoints.hpp).
+#include "gpunode/daemon/audit_checkpoints.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+namespace gpunode::daemon {
+
+std::expected<std::shared_ptr<const proof::NodeKey>, std::string> load_audit_key(const config::Config& c,
+                                                                                 std::string& said) {
+  const auto path = config::signing_key_path(c);
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  auto key = proof::NodeKey::load_or_create(path);
+  if (!key) return std::unexpected(fmt::format("audit.signing_key: {}", key.error().detail));
+  said = fmt::format("audit signing key {}: keyId {}{}", path, key->key_id(),
+                     existed ? "" : " (created: keep a copy with the state directory's)");
+  return std::make_shared<const proof::NodeKey>(std::move(*key));
+}
+
+void AuditCheckpoints::start() {
+  arm();
+}
+
+void AuditCheckpoints::stop() {
+  if (std::exchange(stopped_, true)) return;
+  timer_.cancel();
+  checkpoint("at stop");
+}
+
+void AuditCheckpoints::arm() {
+  if (stopped_) return;
+  timer_.expires_after(interval_);
+  timer_.async_wait([this](const boost::system::error_code& e) {
+    if (e || stopped_) return;
+    checkpoint("periodic");
+    arm();
+  });
+}
+
+void AuditCheckpoints::checkpoint(const char* when) {
+  auto made = node_.checkpoint_audit();
+  if (!made) {
+    say_(config::LogLevel::error, fmt::format("audit checkpoint ({}) not stored: {}", when, made.error()));
+    return;
+  }
+  if (!*made) return;  // the chain has not grown
+  const auto* seq = (*made)->if_contains("seq");
+  say_(config::LogLevel::info, fmt::format("audit checkpoint ({}): aud_{} signed", when,
+                                           seq != nullptr && seq->is_int64() ? seq->get_int64() : 0));
+  if (stored_) stored_();
+}
+
+}  // namespace gpunode::daemon

@@ -1,0 +1,78 @@
+// Signed audit checkpoints (CONTRACT §12): NodeService's members that make them, and the route
+// GET /v1/nodes/{nodeId}/audit/checkpoints. A checkpoint is not an audit record and not a change
+// of the node's state (units, reservations, workloads): it is stored with its audit.checkpoint
+// event in one transaction, and the revision does not move.
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "gpunode/proof/checkpoint.hpp"
+#include "impl.hpp"
+
+namespace gpunode::service {
+
+void NodeService::set_audit_key(std::shared_ptr<const proof::NodeKey> key) {
+  impl_->audit_key = std::move(key);
+}
+
+std::expected<std::optional<boost::json::object>, std::string> NodeService::checkpoint_audit() {
+  auto& s = impl_->store;
+  if (!impl_->audit_key) return std::nullopt;
+  const auto [seq, hash] = s.audit_head();
+  if (seq == 0) return std::nullopt;  // no record yet
+  auto last = s.last_checkpoint_seq();
+  if (!last) return std::unexpected(last.error().to_string());
+  if (*last >= seq) return std::nullopt;  // the chain has not grown since
+  const auto wall = impl_->clock();
+  const auto at = r::format_time(detail::to_time(wall));
+  auto cp = proof::make_checkpoint(*impl_->audit_key, impl_->opt.node_id, seq, hash, at);
+  if (!cp) return std::unexpected(cp.error().detail);
+  if (auto stored = s.commit_checkpoint(*cp, at, wall); !stored)
+    return std::unexpected(stored.error().to_string());
+  return std::move(*cp);
+}
+
+// {"checkpoints": [...], "nextPageToken", "auditKey"}: oldest first, after=SEQ and pageToken (the
+// last seq of the page before) as cursors, limit as on every list. auditKey is the public key (PEM)
+// the heartbeat carries, so that gpunodectl's live verify has it from the agent.
+ApiResponse NodeService::Impl::audit_checkpoints(const ApiRequest& q, const Caller& c) {
+  if (!allowed(r::Action::read_audit, c))
+    return detail::forbidden("the audit log is for operators and the owner");
+  auto page = detail::paging(q);
+  if (!page) return page.error();
+  const auto& [limit, token] = *page;
+  std::int64_t after = 0;
+  for (const auto& [name, cursor] :
+       {std::pair{"after", q.query_param("after").value_or("")}, std::pair{"pageToken", token}}) {
+    if (cursor.empty()) continue;
+    std::int64_t v = -1;
+    const auto [p, ec] = std::from_chars(cursor.data(), cursor.data() + cursor.size(), v);
+    if (ec != std::errc{} || p != cursor.data() + cursor.size() || v < 0)
+      return problem(400, "invalid-request",
+                     fmt::format("{} must be a checkpoint seq, an integer from 0", name),
+                     {{name, "must be a checkpoint seq, an integer from 0"}});
+    after = std::max(after, v);
+  }
+  auto rows = store.checkpoints_after(after, limit + 1);
+  if (!rows) {
+    say(LogLevel::error, "audit checkpoints read: " + rows.error().to_string());
+    return detail::storage_problem(rows.error(), "the audit checkpoints cannot be read",
+                                   "try again once the agent's log says it can");
+  }
+  const bool more = rows->size() > limit;
+  if (more) rows->resize(limit);
+  json::array list;
+  for (const auto& [seq, text] : *rows) {
+    boost::system::error_code ec;
+    auto v = json::parse(text, ec);
+    if (ec) return problem(500, "internal", fmt::format("audit checkpoint {} is not JSON", seq));
+    list.emplace_back(std::move(v));
+  }
+  const std::int64_t last = rows->empty() ? 0 : rows->back().first;
+  return json_response(
+      json::object{{"checkpoints", std::move(list)},
+                   {"nextPageToken", more ? json::value(std::to_string(last)) : json::value(nullptr)},
+                   {"auditKey", audit_key ? json::value(audit_key->public_pem()) : json::value(nullptr)}});
+}
+
+}  // namespace gpunode::service
