@@ -222,7 +222,10 @@ struct NodeService::Impl {
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
-<<<<<<< HEAD
+
+  // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
+  std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start
+  ApiResponse audit_checkpoints(const ApiRequest& q, const Caller& c);
 };
 
 // The reads a route may make beyond its facts (decision.hpp), for one request.
@@ -239,14 +242,6 @@ class NodeService::Impl::Asks final : public detail::Lookups {
  private:
   Impl& impl_;  // read only, but for the store's cached statements and the admitted domains' expiry
   const ApiRequest& q_;
-=======
-  Outcome terminate_spot(const ApiRequest& q, const Caller& c);
-  Outcome reclaim(const ApiRequest& q, const Caller& c, const r::Reservation& current);
-
-  // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
-  std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start
-  ApiResponse audit_checkpoints(const ApiRequest& q, const Caller& c);
->>>>>>> audit-proof
 };
 
 }  // namespace gpunode::service
