@@ -145,7 +145,8 @@ struct Options {
   int grace = -1, weeks = 4;
   std::size_t limit = 0;
   bool terminate_spot = false;
-  ProofArgs proof;  // audit export, audit verify
+  bool dry_run = false;  // reclaim, terminate-spot: --dry-run
+  ProofArgs proof;       // audit export, audit verify
 };
 
 CLI::Validator time_validator(Time now) {
@@ -359,6 +360,7 @@ Result cmd_amend(Session& s, const Options& o, const CLI::App& cmd) {
 void end_arguments(CLI::App& cmd, Options& o, Time) {
   cmd.add_option("ID", o.id, "The reservation id")->required();
   cmd.add_option("--reason", o.reason, "Why (kept in the audit log)");
+  cmd.add_flag("--dry-run", o.dry_run, "Show the VMs it would stop and leave running; do nothing");
 }
 
 Result cmd_end(Session& s, const Options& o, const CLI::App& cmd) {
@@ -386,14 +388,20 @@ void reclaim_arguments(CLI::App& cmd, Options& o, Time) {
   cmd.add_option("--units", o.units, "The units to take back")->required()->check(ids_validator());
   cmd.add_flag("--terminate-spot", o.terminate_spot,
                "Terminate the spot VMs on them now (else they stay reclaiming until vacated)");
+  cmd.add_flag("--dry-run", o.dry_run,
+               "Show what it would do (the VMs it would stop, the reservation after); do nothing");
 }
 
 Result cmd_reclaim(Session& s, const Options& o, const CLI::App&) {
   return one(
-      s, [&](const std::string& n) { return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot); },
+      s,
+      [&](const std::string& n) {
+        return reclaim_request(n, o.id, ids_of(o.units), o.terminate_spot, o.dry_run);
+      },
       [&](const json::value& b) -> std::expected<std::string, Failure> {
-        auto text =
-            reservation_text(s, field(b, "reservation"), fmt::format("reclaimed {} from spot for", o.units));
+        auto text = reservation_text(s, field(b, "reservation"),
+                                     o.dry_run ? fmt::format("would reclaim {} from spot for", o.units)
+                                               : fmt::format("reclaimed {} from spot for", o.units));
         if (!text) return text;
         return *text + "\n" + terminations_text(s, b);
       });
@@ -406,6 +414,7 @@ void terminate_spot_arguments(CLI::App& cmd, Options& o, Time) {
                  "Seconds of graceful shutdown before destroy, 0..300 (default: libvirt.shutdown_grace)")
       ->check(CLI::Range(0, 300));
   cmd.add_option("--reason", o.reason, "Why (kept in the audit log)");
+  cmd.add_flag("--dry-run", o.dry_run, "Show the VMs it would stop and leave running; do nothing");
 }
 
 Result cmd_terminate_spot(Session& s, const Options& o, const CLI::App& cmd) {
@@ -414,6 +423,7 @@ Result cmd_terminate_spot(Session& s, const Options& o, const CLI::App& cmd) {
   a.reservation = unless_empty(o.reservation);
   if (o.grace >= 0) a.grace_seconds = o.grace;
   a.reason = if_given(cmd, "--reason", o.reason);
+  a.dry_run = o.dry_run;
   return one(
       s, [&](const std::string& n) { return terminate_spot_request(n, a); },
       [&](const json::value& b) -> std::expected<std::string, Failure> { return terminations_text(s, b); });

@@ -183,7 +183,10 @@ std::string render_audit(const json::value& body, const Style& style) {
 }
 
 std::string render_terminations(const json::value& body, const Style& style) {
-  std::string out;
+  // A dry run (CONTRACT §12) says so first, and what it lists is what the call would do.
+  const auto* dry_flag = body.is_object() ? body.get_object().if_contains("dryRun") : nullptr;
+  const bool dry = dry_flag != nullptr && dry_flag->is_bool() && dry_flag->get_bool();
+  std::string out = dry ? "dry run: nothing was changed; the call would do this:\n" : "";
   const auto* terminated = array_of(body, "terminated");
   const auto* left = array_of(body, "leftRunning");
   std::vector<std::vector<std::string>> rows;
@@ -194,7 +197,7 @@ std::string render_terminations(const json::value& body, const Style& style) {
       if (e == nullptr) continue;
       const bool stopped = list == terminated;
       rows.push_back({text_of(*e, "name"), text_of(*e, "vmId"), text_of(*e, "unitIds"),
-                      stopped ? style.paint("31", "terminated")
+                      stopped ? style.paint("31", dry ? "would be terminated" : "terminated")
                               : fmt::format("left running ({})", text_of(*e, "reason"))});
     }
   }
@@ -205,7 +208,9 @@ std::string render_terminations(const json::value& body, const Style& style) {
             {text_of(*e, "name"), text_of(*e, "vmId"), text_of(*e, "unitIds"), "terminating (another call)"});
     }
   }
-  if (rows.empty()) return "no VM terminated, none left running\n";
+  if (rows.empty())
+    return out +
+           (dry ? "no VM would be terminated, none left running\n" : "no VM terminated, none left running\n");
   return out + table({"VM", "VMID", "UNITS", "OUTCOME"}, rows, style);
 }
 

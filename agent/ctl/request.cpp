@@ -254,10 +254,11 @@ Request release_request(std::string_view node, std::string_view id, const std::v
 }
 
 Request reclaim_request(std::string_view node, std::string_view id, const std::vector<std::string>& units,
-                        bool terminate_spot) {
-  Request r = post(reservation_path(node, id, "/reclaim"),
-                   json::object{{"unitIds", strings(units)}, {"terminateSpot", terminate_spot}});
-  if (terminate_spot) r.timeout = kMaxGrace + kAfterGrace;
+                        bool terminate_spot, bool dry_run) {
+  json::object b{{"unitIds", strings(units)}, {"terminateSpot", terminate_spot}};
+  if (dry_run) b["dryRun"] = true;
+  Request r = post(reservation_path(node, id, "/reclaim"), b);
+  if (terminate_spot && !dry_run) r.timeout = kMaxGrace + kAfterGrace;
   return r;
 }
 
@@ -267,8 +268,10 @@ Request terminate_spot_request(std::string_view node, const TerminateArgs& a) {
   if (a.reservation) b["reservationId"] = *a.reservation;
   if (a.grace_seconds) b["gracePeriodSeconds"] = *a.grace_seconds;
   if (a.reason) b["reason"] = *a.reason;
+  if (a.dry_run) b["dryRun"] = true;
   Request r = post(node_path(node, "/terminate-spot"), b);
-  r.timeout = (a.grace_seconds ? std::chrono::seconds(*a.grace_seconds) : kMaxGrace) + kAfterGrace;
+  if (!a.dry_run)
+    r.timeout = (a.grace_seconds ? std::chrono::seconds(*a.grace_seconds) : kMaxGrace) + kAfterGrace;
   return r;
 }
 

@@ -126,7 +126,12 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
             }
             list_then_dispatch(std::move(request), std::move(answer));
           },
-          [&](service::RunBatch& b) { run_batch(std::move(b.work), std::move(answer)); },
+          [&](service::RunBatch& b) {
+            // The write-ahead commit (with its workload.terminating notices, CONTRACT §12) is
+            // announced, and the reporter woken, before any guest is asked to shut down.
+            changed();
+            run_batch(std::move(b.work), std::move(answer));
+          },
           [&](service::Park& p) { park(std::move(request), std::move(answer), p.deadline); },
       },
       out);

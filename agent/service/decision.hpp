@@ -93,14 +93,17 @@ struct CommitThen {
 };
 
 // Write the terminations of `plan` ahead together with `change` (a reclaim's), then run them
-// (RunBatch); without terminations, commit `change` and answer at once. The plan points into the
-// workloads the route was given, which outlive the decision's carrying out.
+// (RunBatch); without terminations, commit `change` and answer at once. The plan points into
+// `workloads`, the list the route was given, which outlives the decision's carrying out.
 struct Terminate {
   Batch batch;
   Change change;
   spot::Plan plan;
   std::chrono::seconds grace{0};
   std::optional<std::string> reason{};
+  // CONTRACT §12: answer what would be done, and do nothing (no commit, audit, event or answer kept).
+  bool dry_run = false;
+  const std::vector<Workload>* workloads = nullptr;  // the list the plan points into (when listed)
 };
 
 // What a route decided: the answer alone (a refusal, a read), a change to commit, the domains it

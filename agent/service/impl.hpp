@@ -211,7 +211,9 @@ struct NodeService::Impl {
   void vacate(const std::vector<Workload>& ws, Change& ch);
   Outcome start_batch(detail::Terminate t);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
-                           const std::vector<reservations::Reservation>& upserts);
+                           const std::vector<reservations::Reservation>& upserts, bool dry_run = false);
+  ApiResponse dry_run_answer(const detail::Terminate& t);
+  static json::object terminated_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids);
   using TermResult = std::expected<vmctl::TerminateResult, vmctl::VmError>;
   struct BatchTally {  // what a batch's outcomes add to its answer and to gpunode_terminations_total
     json::array terminated, left;

@@ -65,7 +65,8 @@ Decision terminate_spot(const Facts& f, const ApiRequest& q, const Caller& c) {
   if (!idem) return std::move(idem.error());
   auto body = parse_object(q.body, true);
   if (!body) return body.error();
-  Fields fs(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason"});
+  Fields fs(*body, {"unitIds", "reservationId", "gracePeriodSeconds", "reason", "dryRun"});
+  const bool dry_run = fs.boolean("dryRun").value_or(false);
   auto ids = fs.strings("unitIds");
   if (fs.has("unitIds") && ids && ids->empty())
     fs.problems().push_back({"unitIds", "must name at least one unit, or be left out"});
@@ -98,7 +99,9 @@ Decision terminate_spot(const Facts& f, const ApiRequest& q, const Caller& c) {
                    .change = Change{.actor = c, .request_id = q.request_id, .at = f.now},
                    .plan = spot::plan(**ws, *targets, reach, whole_node),
                    .grace = grace,
-                   .reason = reason};
+                   .reason = reason,
+                   .dry_run = dry_run,
+                   .workloads = *ws};
 }
 
 Decision reclaim(const Facts& f, const ApiRequest& q, const Caller& c, const r::Reservation& current) {
@@ -108,9 +111,10 @@ Decision reclaim(const Facts& f, const ApiRequest& q, const Caller& c, const r::
   if (!idem) return std::move(idem.error());
   auto body = parse_object(q.body, false);
   if (!body) return body.error();
-  Fields fs(*body, {"unitIds", "terminateSpot"});
+  Fields fs(*body, {"unitIds", "terminateSpot", "dryRun"});
   auto ids = fs.strings("unitIds");
   const bool terminate = fs.boolean("terminateSpot").value_or(false);
+  const bool dry_run = fs.boolean("dryRun").value_or(false);
   require_unit_ids(fs.problems(), ids);
   if (!fs.problems().empty())
     return problem(400, "invalid-request", "the body is not a valid reclaim request", fs.problems());
@@ -158,8 +162,12 @@ Decision reclaim(const Facts& f, const ApiRequest& q, const Caller& c, const r::
     reach.insert(targets.begin(), targets.end());  // the caller manages these units: they are reclaiming now
     p = spot::plan(**ws, targets, reach);
   }
-  return Terminate{
-      .batch = std::move(b), .change = std::move(base), .plan = std::move(p), .grace = f.shutdown_grace};
+  return Terminate{.batch = std::move(b),
+                   .change = std::move(base),
+                   .plan = std::move(p),
+                   .grace = f.shutdown_grace,
+                   .dry_run = dry_run,
+                   .workloads = ws ? *ws : nullptr};
 }
 
 }  // namespace gpunode::service::detail::routes

@@ -88,6 +88,7 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
                      {"unitIds", strings_json(vm->unit_ids)}});
     return true;
   });
+  if (t.dry_run) return dry_run_answer(t);
   if (plan.terminate.empty()) {
     ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running), base.upserts);
     base.idempotency = std::move(b.idempotency);
@@ -98,11 +99,12 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
   std::vector<std::size_t> audit_of;  // per VM: its write-ahead record's index in base.audits
   for (const auto* vm : plan.terminate) {
     const auto& d = vm->domain;
+    const auto holder = holder_of(vm->unit_ids);
     audit_of.push_back(base.audits.size());
     // Written ahead: `pending` (CONTRACT §7); the second record of the same vmIds gives the outcome.
     base.audits.push_back(AuditDraft{
         "workload.terminate",
-        holder_of(vm->unit_ids),
+        holder,
         vm->unit_ids,
         {d.label->vm_id},
         "pending",
@@ -111,6 +113,19 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
     json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)},
                      {"by", b.caller.by()},    {"at", at},       {"grace", grace.count()}};
     base.terminations.push_back(TerminationRow{0, d.uuid, json::serialize(doc), "pending", audit_of.back()});
+    // CONTRACT §12: the notice, stored with the write-ahead record and before the guest is asked
+    // to shut down (the batch runs after this commit); the destroy comes no earlier than `deadline`.
+    if (grace.count() > 0) {
+      base.events.push_back(EventDraft{"workload.terminating",
+                                       json::object{{"vmId", d.label->vm_id},
+                                                    {"domainUuid", d.uuid},
+                                                    {"unitIds", strings_json(vm->unit_ids)},
+                                                    {"reservationId", opt_str(holder)},
+                                                    {"by", b.caller.by()},
+                                                    {"auditId", nullptr},  // the commit sets it
+                                                    {"deadline", r::format_time(base.at + grace)}},
+                                       audit_of.back()});
+    }
   }
   auto committed = commit(base);
   if (!committed)
@@ -129,10 +144,39 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
   return RunBatch{*terminations.work(terminations.start(std::move(b)))};
 }
 
+// CONTRACT §12 Dry runs: the answer the call would give now, and nothing else. The VMs it would
+// terminate are `terminated`; a reclaim's reservation is as the call would leave it once they are
+// gone (its reclaiming units without a spot VM left are vacated, a second version as for real).
+ApiResponse NodeService::Impl::dry_run_answer(const Terminate& t) {
+  json::array would;
+  std::set<const spot::Occupant*> going(t.plan.terminate.begin(), t.plan.terminate.end());
+  for (const auto* vm : t.plan.terminate) would.emplace_back(terminated_json(vm->domain, vm->unit_ids));
+  std::vector<r::Reservation> after = t.change.upserts;
+  if (t.workloads != nullptr && !going.empty()) {
+    std::vector<spot::Occupant> staying;
+    for (const auto& w : *t.workloads) {
+      if (!going.contains(&w)) staying.push_back(w);
+    }
+    for (auto& x : after) {
+      if (!r::vacate(x, spot::spot_occupied(staying)).empty()) x.version += 1;
+    }
+  }
+  return answer_batch(t.batch, std::move(would), json::array(t.batch.left_running), after, true);
+}
+
+json::object NodeService::Impl::terminated_json(const vmctl::Domain& d,
+                                                const std::vector<std::string>& unit_ids) {
+  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
+                      {"domainUuid", d.uuid},
+                      {"name", d.name},
+                      {"unitIds", strings_json(unit_ids)}};
+}
+
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
-                                            const std::vector<r::Reservation>& upserts) {
+                                            const std::vector<r::Reservation>& upserts, bool dry_run) {
   json::object out{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
   if (!b.terminating.empty()) out["terminating"] = b.terminating;  // only then: the contract's keys otherwise
+  if (dry_run) out["dryRun"] = true;
   if (b.kind == Batch::Kind::reclaim && b.reservation_id) {
     // The reservation as the answer's commit leaves it: from `upserts` when it changes there.
     auto changed = std::find_if(upserts.begin(), upserts.end(),
@@ -181,8 +225,7 @@ void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& resu
                                                                        {"reason", "capacity-reclaim"}}});
     row.state = "done";
     ++t.ok;
-    t.terminated.emplace_back(json::object{
-        {"vmId", vm_id}, {"domainUuid", d.uuid}, {"name", d.name}, {"unitIds", strings_json(vm.unit_ids)}});
+    t.terminated.emplace_back(terminated_json(d, vm.unit_ids));
     say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id,
                                     d.uuid, vm.record.by, who, result->detail));
   } else {

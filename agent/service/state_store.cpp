@@ -373,6 +373,12 @@ std::expected<void, DbError> StateStore::write_events(const Change& c, Tally& t,
     evt["type"] = e.type;
     evt["at"] = r::format_time(c.at);
     evt["data"] = e.data;
+    if (e.audit_index) {
+      if (*e.audit_index >= t.out.audit_seqs.size())
+        return std::unexpected(DbError{error::Errc::internal, "event names no audit record of its change"});
+      evt["data"].as_object()["auditId"] =
+          store::format_audit_id(static_cast<std::uint64_t>(t.out.audit_seqs[*e.audit_index]));
+    }
     if (auto w = write("INSERT INTO outbox (seq, event) VALUES (?1, ?2)", t.ev, json::serialize(evt)); !w)
       return w;
   }

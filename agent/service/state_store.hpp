@@ -47,6 +47,9 @@ struct AuditDraft {
 struct EventDraft {
   std::string type;
   boost::json::object data;
+  // An event about one of its Change's new audit records (workload.terminating): the index of that
+  // record in `audits`; the commit sets data["auditId"] from the seq it assigns.
+  std::optional<std::size_t> audit_index{};
 };
 
 struct IdempotencyDraft {

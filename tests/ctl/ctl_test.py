@@ -144,8 +144,24 @@ def body(c, lab):
     tj = ctl(lab, "--json", "timeline").json() or {}
     c.check("timeline --json: the reservations drawn, as the agent wrote them", [x.get("id") for x in tj.get("reservations", [])] == [rid]
             and tj.get("nodeId") == L.NODE, tj)
+    # --dry-run (CONTRACT §12): what the call would do, printed; nothing done, audited or reported.
+    before = (lab.get(N("/state"), unix=True).body, len(lab.audit_all()))
+    r = ctl(lab, "reclaim", rid, "--units", U23, "--terminate-spot", "--dry-run")
+    c.check("reclaim --dry-run for people: says it is a dry run, the VM it would stop", r.rc == 0
+            and r.out.startswith(f"would reclaim {U23} from spot for") and "dry run: nothing was changed" in r.out
+            and "would be terminated" in r.out and "train-spot-7" in r.out, r)
+    dry = ctl(lab, "--json", "reclaim", rid, "--units", U23, "--terminate-spot", "--dry-run").json() or {}
+    c.eq("reclaim --dry-run --json: dryRun, the spot VM it would terminate",
+         (dry.get("dryRun"), [x.get("name") for x in dry.get("terminated", [])]), (True, ["train-spot-7"]))
+    r = ctl(lab, "terminate-spot", "--units", U23, "--grace", "0", "--dry-run")
+    c.check("terminate-spot --dry-run for people", r.rc == 0 and r.out.startswith("dry run: nothing was changed")
+            and "would be terminated" in r.out, r)
+    c.eq("the dry runs changed nothing: GET state and the audit log as they were",
+         (lab.get(N("/state"), unix=True).body, len(lab.audit_all())), before)
     r = ctl(lab, "--json", "reclaim", rid, "--units", U23, "--terminate-spot")
     j = r.json() or {}
+    c.eq("reclaim --terminate-spot: the answer the dry run gave (but dryRun)",
+         {k: v for k, v in j.items()}, {k: v for k, v in dry.items() if k != "dryRun"})
     c.check("reclaim --terminate-spot --json: the spot VM terminated", r.rc == 0 and [x.get("name") for x in j.get("terminated", [])] == ["train-spot-7"]
             and j.get("reservation", {}).get("releasedUnitIds") == [], r)
     r = ctl(lab, "terminate-spot", "--grace", "0", "--reason", "test")

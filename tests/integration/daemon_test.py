@@ -160,8 +160,10 @@ def main(c, agent):
         c.eq("outbox: seq from 1, growing by exactly 1", seqs, list(range(1, len(seqs) + 1)))
         c.check("outbox: every event's seq is its row's", all(e.get("seq") == s for s, e in ev), ev[:2])
         types = [e.get("type") for _, e in ev]
-        c.eq("outbox: first start, the reservation, the unit going absent, the long poll's reservation",
-             types, ["inventory.changed", "reservation.created", "inventory.changed", "reservation.created"])
+        c.eq("outbox: first start, the reservation, the unit going absent, the long poll's reservation, and the "
+             "stop's signed checkpoint (CONTRACT §12)",
+             types, ["inventory.changed", "reservation.created", "inventory.changed", "reservation.created",
+                     "audit.checkpoint"])
         inv = ev[2][1]["data"].get("units", []) if len(ev) > 2 else []
         gone = [u for u in inv if u.get("id") == GONE]
         c.check("inventory.changed lists every unit as an admin sees it, the absent one with its reservation",

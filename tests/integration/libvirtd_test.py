@@ -450,14 +450,14 @@ def check_termination(c, lab, daemon, owner, label, since, uuid):
     return term.get("audit-id")
 
 
-def terminated_events(lab, vm_id):
-    """The workload.terminated events of `vm_id` in the agent's outbox (its database, read-only)."""
+def terminated_events(lab, vm_id, kind="workload.terminated"):
+    """The `kind` events of `vm_id` in the agent's outbox (its database, read-only)."""
     db = sqlite3.connect(f"file:{os.path.join(lab.state, 'state.db')}?mode=ro", uri=True)
     try:
         evs = [json.loads(e) for (e,) in db.execute("SELECT event FROM outbox ORDER BY seq")]
     finally:
         db.close()
-    return [e for e in evs if e.get("type") == "workload.terminated" and (e.get("data") or {}).get("vmId") == vm_id]
+    return [e for e in evs if e.get("type") == kind and (e.get("data") or {}).get("vmId") == vm_id]
 
 
 def spot_terminations(lab, owner):
@@ -871,9 +871,23 @@ def body(c, agent, daemon):
                 2.0 <= took < 30, f"{took:.2f}s")
         c.eq("virsh: the spot VM is shut off again", domstate(daemon, SPOT_NAME), "shut off")
         c.eq("virsh: the on-demand VM still runs after the second call", domstate(daemon, ONDEMAND_NAME), "running")
+        answered = time.time()
         second = check_termination(c, lab, daemon, owner, "grace 2", since, uuid)
         c.check("grace 2: a new audit record, not the first one", second is not None and second != first,
                 f"{first!r} then {second!r}")
+        # CONTRACT §12: the notice came first, stored before the guest was asked to shut down, and
+        # the destroy no earlier than its deadline.
+        notices = terminated_events(lab, SPOT, "workload.terminating")
+        done = terminated_events(lab, SPOT)
+        n = (notices[-1] if notices else {}).get("data", {})
+        c.eq("grace 2: one workload.terminating (grace 0 gave none), naming the write-ahead record",
+             (len(notices), n.get("auditId"), n.get("domainUuid")), (1, second, uuid[SPOT_NAME]))
+        c.check("grace 2: workload.terminating before workload.terminated",
+                notices and done and notices[-1]["seq"] < done[-1]["seq"], (notices, done))
+        deadline = L.parse_time(n.get("deadline", "")) if n.get("deadline") else None
+        c.check(f"grace 2: the deadline is the start plus 2 s, and the VM was stopped no earlier ({n.get('deadline')})",
+                deadline is not None and since - 1 <= deadline - 2 <= since + 1 and answered >= deadline,
+                (n, since, answered))
 
         # -- B: an outside stop is seen through libvirt's events (rescan every 30 s) ----------
         outside_stop(c, lab, daemon, agent_up)

@@ -30,6 +30,8 @@ DATA_KEYS = {
     "units.reclaimed": {"reservationId", "unitIds"},
     "workload.terminated": {"vmId", "domainUuid", "unitIds", "reservationId", "by", "auditId", "reason"},
     "workload.unentitled": {"name", "domainUuid", "vmId", "org", "tier", "unitIds", "reasons"},
+    "workload.terminating": {"vmId", "domainUuid", "unitIds", "reservationId", "by", "auditId", "deadline"},
+    "audit.checkpoint": {"seq", "hash", "at", "keyId", "signature"},
 }
 
 
@@ -139,6 +141,7 @@ def body(c, lab, fc):
 
     rc, _ = lab.stop()
     c.eq("a clean stop while the central API is down", rc, 0)
+    counts["audit.checkpoint"] += 1  # CONTRACT §12: the chain grew, so the stop signs its head
     lab.start()
     future_batch(30, 300)
     terminate_all()  # test:/// starts from its XML again: the spot VMs run again

@@ -1072,6 +1072,13 @@ std::vector<gpunode::vmctl::Domain> two_spot_vms() {
           vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot})};
 }
 
+// A spot VM on each of U1 and U2, and a reserved VM of the audience beside the one on U2.
+std::vector<gpunode::vmctl::Domain> spot_market_vms() {
+  return {vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
+          vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
+          vm("od-b", "uuid-odb", {"0000:42:00.0"}, WorkloadLabel{"vm-odb", "org-aud", Tier::reserved})};
+}
+
 const json::object* entry(const json::value& list, const std::string& name) {
   for (const auto& x : list.as_array()) {
     if (x.at("name").as_string() == name) return &x.as_object();
@@ -1223,11 +1230,7 @@ TEST_CASE("terminate-spot: who may, the reach of each caller, and what is left r
 
 TEST_CASE("reclaim: with and without terminateSpot; reclaiming until vacated") {
   Lab lab;
-  lab.hypervisor_->domains = {
-      vm("spot-a", "uuid-a", {"0000:41:00.0"}, WorkloadLabel{"vm-a", "org-b", Tier::spot}),
-      vm("spot-b", "uuid-b", {"0000:42:00.0"}, WorkloadLabel{"vm-b", "org-c", Tier::spot}),
-      vm("od-b", "uuid-odb", {"0000:42:00.0"}, WorkloadLabel{"vm-odb", "org-aud", Tier::reserved}),
-  };
+  lab.hypervisor_->domains = spot_market_vms();
   const auto admin = lab.token("org-platform", {"platform-admin"});
   const auto mgr = lab.token("org-mgr");
   auto x = lab.create(admin, {U1, U2}, {"org-aud"}, {"org-mgr"});
@@ -1379,6 +1382,123 @@ TEST_CASE(
   CHECK(lab.events("workload.terminated").size() == 3);
   CHECK(std::string(lab.audits("workload.terminate").back().at("detail").as_string()).find("gone") !=
         std::string::npos);
+}
+
+// Everything a dry run must leave as it was: the revision, the state, the audit chain, the outbox.
+struct Untouched {
+  std::string state;
+  std::size_t audits = 0, events = 0;
+  static Untouched of(Lab& lab) {
+    auto db = gpunode::store::Database::open(lab.state_ / "state.db");
+    REQUIRE(db);
+    auto count = [&](const char* sql) {
+      auto st = db->prepare(sql);
+      REQUIRE(st);
+      (void)st->step();
+      return static_cast<std::size_t>(st->column_int64(0));
+    };
+    return {lab.call("GET", Lab::path("/state"), "admin-socket").body, count("SELECT count(*) FROM audit"),
+            count("SELECT count(*) FROM outbox")};
+  }
+  bool operator==(const Untouched&) const = default;
+};
+
+TEST_CASE(
+    "dry runs (CONTRACT §12): the answer the call gives next, and nothing changed, audited or reported") {
+  Lab lab;
+  lab.hypervisor_->domains = spot_market_vms();
+  const auto admin = lab.token("org-platform", {"platform-admin"});
+  const auto mgr = lab.token("org-mgr");
+  auto x = lab.create(admin, {U1, U2}, {"org-aud"}, {"org-mgr"});
+  const std::string p = Lab::path("/reservations/" + std::string(x.at("id").as_string()));
+  REQUIRE(lab.call("POST", p + "/release", mgr, fmt::format(R"({{"unitIds":["{}","{}"]}})", U1, U2)).status ==
+          200);
+  const std::vector<std::pair<std::string, std::string>> key{{"idempotency-key", "dry-1"}};
+
+  // reclaim with terminateSpot: the VMs it would stop, the one it leaves, the reservation after.
+  const auto reclaim = fmt::format(R"({{"unitIds":["{}","{}"],"terminateSpot":true}})", U1, U2);
+  const auto before = Untouched::of(lab);
+  auto dry = lab.call("POST", p + "/reclaim", mgr,
+                      reclaim.substr(0, reclaim.size() - 1) + R"(,"dryRun":true})", key);
+  REQUIRE_MESSAGE(dry.status == 200, dry.body);
+  const auto d = Lab::body(dry);
+  CHECK(d.at("dryRun") == true);
+  CHECK(names_of(d.at("terminated")) == std::vector<std::string>{"spot-a", "spot-b"});
+  CHECK(names_of(d.at("leftRunning")) == std::vector<std::string>{"od-b"});
+  CHECK(Untouched::of(lab) == before);
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");
+  CHECK(lab.hypervisor_->find("uuid-b")->state == "running");
+  CHECK_FALSE(lab.hypervisor_->find("uuid-a")->termination);
+  // Its Idempotency-Key kept nothing: the key is free for the real call.
+  auto real = lab.call("POST", p + "/reclaim", mgr, reclaim, key);
+  REQUIRE_MESSAGE(real.status == 200, real.body);
+  const auto b = Lab::body(real);
+  CHECK_FALSE(b.as_object().contains("dryRun"));
+  CHECK(b.at("terminated") == d.at("terminated"));
+  CHECK(b.at("leftRunning") == d.at("leftRunning"));
+  CHECK(b.at("reservation") == d.at("reservation"));  // as it became, version and all
+  CHECK(real.header("ETag") == dry.header("ETag"));
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "shutoff");
+
+  // terminate-spot: the same, and the dry run's answer is what the real call answers next.
+  lab.hypervisor_->find("uuid-a")->state = "running";
+  lab.hypervisor_->find("uuid-a")->termination.reset();
+  lab.refresh();  // the agent sees spot-a running again: a listing's own change, not the dry run's
+  const auto owner = lab.token(kOwner);
+  const auto before2 = Untouched::of(lab);
+  auto dry2 =
+      lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"dryRun":true,"gracePeriodSeconds":30})");
+  REQUIRE(dry2.status == 200);
+  CHECK(Lab::body(dry2).at("dryRun") == true);
+  CHECK(Untouched::of(lab) == before2);
+  CHECK(lab.hypervisor_->find("uuid-a")->state == "running");
+  CHECK(code_of(lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"dryRun":"yes"})")) ==
+        "invalid-request");
+  auto real2 = lab.call("POST", Lab::path("/terminate-spot"), owner, R"({"gracePeriodSeconds":30})");
+  REQUIRE(real2.status == 200);
+  auto expected = Lab::body(dry2).as_object();
+  expected.erase("dryRun");
+  CHECK(Lab::body(real2) == json::value(expected));
+}
+
+TEST_CASE(
+    "a graceful termination is announced (workload.terminating) with its deadline before the guest is "
+    "asked to stop, and destroyed no earlier") {
+  Lab lab;
+  lab.hypervisor_->domains = two_spot_vms();
+  lab.hypervisor_->ignore_shutdown = {"uuid-b"};
+  const auto owner = lab.token(kOwner);
+  const auto started = lab.now_;
+  auto r = lab.call("POST", Lab::path("/terminate-spot"), owner,
+                    fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":30}})", U2));
+  REQUIRE(r.status == 200);
+  const auto notices = lab.events("workload.terminating");
+  REQUIRE(notices.size() == 1);
+  const auto& n = notices[0].at("data").as_object();
+  CHECK(n.at("vmId") == "vm-b");
+  CHECK(n.at("domainUuid") == "uuid-b");
+  CHECK(n.at("unitIds") == json::array{U2});
+  CHECK(n.at("by") == kOwner);
+  CHECK(n.at("deadline") == json::value(iso(started + std::chrono::seconds(30))));
+  const auto pending = lab.audits("workload.terminate").front();
+  CHECK(n.at("auditId") == pending.at("id"));  // the write-ahead record, the domain's audit-id
+  const auto done = lab.events("workload.terminated");
+  REQUIRE(done.size() == 1);
+  CHECK(notices[0].at("seq").as_int64() < done[0].at("seq").as_int64());
+  // The guest was asked first; the destroy came after the whole grace was waited out.
+  const auto& calls = lab.hypervisor_->calls;
+  const auto shut = std::find(calls.begin(), calls.end(), "shutdown uuid-b");
+  const auto destroy = std::find(calls.begin(), calls.end(), "destroy uuid-b");
+  REQUIRE(shut != calls.end());
+  REQUIRE(destroy != calls.end());
+  CHECK(shut < destroy);
+  CHECK(lab.slept_ >= std::chrono::seconds(30));
+  // Without a grace there is nothing to announce: destroyed at once.
+  lab.hypervisor_->find("uuid-a")->state = "running";
+  REQUIRE(lab.call("POST", Lab::path("/terminate-spot"), owner,
+                   fmt::format(R"({{"unitIds":["{}"],"gracePeriodSeconds":0}})", U1))
+              .status == 200);
+  CHECK(lab.events("workload.terminating").size() == 1);
 }
 
 TEST_CASE("a termination cut short is finished within what is left of its grace (CONTRACT §11)") {

@@ -79,14 +79,16 @@ Request amend_request(std::string_view node, std::string_view id, const AmendArg
 Request end_request(std::string_view node, std::string_view id, const std::optional<std::string>& reason);
 Request release_request(std::string_view node, std::string_view id, const std::vector<std::string>& units);
 // A reclaim that terminates waits for the grace period the agent has configured (at most 300 s).
+// `dry_run`: the agent answers what the call would do, and does nothing (CONTRACT §12).
 Request reclaim_request(std::string_view node, std::string_view id, const std::vector<std::string>& units,
-                        bool terminate_spot);
+                        bool terminate_spot, bool dry_run = false);
 
 struct TerminateArgs {
   std::optional<std::vector<std::string>> units;
   std::optional<std::string> reservation;
   std::optional<int> grace_seconds;  // 0..300; unset: the agent's libvirt.shutdown_grace
   std::optional<std::string> reason;
+  bool dry_run = false;  // what it would do, nothing done (CONTRACT §12)
 };
 Request terminate_spot_request(std::string_view node, const TerminateArgs& a);
 
