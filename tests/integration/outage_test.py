@@ -102,10 +102,12 @@ def body(c, lab, fc):
                 assert r.status == 200, r
                 counts["reservation.ended"] += 1
 
-    def terminate_all():
-        r = post("/terminate-spot", {})
+    def terminate_all(grace=0):
+        r = post("/terminate-spot", {"gracePeriodSeconds": grace})
         assert r.status == 200, r
         counts["workload.terminated"] += len(r.json["terminated"])
+        if grace:  # CONTRACT §12: each is announced first
+            counts["workload.terminating"] += len(r.json["terminated"])
 
     # terms by the clock: two short terms on UA1 that start and expire within seconds
     for k in range(2):
@@ -134,7 +136,7 @@ def body(c, lab, fc):
         assert post(f"/reservations/{rid}/reclaim", {"unitIds": [U43]}).status == 200
         counts["units.reclaimed"] += 1
     future_batch(140, 0)
-    terminate_all()
+    terminate_all(grace=1)
     time.sleep(max(0, now + 6 - time.time()))  # both short terms have started and expired
     ended = [x for x in lab.reservations_all(state="ended") if x.get("endReason") == "term-expired"]
     c.eq("the two short terms expired by the clock", len(ended), 2)
@@ -179,6 +181,14 @@ def body(c, lab, fc):
     bad = [(s, shape_problem(e)) for s, e in sorted(fc.events.items()) if shape_problem(e)]
     c.eq("each event's data is shaped per CONTRACT §6", bad[:5], [])
     c.eq("seq 1 is the first start's inventory", fc.events[1]["type"], "inventory.changed")
+    # CONTRACT §12: each graceful termination's notice reached the central API before its outcome,
+    # naming the same write-ahead record, with the deadline its grace gives.
+    notices = {e["data"]["auditId"]: e for e in fc.events.values() if e["type"] == "workload.terminating"}
+    outcomes = {e["data"]["auditId"]: e for e in fc.events.values() if e["type"] == "workload.terminated"}
+    c.check(f"workload.terminating ({len(notices)}) each before its workload.terminated, deadline = at + 1 s",
+            notices and all(a in outcomes and e["seq"] < outcomes[a]["seq"]
+                            and L.parse_time(e["data"]["deadline"]) == L.parse_time(e["at"]) + 1
+                            for a, e in notices.items()), list(notices.values())[:2])
     c.check("ids are unique", len({e["id"] for e in fc.events.values()}) == total, total)
     sizes = [len(b) for _, b, _ in fc.batches]
     c.check(f"batches of at most 500 events ({sizes})", len(sizes) >= 2 and max(sizes) == 500, sizes)
