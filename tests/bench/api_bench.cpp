@@ -3,6 +3,7 @@
 //   api_bench get    --port P --ca FILE --path PATH [--token-file F] [--warmup N] [--requests N]
 //                    [--conns N] [--per-conn N] [--save-body FILE]
 //   api_bench post   --port P --ca FILE --path PATH --token-file F --unit ID [--warmup N] [--requests N]
+//                    [--kind later|now] [--offset HOURS]
 //   api_bench commit --dir DIR [--warmup N] [--transactions N]
 //
 // get     GET PATH over TLS to 127.0.0.1:P with keep-alive: latency of `requests` sequential
@@ -10,8 +11,10 @@
 //         doing `per-conn` requests each at once (one thread per connection, all connected and
 //         warmed up before the clock starts). Every answer must be 200.
 // post    POST PATH (a reservation create) `requests` times on one keep-alive connection after
-//         `warmup`: the same unit, consecutive one-hour terms starting a year from now, so none
-//         overlaps. Every answer must be 201.
+//         `warmup`. `later` (the default): the same unit, consecutive one-hour terms starting a
+//         year (and `offset` hours) from now, so none overlaps. `now`: a term that starts now (the
+//         create checks the unit's occupancy), then POST .../end of it (timed too), so the unit is
+//         free for the next. Every answer must be 201 (200 for an end).
 // commit  the reference for post: a bare SQLite database in DIR (journal_mode=WAL,
 //         synchronous=FULL, as the agent's), `transactions` transactions inserting one ~1 KiB
 //         row each, then as many inserting three (the agent's reservation + audit + outbox).
@@ -292,12 +295,13 @@ int run_post(const Args& a) {
   const std::string token = read_file(a.str("token-file"));
   const std::string unit = a.str("unit");
   const int warmup = a.num("warmup", 10), requests = a.num("requests", 300);
+  const bool now = a.str("kind", "later") == "now";
   auto ctx = make_tls(a.str("ca"));
-  // Terms: one hour each, back to back, starting on the hour a year (and a bit) from now.
-  const std::time_t base = (std::time(nullptr) / 3600 + 24 * 366) * 3600;
+  // Terms: one hour each, back to back, starting on the hour a year (and `offset` hours) from now.
+  const std::time_t base = (std::time(nullptr) / 3600 + 24 * 366 + a.num("offset", 0)) * 3600;
   Conn c(ctx, port);
   std::string body;
-  std::vector<double> lat, missing;
+  std::vector<double> lat, missing, ends;
   lat.reserve(static_cast<std::size_t>(requests));
   missing.reserve(static_cast<std::size_t>(requests));
   // Between two creates, an authenticated GET of a reservation that does not exist, on the same
@@ -308,16 +312,34 @@ int run_post(const Args& a) {
   for (int i = 0; i < warmup + requests; ++i) {
     auto req = make_request(bhttp::verb::post, path, token);
     req.set(bhttp::field::content_type, "application/json");
-    req.body() = fmt::format(
-        R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "startsAt": "{}", "endsAt": "{}", "note": "api_bench {}"}})",
-        unit, rfc3339(base + static_cast<std::time_t>(i) * 3600),
-        rfc3339(base + static_cast<std::time_t>(i + 1) * 3600), i);
+    req.body() =
+        now ? fmt::format(R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "endsAt": "{}", "note": "api_bench {}"}})",
+                          unit, rfc3339(std::time(nullptr) + 86400), i)
+            : fmt::format(
+                  R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "startsAt": "{}", "endsAt": "{}", "note": "api_bench {}"}})",
+                  unit, rfc3339(base + static_cast<std::time_t>(i) * 3600),
+                  rfc3339(base + static_cast<std::time_t>(i + 1) * 3600), i);
     req.prepare_payload();
     auto t0 = Clock::now();
     unsigned st = c.roundtrip(req, body);
     auto dt = micros(Clock::now() - t0);
     expect(st, 201, "POST " + path, body);
     if (i >= warmup) lat.push_back(dt);
+    if (now) {  // end it, timed: the unit is free for the next create
+      const auto at = body.find("\"rsv_");
+      if (at == std::string::npos) die("POST " + path + ": no reservation id in " + body);
+      const std::string id = body.substr(at + 1, body.find('"', at + 1) - at - 1);
+      auto end = make_request(bhttp::verb::post, path + "/" + id + "/end", token);
+      end.set(bhttp::field::content_type, "application/json");
+      end.body() = "{}";
+      end.prepare_payload();
+      std::string answer;
+      t0 = Clock::now();
+      st = c.roundtrip(end, answer);
+      dt = micros(Clock::now() - t0);
+      expect(st, 200, "POST " + path + "/" + id + "/end", answer);
+      if (i >= warmup) ends.push_back(dt);
+    }
     std::string ignored;
     t0 = Clock::now();
     st = c.roundtrip(absent, ignored);
@@ -326,9 +348,10 @@ int run_post(const Args& a) {
     if (i >= warmup) missing.push_back(dt);
   }
   fmt::print(
-      R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}}})"
+      R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}, "end": {}}})"
       "\n",
-      path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)));
+      path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)),
+      ends.empty() ? std::string("null") : json_of(summarize(ends)));
   return 0;
 }
 
