@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "arguments.hpp"
 #include "audit_proof.hpp"
 #include "gpunode/ctl/model.hpp"
 #include "gpunode/ctl/outcome.hpp"
@@ -148,34 +149,6 @@ struct Options {
   bool dry_run = false;  // reclaim, terminate-spot: --dry-run
   ProofArgs proof;       // audit export, audit verify
 };
-
-CLI::Validator time_validator(Time now) {
-  return CLI::Validator(
-      [now](std::string& s) -> std::string {
-        auto t = parse_when(s, now);
-        return t ? std::string() : t.error().detail;
-      },
-      "TIME");
-}
-
-// `may_be_empty`: "" names no id (--managers "" empties the managing orgs).
-CLI::Validator ids_validator(bool may_be_empty = false) {
-  return CLI::Validator(
-      [may_be_empty](std::string& s) -> std::string {
-        if (may_be_empty && s.empty()) return {};
-        auto v = parse_ids(s);
-        return v ? std::string() : v.error().detail;
-      },
-      may_be_empty ? "ID,.. or \"\"" : "ID,..");
-}
-
-std::vector<std::string> ids_of(const std::string& s) {
-  return s.empty() ? std::vector<std::string>{} : parse_ids(s).value_or(std::vector<std::string>{});
-}
-
-Time when_of(const std::string& s, Time now) {
-  return parse_when(s, now).value_or(now);
-}
 
 std::expected<std::string, Failure> reservation_text(Session& s, const json::value& body,
                                                      std::string_view headline) {
