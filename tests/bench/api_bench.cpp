@@ -313,8 +313,9 @@ int run_post(const Args& a) {
     auto req = make_request(bhttp::verb::post, path, token);
     req.set(bhttp::field::content_type, "application/json");
     req.body() =
-        now ? fmt::format(R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "endsAt": "{}", "note": "api_bench {}"}})",
-                          unit, rfc3339(std::time(nullptr) + 86400), i)
+        now ? fmt::format(
+                  R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "endsAt": "{}", "note": "api_bench {}"}})",
+                  unit, rfc3339(std::time(nullptr) + 86400), i)
             : fmt::format(
                   R"({{"unitIds": ["{}"], "audienceOrgIds": ["org-bench"], "startsAt": "{}", "endsAt": "{}", "note": "api_bench {}"}})",
                   unit, rfc3339(base + static_cast<std::time_t>(i) * 3600),
