@@ -540,7 +540,9 @@ std::expected<void, std::string> bind_servers(Daemon::Parts& p,
   };
   p.server.emplace(p.net, api_limits(cfg), handle, log_line, observe);
   p.admin_server.emplace(p.admin_io, admin_limits(cfg), handle, log_line, observe);
-  return listen_all(*p.server, *p.admin_server, cfg, p.passed, tls, gid, p.peers);
+  if (auto l = listen_all(*p.server, *p.admin_server, cfg, p.passed, tls, gid, p.peers); !l)
+    return std::unexpected(std::move(l.error().detail));
+  return {};
 }
 
 // Reporting to the central API when central.url is set (`central`, its TLS context); else a line

@@ -67,10 +67,9 @@ std::expected<PassedListeners, std::string> match_passed(const std::vector<Passe
 // Serves api.listen (HTTPS with `tls`) and the admin socket on `admin` (its group `group`, its peers
 // as `peers` allows) on the sockets systemd passed, binding those it did not pass; binds
 // metrics.listen on `server`.
-std::expected<void, std::string> listen_all(http::Server& server, http::Server& admin,
-                                            const config::Config& c, const PassedListeners& passed,
-                                            std::shared_ptr<boost::asio::ssl::context> tls,
-                                            std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers);
+error::Result<void> listen_all(http::Server& server, http::Server& admin, const config::Config& c,
+                               const PassedListeners& passed, std::shared_ptr<boost::asio::ssl::context> tls,
+                               std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers);
 
 // The reporter's options from central.*, but for `facts` and `log` (the daemon's own).
 report::Options reporter_options(const config::Config& c, const std::string& version,

@@ -172,6 +172,7 @@ Errc errno_code(int err) {
     case EWOULDBLOCK:
 #endif
     case EBUSY:
+    case EADDRINUSE:
       return Errc::busy;
     case ETIMEDOUT:
       return Errc::timeout;
@@ -180,6 +181,7 @@ Errc errno_code(int err) {
     case EHOSTUNREACH:
     case ECONNRESET:
     case EPIPE:
+    case EADDRNOTAVAIL:
       return Errc::unavailable;
     case EINVAL:
       return Errc::invalid;

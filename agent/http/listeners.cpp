@@ -29,8 +29,7 @@ std::string endpoint_text(const tcp::endpoint& ep) {
 
 // The endpoint to bind for `host` (empty or "*": every IPv4 address; an IPv4 or IPv6 address; or a
 // host name, resolved here, at start, never on a request's path).
-std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const std::string& host,
-                                                      std::uint16_t port) {
+error::Result<tcp::endpoint> endpoint_of(net::io_context& io, const std::string& host, std::uint16_t port) {
   if (host.empty() || host == "*") return tcp::endpoint(net::ip::address_v4::any(), port);
   error_code ec;
   auto addr = net::ip::make_address(host, ec);
@@ -38,8 +37,8 @@ std::expected<tcp::endpoint, std::string> endpoint_of(net::io_context& io, const
   tcp::resolver resolver(io);
   auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return std::unexpected(
-        fmt::format("cannot resolve {}: {}", host, ec ? ec.message() : std::string("no address")));
+    if (ec) return std::unexpected(error::from_errno(ec.value(), fmt::format("cannot resolve {}", host)));
+    return error::fail(error::Errc::not_found, fmt::format("cannot resolve {}: no address", host));
   }
   return results.begin()->endpoint();
 }
@@ -59,70 +58,71 @@ bool unix_socket_alive(const std::string& path) {
 // The admin socket's directory (CONTRACT §7): made mode 0750 if missing, and given to the admin
 // group so that its members can reach the socket. Only the last level is made: a missing parent
 // (a mistyped admin.socket) is an error. One that exists is left as it is.
-std::expected<void, std::string> make_socket_dir(const std::string& path, std::optional<gid_t> group) {
+error::Result<void> make_socket_dir(const std::string& path, std::optional<gid_t> group) {
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) return {};
   if (::mkdir(dir.c_str(), 0700) != 0) {  // 0700 until it has its group, then 0750
     if (errno == EEXIST) return {};
-    return std::unexpected(fmt::format("admin socket {}: cannot create its directory {}: {}", path,
-                                       dir.string(), std::strerror(errno)));
+    return std::unexpected(error::from_errno(
+        errno, fmt::format("admin socket {}: cannot create its directory {}", path, dir.string())));
   }
   if (group && ::chown(dir.c_str(), static_cast<uid_t>(-1), *group) != 0) {
-    return std::unexpected(fmt::format("admin socket {}: cannot give its directory {} to group {}: {}", path,
-                                       dir.string(), *group, std::strerror(errno)));
+    return std::unexpected(
+        error::from_errno(errno, fmt::format("admin socket {}: cannot give its directory {} to group {}",
+                                             path, dir.string(), *group)));
   }
   if (::chmod(dir.c_str(), 0750) != 0) {
-    return std::unexpected(fmt::format("admin socket {}: cannot chmod its directory {}: {}", path,
-                                       dir.string(), std::strerror(errno)));
+    return std::unexpected(error::from_errno(
+        errno, fmt::format("admin socket {}: cannot chmod its directory {}", path, dir.string())));
   }
   return {};
 }
 
 // A socket file left at `path` by a process that is gone is removed; anything else there is an error.
-std::expected<void, std::string> remove_stale_socket(const std::string& path) {
+error::Result<void> remove_stale_socket(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
-      return std::unexpected(fmt::format("admin socket {}: exists and is not a socket", path));
+      return error::fail(error::Errc::exists,
+                         fmt::format("admin socket {}: exists and is not a socket", path));
     if (unix_socket_alive(path)) {
-      return std::unexpected(fmt::format("admin socket {}: another process is listening on it", path));
+      return error::fail(error::Errc::busy,
+                         fmt::format("admin socket {}: another process is listening on it", path));
     }
     if (::unlink(path.c_str()) != 0) {
       return std::unexpected(
-          fmt::format("admin socket {}: cannot remove the stale socket: {}", path, std::strerror(errno)));
+          error::from_errno(errno, fmt::format("admin socket {}: cannot remove the stale socket", path)));
     }
   } else if (errno != ENOENT) {
-    return std::unexpected(fmt::format("admin socket {}: {}", path, std::strerror(errno)));
+    return std::unexpected(error::from_errno(errno, fmt::format("admin socket {}", path)));
   }
   return {};
 }
 
 // The admin socket bound at `path`, given to `group`, chmodded to `mode` and listening; on an
 // error after bind the socket file is removed.
-std::expected<std::unique_ptr<detail::UnixListener>, std::string> bind_unix(net::io_context& io,
-                                                                            const std::string& path,
-                                                                            unsigned mode,
-                                                                            std::optional<gid_t> group) {
+error::Result<std::unique_ptr<detail::UnixListener>> bind_unix(net::io_context& io, const std::string& path,
+                                                               unsigned mode, std::optional<gid_t> group) {
   auto l = std::make_unique<detail::UnixListener>();
   l->acceptor = std::make_unique<unix_proto::acceptor>(io);
   l->path = path;
   error_code ec;
-  auto failed = [&](std::string_view step, std::string why) {
-    return std::unexpected(fmt::format("admin socket {}: {}: {}", path, step, why));
+  auto failed = [&](std::string_view step, int err) {
+    return std::unexpected(error::from_errno(err, fmt::format("admin socket {}: {}", path, step)));
   };
-  if (l->acceptor->open(unix_proto(), ec); ec) return failed("socket", ec.message());
-  if (l->acceptor->bind(unix_proto::endpoint(path), ec); ec) return failed("bind", ec.message());
+  if (l->acceptor->open(unix_proto(), ec); ec) return failed("socket", ec.value());
+  if (l->acceptor->bind(unix_proto::endpoint(path), ec); ec) return failed("bind", ec.value());
   // Nobody can connect before listen(), so the socket is the group's and has its mode first.
   // (fchown on the socket's descriptor would change the socket, not the file that names it.)
   if (group && ::chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) {
-    auto why = std::string(std::strerror(errno));
+    const int why = errno;
     ::unlink(path.c_str());
     return failed(fmt::format("cannot give it to group {}", *group), why);
   }
   // chmod after bind: the mode does not depend on the umask.
   struct stat st {};
   if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0 || ::lstat(path.c_str(), &st) != 0) {
-    auto why = std::string(std::strerror(errno));
+    const int why = errno;
     ::unlink(path.c_str());
     return failed("chmod", why);
   }
@@ -130,7 +130,7 @@ std::expected<std::unique_ptr<detail::UnixListener>, std::string> bind_unix(net:
   l->ino = st.st_ino;
   if (l->acceptor->listen(net::socket_base::max_listen_connections, ec); ec) {
     ::unlink(path.c_str());
-    return failed("listen", ec.message());
+    return failed("listen", ec.value());
   }
   return l;
 }
@@ -139,7 +139,7 @@ std::expected<std::unique_ptr<detail::UnixListener>, std::string> bind_unix(net:
 // when it connected, with no NSS lookup. ERANGE says the buffer was short and sets `len` to the
 // size needed; the groups cannot change on a connected socket, so one retry at that size is enough
 // (a few more are allowed all the same).
-std::expected<std::vector<gid_t>, std::string> peer_groups(int fd) {
+error::Result<std::vector<gid_t>> peer_groups(int fd) {
   std::vector<gid_t> groups(64);
   for (int attempt = 0; attempt < 4; ++attempt) {
     auto len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
@@ -147,23 +147,25 @@ std::expected<std::vector<gid_t>, std::string> peer_groups(int fd) {
       groups.resize(len / sizeof(gid_t));
       return groups;
     }
-    if (errno != ERANGE) return std::unexpected(std::string(std::strerror(errno)));
+    if (errno != ERANGE) return std::unexpected(error::from_errno(errno, "SO_PEERGROUPS"));
     groups.resize(std::max<std::size_t>(len / sizeof(gid_t), groups.size() * 2));
   }
-  return std::unexpected(std::string("the group list kept growing"));
+  return error::fail(error::Errc::internal, "SO_PEERGROUPS: the group list kept growing");
 }
 
 // Binds and listens on host:port for listen_tls and listen_plain; errors name the address and the step.
-std::expected<std::unique_ptr<tcp::acceptor>, std::string> bind_tcp(net::io_context& io,
-                                                                    const std::string& listen,
-                                                                    const std::string& host,
-                                                                    std::uint16_t port) {
+error::Result<std::unique_ptr<tcp::acceptor>> bind_tcp(net::io_context& io, const std::string& listen,
+                                                       const std::string& host, std::uint16_t port) {
   auto ep = endpoint_of(io, host, port);
-  if (!ep) return std::unexpected(fmt::format("cannot listen on {}: {}", listen, ep.error()));
+  if (!ep)
+    return std::unexpected(error::Error{ep.error().code,
+                                        fmt::format("cannot listen on {}: {}", listen, ep.error().detail),
+                                        ep.error().native, ep.error().origin});
   auto a = std::make_unique<tcp::acceptor>(io);
   error_code ec;
   auto failed = [&](std::string_view step) {
-    return std::unexpected(fmt::format("cannot listen on {}: {}: {}", listen, step, ec.message()));
+    return std::unexpected(
+        error::from_errno(ec.value(), fmt::format("cannot listen on {}: {}", listen, step)));
   };
   if (a->open(ep->protocol(), ec); ec) return failed("open");
   if (a->set_option(net::socket_base::reuse_address(true), ec); ec) return failed("SO_REUSEADDR");
@@ -369,7 +371,7 @@ bool ServerState::peer_allowed(const UnixListener& l, int fd, Peer& peer) {
     peer.groups = std::move(*groups);
   } else {
     log(fmt::format("admin socket {}: cannot read the supplementary groups of peer uid={} pid={}: {}", l.path,
-                    cred.uid, cred.pid, groups.error()));
+                    cred.uid, cred.pid, groups.error().detail));
   }
   bool ok = false;
   try {
@@ -386,10 +388,10 @@ bool ServerState::peer_allowed(const UnixListener& l, int fd, Peer& peer) {
 
 }  // namespace detail
 
-std::expected<void, std::string> Server::listen_tls(const std::string& host, std::uint16_t port,
-                                                    std::shared_ptr<ssl::context> tls) {
+error::Result<void> Server::listen_tls(const std::string& host, std::uint16_t port,
+                                       std::shared_ptr<ssl::context> tls) {
   const std::string listen = listen_text(host, port);
-  if (!tls) return std::unexpected(fmt::format("listen {}: no TLS context", listen));
+  if (!tls) return error::fail(error::Errc::invalid, fmt::format("listen {}: no TLS context", listen));
   auto a = bind_tcp(state_->io, listen, host, port);
   if (!a) return std::unexpected(a.error());
   error_code ec;
@@ -398,7 +400,8 @@ std::expected<void, std::string> Server::listen_tls(const std::string& host, std
   {
     std::lock_guard lock(state_->mu);
     if (!state_->accepting)
-      return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
+      return error::fail(error::Errc::unavailable,
+                         fmt::format("listen {}: the server is shutting down", listen));
     state_->tls = std::move(tls);
     if (state_->port == 0 && !ec) state_->port = bound.port();
     state_->tcp_acceptors.push_back(std::move(*a));
@@ -407,25 +410,26 @@ std::expected<void, std::string> Server::listen_tls(const std::string& host, std
   return {};
 }
 
-std::expected<void, std::string> Server::adopt_tls(int fd, std::shared_ptr<ssl::context> tls) {
+error::Result<void> Server::adopt_tls(int fd, std::shared_ptr<ssl::context> tls) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
       (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) {
     ::close(fd);
-    return std::unexpected(fmt::format("passed socket (fd {}): not a TCP socket", fd));
+    return error::fail(error::Errc::invalid, fmt::format("passed socket (fd {}): not a TCP socket", fd));
   }
   auto a = std::make_unique<tcp::acceptor>(state_->io);
   error_code ec;
   if (a->assign(ss.ss_family == AF_INET ? tcp::v4() : tcp::v6(), fd, ec); ec) {
     ::close(fd);
-    return std::unexpected(fmt::format("passed socket (fd {}): {}", fd, ec.message()));
+    return std::unexpected(error::from_errno(ec.value(), fmt::format("passed socket (fd {})", fd)));
   }
   auto bound = a->local_endpoint(ec);
   tcp::acceptor* raw = a.get();
   {
     std::lock_guard lock(state_->mu);
-    if (!state_->accepting) return std::unexpected(std::string("passed socket: the server is shutting down"));
+    if (!state_->accepting)
+      return error::fail(error::Errc::unavailable, "passed socket: the server is shutting down");
     state_->tls = std::move(tls);
     if (state_->port == 0 && !ec) state_->port = bound.port();
     state_->tcp_acceptors.push_back(std::move(a));
@@ -434,12 +438,12 @@ std::expected<void, std::string> Server::adopt_tls(int fd, std::shared_ptr<ssl::
   return {};
 }
 
-std::expected<void, std::string> Server::adopt_unix(int fd, PeerFilter filter) {
+error::Result<void> Server::adopt_unix(int fd, PeerFilter filter) {
   sockaddr_un sa{};
   socklen_t len = sizeof sa;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sun_family != AF_UNIX) {
     ::close(fd);
-    return std::unexpected(fmt::format("passed socket (fd {}): not a unix socket", fd));
+    return error::fail(error::Errc::invalid, fmt::format("passed socket (fd {}): not a unix socket", fd));
   }
   auto l = std::make_unique<detail::UnixListener>();
   l->acceptor = std::make_unique<unix_proto::acceptor>(state_->io);
@@ -449,19 +453,21 @@ std::expected<void, std::string> Server::adopt_unix(int fd, PeerFilter filter) {
   error_code ec;
   if (l->acceptor->assign(unix_proto(), fd, ec); ec) {
     ::close(fd);
-    return std::unexpected(fmt::format("passed socket {} (fd {}): {}", l->path, fd, ec.message()));
+    return std::unexpected(
+        error::from_errno(ec.value(), fmt::format("passed socket {} (fd {})", l->path, fd)));
   }
   detail::UnixListener* raw = l.get();
   {
     std::lock_guard lock(state_->mu);
-    if (!state_->accepting) return std::unexpected(std::string("passed socket: the server is shutting down"));
+    if (!state_->accepting)
+      return error::fail(error::Errc::unavailable, "passed socket: the server is shutting down");
     state_->unix_listeners.push_back(std::move(l));
   }
   state_->accept_unix(raw);
   return {};
 }
 
-std::expected<void, std::string> Server::listen_plain(const std::string& host, std::uint16_t port) {
+error::Result<void> Server::listen_plain(const std::string& host, std::uint16_t port) {
   const std::string listen = listen_text(host, port);
   auto a = bind_tcp(state_->io, listen, host, port);
   if (!a) return std::unexpected(a.error());
@@ -469,17 +475,18 @@ std::expected<void, std::string> Server::listen_plain(const std::string& host, s
   {
     std::lock_guard lock(state_->mu);
     if (!state_->accepting)
-      return std::unexpected(fmt::format("listen {}: the server is shutting down", listen));
+      return error::fail(error::Errc::unavailable,
+                         fmt::format("listen {}: the server is shutting down", listen));
     state_->tcp_acceptors.push_back(std::move(*a));
   }
   state_->accept_tcp(raw, true);
   return {};
 }
 
-std::expected<void, std::string> Server::listen_unix(const std::string& path, unsigned mode,
-                                                     std::optional<gid_t> group, PeerFilter filter) {
+error::Result<void> Server::listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
+                                        PeerFilter filter) {
   if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
-    return std::unexpected(fmt::format("admin socket {}: path empty or too long", path));
+    return error::fail(error::Errc::invalid, fmt::format("admin socket {}: path empty or too long", path));
   }
   if (auto made = make_socket_dir(path, group); !made) return std::unexpected(made.error());
   if (auto removed = remove_stale_socket(path); !removed) return std::unexpected(removed.error());
@@ -491,7 +498,8 @@ std::expected<void, std::string> Server::listen_unix(const std::string& path, un
     std::lock_guard lock(state_->mu);
     if (!state_->accepting) {
       ::unlink(path.c_str());
-      return std::unexpected(fmt::format("admin socket {}: the server is shutting down", path));
+      return error::fail(error::Errc::unavailable,
+                         fmt::format("admin socket {}: the server is shutting down", path));
     }
     state_->unix_listeners.push_back(std::move(*l));
   }

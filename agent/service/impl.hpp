@@ -3,11 +3,15 @@
 //   inventory.cpp           Inventory: present and absent units; what a scan changes
 //   termination_ledger.cpp  TerminationLedger: terminations written ahead, running batches
 //   authenticator.cpp       Authenticator: bearer tokens and their cache
-//   node_state.cpp          loading, commit, scan, terms, request plumbing,
-//                           and NodeService's public member functions
-//   reservation_routes.cpp  routing, units, reservations, audit, state, reserved capacity, ETags
-//   workload_routes.cpp     workloads, occupancy, entitlement (capacity, admission), release
-//   spot_routes.cpp         the spot market: reclaim, terminate-spot and their termination batches
+//   node_state.cpp          loading, commit, scan, terms, request plumbing, what a route may ask
+//                           (Asks), the committer (carry_out), the domains as listed, and
+//                           NodeService's public member functions
+//   reservation_routes.cpp  routing, the reads the store answers (audit, ended reservations),
+//                           reserved capacity
+//   reservation_decisions.cpp, spot_decisions.cpp: the mutating routes as decisions (decision.hpp)
+//   workload_routes.cpp     GET workloads, unentitled domains, the hook's domain admission
+//   spot_routes.cpp         termination batches: started, dry runs, finished, observed
+//   checkpoints.cpp         signed audit checkpoints (CONTRACT §12)
 #pragma once
 
 #include <fmt/format.h>

@@ -49,6 +49,8 @@ TEST_CASE("errno: each maps to the code an operator acts on, the detail ends wit
       {EAGAIN, Errc::busy, "busy"},
       {EWOULDBLOCK, Errc::busy, "busy"},
       {EBUSY, Errc::busy, "busy"},
+      {EADDRINUSE, Errc::busy, "busy"},
+      {EADDRNOTAVAIL, Errc::unavailable, "unavailable"},
       {ETIMEDOUT, Errc::timeout, "timed out"},
       {EIO, Errc::io, "I/O error"},
       {ECONNREFUSED, Errc::unavailable, "unavailable"},

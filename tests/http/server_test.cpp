@@ -380,7 +380,7 @@ struct Fixture {
     auto ctx = gpunode::http::make_tls_context(files);
     REQUIRE_MESSAGE(ctx.has_value(), (ctx ? "" : ctx.error()));
     auto r = server->listen_tls("127.0.0.1", 0, *ctx);
-    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error()));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().detail));
     REQUIRE(server->tls_port() != 0);
     return server->tls_port();
   }
@@ -388,7 +388,7 @@ struct Fixture {
   std::string listen_unix(gpunode::http::PeerFilter filter = {}) {
     auto path = dir.file("admin.sock");
     auto r = server->listen_unix(path, 0660, std::nullopt, std::move(filter));
-    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error()));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().detail));
     return path;
   }
 
@@ -527,12 +527,15 @@ TEST_CASE("listen errors name the address") {
   // The address's syntax is config::parse_listen's (tests/config); here: what binding finds.
   auto r = f.server->listen_tls("192.0.2.1", 8443, *ctx);  // TEST-NET-1: not this host's address
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("bind") != std::string::npos);
-  CHECK(r.error().find("192.0.2.1:8443") != std::string::npos);
+  CHECK(r.error().detail.find("bind") != std::string::npos);
+  CHECK(r.error().detail.find("192.0.2.1:8443") != std::string::npos);
+  CHECK(r.error().code == gpunode::error::Errc::unavailable);  // EADDRNOTAVAIL
   auto port = f.listen();
   r = f.server->listen_tls("127.0.0.1", port, *ctx);  // taken
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find(std::to_string(port)) != std::string::npos);
+  CHECK(r.error().detail.find(std::to_string(port)) != std::string::npos);
+  CHECK(r.error().code == gpunode::error::Errc::busy);  // EADDRINUSE
+  CHECK(r.error().native == EADDRINUSE);
 }
 
 TEST_CASE("TLS: GET and POST round trip; response headers") {
@@ -1023,7 +1026,7 @@ TEST_CASE("admin socket: round trip with the peer's credentials; stale and forei
     ++filtered;
     return p.uid == ::getuid();
   });
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error()));  // mode and group: the next test
+  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));  // mode and group: the next test
 
   auto u = Client::plain_unix(path);
   REQUIRE(u->ok);
@@ -1044,18 +1047,21 @@ TEST_CASE("admin socket: round trip with the peer's credentials; stale and forei
   Server other{f.io, test_limits(), [](Request, Reply reply) { reply(Response{}); }, {}};
   auto r2 = other.listen_unix(path, 0660, std::nullopt, {});
   REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().find(path) != std::string::npos);
+  CHECK(r2.error().detail.find(path) != std::string::npos);
+  CHECK(r2.error().code == gpunode::error::Errc::busy);
   auto regular = f.dir.file("regular");
   std::ofstream(regular) << "keep me\n";
   r2 = other.listen_unix(regular, 0660, std::nullopt, {});
   REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().find(regular) != std::string::npos);
-  CHECK(r2.error().find("not a socket") != std::string::npos);
+  CHECK(r2.error().detail.find(regular) != std::string::npos);
+  CHECK(r2.error().detail.find("not a socket") != std::string::npos);
+  CHECK(r2.error().code == gpunode::error::Errc::exists);
   CHECK(fs::exists(regular));
   auto nodir = f.dir.file("no/such/dir.sock");  // only the socket's own directory is made
   r2 = other.listen_unix(nodir, 0660, std::nullopt, {});
   REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().find(nodir) != std::string::npos);
+  CHECK(r2.error().detail.find(nodir) != std::string::npos);
+  CHECK(r2.error().code == gpunode::error::Errc::not_found);
 }
 
 namespace {
@@ -1092,7 +1098,7 @@ TEST_CASE("admin socket: mode 0660 and the admin group, its directory made 0750,
   auto old_mask = ::umask(077);
   auto lr = f.server->listen_unix(path, 0660, group, {});
   ::umask(old_mask);
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error()));
+  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
   struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
   CHECK(S_ISSOCK(st.st_mode));
@@ -1116,7 +1122,7 @@ TEST_CASE("admin socket: mode 0660 and the admin group, its directory made 0750,
   fs::permissions(f.dir.path / "mine", fs::perms(0711));
   const auto path2 = (f.dir.path / "mine" / "admin.sock").string();
   lr = other.listen_unix(path2, 0660, std::nullopt, {});
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error()));
+  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
   REQUIRE(::stat((f.dir.path / "mine").c_str(), &st) == 0);
   CHECK((st.st_mode & 07777) == 0711);
   REQUIRE(::stat(path2.c_str(), &st) == 0);
@@ -1136,8 +1142,9 @@ TEST_CASE("admin socket: a group the process may not give the socket to is an er
   const auto path = f.dir.file("admin.sock");
   auto lr = f.server->listen_unix(path, 0660, foreign, {});
   REQUIRE_FALSE(lr.has_value());
-  CHECK(lr.error().find(path) != std::string::npos);
-  CHECK(lr.error().find("group " + std::to_string(foreign)) != std::string::npos);
+  CHECK(lr.error().detail.find(path) != std::string::npos);
+  CHECK(lr.error().detail.find("group " + std::to_string(foreign)) != std::string::npos);
+  CHECK(lr.error().code == gpunode::error::Errc::permission);
   CHECK_FALSE(fs::exists(path));
 }
 
@@ -1151,7 +1158,7 @@ TEST_CASE("admin socket: the peer's primary group and supplementary groups, read
     seen = p;
     return true;
   });
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error()));
+  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
 
   // As root, first take 100 distinctive groups (more than the server's first buffer holds, so the
   // ERANGE retry is taken): the kernel keeps the credentials of the moment of connect.
@@ -1340,7 +1347,7 @@ TEST_CASE(
     return ntohs(sa.sin_port);
   }();
   auto l = f.server->listen_plain("127.0.0.1", port);
-  REQUIRE_MESSAGE(l.has_value(), (l ? "" : l.error()));
+  REQUIRE_MESSAGE(l.has_value(), (l ? "" : l.error().detail));
   auto c = Client::plain_tcp(port);
   REQUIRE(c->ok);
   auto r = c->roundtrip(request("GET", "/echo?x=1"));

@@ -69,8 +69,8 @@ inline std::unexpected<Error> fail(Errc code, std::string detail) {
 }
 
 // The one mapping of an errno: ENOENT/ENOTDIR not_found, EACCES/EPERM permission, EEXIST exists,
-// ENOSPC/EDQUOT full, EROFS read_only, EAGAIN/EWOULDBLOCK/EBUSY busy, ETIMEDOUT timeout,
-// ECONNREFUSED/ENETUNREACH/EHOSTUNREACH/ECONNRESET/EPIPE unavailable, EINVAL invalid, EFBIG
+// ENOSPC/EDQUOT full, EROFS read_only, EAGAIN/EWOULDBLOCK/EBUSY/EADDRINUSE busy, ETIMEDOUT timeout,
+// ECONNREFUSED/ENETUNREACH/EHOSTUNREACH/ECONNRESET/EPIPE/EADDRNOTAVAIL unavailable, EINVAL invalid, EFBIG
 // too_large, ENOMEM internal, else io.
 // The detail is `detail + ": " + strerror(err)`, as the agent's messages have always read.
 Errc errno_code(int err);

@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
 #include "gpunode/json/problem.hpp"
 #include "gpunode/json/request.hpp"
 
@@ -144,24 +145,24 @@ class Server {
   // HTTPS on `host` (an IPv4 or IPv6 address, a host name resolved now, or empty / "*" for every
   // IPv4 address) and `port` (0 picks one, see tls_port()). The daemon parses `api.listen` with
   // config::parse_listen.
-  std::expected<void, std::string> listen_tls(const std::string& host, std::uint16_t port,
-                                              std::shared_ptr<boost::asio::ssl::context> tls);
+  error::Result<void> listen_tls(const std::string& host, std::uint16_t port,
+                                 std::shared_ptr<boost::asio::ssl::context> tls);
   // Plain HTTP (no TLS, no peer check) on `host` and `port`, as listen_tls binds them; its peers
   // are Peer::Kind::plain_tcp. For metrics.listen: bind it to loopback.
-  std::expected<void, std::string> listen_plain(const std::string& host, std::uint16_t port);
+  error::Result<void> listen_plain(const std::string& host, std::uint16_t port);
   // The admin socket (CONTRACT §7: `mode` 0660). Creates the socket's directory mode 0750 if
   // missing (only the last level; chowned to `group` when given), unlinks a stale socket first
   // (only if it is a socket and nobody answers on it), binds, gives the socket to `group` when
   // given (its owner stays this process's uid), chmods it to `mode`, listens. Errors name the
   // socket, the step and the reason (and the group id for a failed chown).
-  std::expected<void, std::string> listen_unix(const std::string& path, unsigned mode,
-                                               std::optional<gid_t> group, PeerFilter filter);
+  error::Result<void> listen_unix(const std::string& path, unsigned mode, std::optional<gid_t> group,
+                                  PeerFilter filter);
   // Socket activation (CONTRACT §11): HTTPS on `fd`, a listening TCP socket systemd passed, and the
   // admin socket on `fd`, a listening unix socket. The server owns `fd` from the call on (closed on
   // an error too). Closing it when the server stops accepting leaves the socket open in systemd,
   // whose queue keeps new connections for the next agent; an adopted admin socket is never unlinked.
-  std::expected<void, std::string> adopt_tls(int fd, std::shared_ptr<boost::asio::ssl::context> tls);
-  std::expected<void, std::string> adopt_unix(int fd, PeerFilter filter);
+  error::Result<void> adopt_tls(int fd, std::shared_ptr<boost::asio::ssl::context> tls);
+  error::Result<void> adopt_unix(int fd, PeerFilter filter);
   // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
   void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
   std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)
