@@ -59,19 +59,13 @@ ApiResponse NodeService::Impl::audit_checkpoints(const ApiRequest& q, const Call
     return detail::storage_problem(rows.error(), "the audit checkpoints cannot be read",
                                    "try again once the agent's log says it can");
   }
-  const bool more = rows->size() > limit;
-  if (more) rows->resize(limit);
-  json::array list;
-  for (const auto& [seq, text] : *rows) {
-    boost::system::error_code ec;
-    auto v = json::parse(text, ec);
-    if (ec) return problem(500, "internal", fmt::format("audit checkpoint {} is not JSON", seq));
-    list.emplace_back(std::move(v));
-  }
-  const std::int64_t last = rows->empty() ? 0 : rows->back().first;
+  auto got = detail::stored_page(std::move(*rows), limit,
+                                 [](std::int64_t seq) { return fmt::format("audit checkpoint {}", seq); });
+  if (!got) return got.error();
   return json_response(
-      json::object{{"checkpoints", std::move(list)},
-                   {"nextPageToken", more ? json::value(std::to_string(last)) : json::value(nullptr)},
+      json::object{{"checkpoints", std::move(got->documents)},
+                   {"nextPageToken",
+                    got->next_after ? json::value(std::to_string(*got->next_after)) : json::value(nullptr)},
                    {"auditKey", audit_key ? json::value(audit_key->public_pem()) : json::value(nullptr)}});
 }
 

@@ -219,6 +219,23 @@ ApiResponse capacity_answer(const Snapshot& s, const ApiRequest& q, const r::Cal
       json::object{{"nodeId", s.node.node_id}, {"orgId", *org}, {"units", std::move(entries)}});
 }
 
+std::expected<StoredPage, ApiResponse> stored_page(std::vector<std::pair<std::int64_t, std::string>> rows,
+                                                   std::size_t limit,
+                                                   const std::function<std::string(std::int64_t)>& name_of) {
+  StoredPage page;
+  if (rows.size() > limit) {
+    rows.resize(limit);
+    page.next_after = rows.empty() ? 0 : rows.back().first;
+  }
+  for (const auto& [seq, text] : rows) {
+    boost::system::error_code ec;
+    auto v = json::parse(text, ec);
+    if (ec) return std::unexpected(problem(500, "internal", fmt::format("{} is not JSON", name_of(seq))));
+    page.documents.emplace_back(std::move(v));
+  }
+  return page;
+}
+
 std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q) {
   std::size_t limit = kDefaultLimit;
   if (auto l = q.query_param("limit")) {

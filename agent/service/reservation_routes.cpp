@@ -169,23 +169,13 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
     return storage_problem(rows.error(), "the audit log cannot be read",
                            "try again once the agent's log says it can");
   }
-  const bool more = rows->size() > limit;
-  if (more) rows->resize(limit);
-  json::array records;
-  for (const auto& [seq, text] : *rows) {
-    boost::system::error_code ec;
-    auto v = json::parse(text, ec);
-    if (ec)
-      return problem(500, "internal",
-                     fmt::format("audit record {} is not JSON",
-                                 store::format_audit_id(static_cast<std::uint64_t>(seq))));
-    records.emplace_back(std::move(v));
-  }
-  const std::int64_t last = rows->empty() ? 0 : rows->back().first;
+  const auto id_of = [](std::int64_t seq) { return store::format_audit_id(static_cast<std::uint64_t>(seq)); };
+  auto got =
+      stored_page(std::move(*rows), limit, [&](std::int64_t seq) { return "audit record " + id_of(seq); });
+  if (!got) return got.error();
   return json_response(json::object{
-      {"records", std::move(records)},
-      {"nextPageToken",
-       more ? json::value(store::format_audit_id(static_cast<std::uint64_t>(last))) : json::value(nullptr)}});
+      {"records", std::move(got->documents)},
+      {"nextPageToken", got->next_after ? json::value(id_of(*got->next_after)) : json::value(nullptr)}});
 }
 
 ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c,

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/reservations/rules.hpp"
@@ -111,6 +113,17 @@ boost::json::array units_json(const reservations::NodeView& node, const Reservat
 
 // A page's limit and pageToken (the last id of the previous page), or the 400 for a bad limit.
 std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const ApiRequest& q);
+
+// A page of stored documents (`rows`: seq and JSON text, read `limit + 1` to see whether more
+// follow): the documents, and the seq to continue after when more follow. A row that is not JSON
+// is a 500 naming it (`name_of(seq)`: "audit record aud_12").
+struct StoredPage {
+  boost::json::array documents;
+  std::optional<std::int64_t> next_after;
+};
+std::expected<StoredPage, ApiResponse> stored_page(std::vector<std::pair<std::int64_t, std::string>> rows,
+                                                   std::size_t limit,
+                                                   const std::function<std::string(std::int64_t)>& name_of);
 
 // A strong ETag over a body; the answer to If-None-Match (304 when it matches).
 std::string strong_etag(std::string_view body);
