@@ -27,7 +27,7 @@ std::optional<Tier> parse_tier(std::string_view text) {
   return std::nullopt;
 }
 
-const Reservation* active_holder(const std::vector<Reservation>& reservations, std::string_view unit_id) {
+const Reservation* active_holder(ReservationsView reservations, std::string_view unit_id) {
   for (const auto& x : reservations) {
     if (x.state == State::active && x.holds_unit(unit_id)) return &x;
   }
@@ -35,7 +35,7 @@ const Reservation* active_holder(const std::vector<Reservation>& reservations, s
 }
 
 Entitlement entitled(std::string_view org, Tier tier, std::string_view unit_id, const UnitFacts& unit,
-                     const std::vector<Reservation>& reservations, std::string_view node_id) {
+                     ReservationsView reservations, std::string_view node_id) {
   switch (unit.presence) {
     case UnitFacts::Presence::absent:
       return {"absent", fmt::format("{} is no longer on the host", unit_id), {}};

@@ -21,8 +21,7 @@ bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end) {
   return a_start < b_end && b_start < a_end;
 }
 
-std::vector<std::string> blocking_reservations(const Reservation& candidate,
-                                               const std::vector<Reservation>& existing) {
+std::vector<std::string> blocking_reservations(const Reservation& candidate, ReservationsView existing) {
   std::vector<const Reservation*> all;
   all.reserve(existing.size());
   for (const auto& r : existing) all.push_back(&r);
@@ -44,7 +43,7 @@ std::vector<std::string> blocking_reservations(const Reservation& candidate,
   return out;
 }
 
-std::vector<Transition> due_transitions(const std::vector<Reservation>& reservations, Time now) {
+std::vector<Transition> due_transitions(ReservationsView reservations, Time now) {
   std::vector<Transition> out;
   for (const auto& r : reservations) {
     if (r.state == State::scheduled && r.starts_at <= now) {
@@ -121,8 +120,7 @@ bool in_audience(const Caller& caller, const Reservation& r) {
 }
 
 std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
-                                                 const std::vector<Reservation>& reservations,
-                                                 const std::string& unit_id) {
+                                                 ReservationsView reservations, const std::string& unit_id) {
   std::vector<std::string> out;
   for (const auto& r : reservations) {
     if (!r.ended() && r.holds_unit(unit_id) &&
@@ -134,7 +132,7 @@ std::vector<std::string> visible_reservation_ids(const Caller& caller, const Nod
 }
 
 std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node,
-                                      const std::vector<Reservation>& reservations,
+                                      ReservationsView reservations,
                                       const std::vector<std::string>& node_units) {
   if (caller.admin() || is_owner(caller, node)) return {node_units.begin(), node_units.end()};
   std::set<std::string> out;

@@ -115,7 +115,7 @@ struct NodeService::Impl {
     return r::may(action, c.who, r::Subject{node(), all_reservations(), x, {}});
   }
   r::Time now() const { return detail::to_time(clock()); }
-  const std::vector<r::Reservation>& all_reservations() const { return reservations.all(); }
+  r::ReservationsView all_reservations() const { return reservations.all(); }
 
   // The snapshot (snapshot.hpp). `generation` moves with anything a snapshot shows (a commit, a
   // revision bump, a reload setting, a new inventory): core thread writes, any thread reads.

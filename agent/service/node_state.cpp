@@ -17,7 +17,8 @@ void NodeService::Impl::load() {
   {
     ReservationTable::List sorted;
     sorted.reserve(loaded.reservations.size());
-    for (auto& [id, x] : loaded.reservations) sorted.push_back(std::move(x));
+    for (auto& [id, x] : loaded.reservations)
+      sorted.push_back(std::make_shared<const reservations::Reservation>(std::move(x)));
     reservations.assign(std::move(sorted));
   }
   terminations.load(std::move(loaded.pending));

@@ -161,11 +161,11 @@ std::expected<ReservationQuery, ApiResponse> reservation_query(const ApiRequest&
 ApiResponse reservations_answer(const Snapshot& s, const ReservationQuery& query, const r::Caller& who) {
   const bool all = r::may(r::Action::list_all_reservations, who, on_node(s));
   ReservationPage page(query.limit);
-  for (auto it = query.token.empty() ? s.reservations.begin() : s.reservations.after(query.token);
-       it != s.reservations.end() && !page.full(); ++it) {
-    if ((all || r::may(r::Action::see_reservation, who, on_node(s, &*it))) &&
-        (!query.state || it->state == *query.state))
-      page.add(*it);
+  for (const auto& x : query.token.empty() ? s.reservations.all() : s.reservations.after(query.token)) {
+    if (page.full()) break;
+    if ((all || r::may(r::Action::see_reservation, who, on_node(s, &x))) &&
+        (!query.state || x.state == *query.state))
+      page.add(x);
   }
   return page.answer();
 }

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <memory>
+
 #include "gpunode/reservations/permissions.hpp"
 
 using namespace gpunode::reservations;
@@ -128,6 +130,36 @@ TEST_CASE("terms activate and expire by the clock, in time order") {
     CHECK(due.back().reservation_id == "rsv_late");
     CHECK(due.back().kind == Transition::Kind::activate);
   }
+}
+
+TEST_CASE("a ReservationsView reads plain and shared reservations alike, in order, without a copy") {
+  std::vector<Reservation> plain{
+      rsv("rsv_a", {"u-1"}, "2027-01-01T00:00:00Z", "2027-02-01T00:00:00Z", State::active),
+      rsv("rsv_b", {"u-1"}, "2027-01-20T00:00:00Z", "2027-03-01T00:00:00Z", State::scheduled),
+  };
+  std::vector<SharedReservation> shared;
+  for (const auto& x : plain) shared.push_back(std::make_shared<const Reservation>(x));
+  const ReservationsView a = plain;
+  const ReservationsView b = shared;
+  CHECK(a.size() == 2);
+  CHECK(b.size() == 2);
+  CHECK_FALSE(b.empty());
+  CHECK(ReservationsView{}.empty());
+  CHECK(ReservationsView{}.begin() == ReservationsView{}.end());
+  std::vector<const Reservation*> seen;
+  for (const auto& x : b) seen.push_back(&x);
+  CHECK(seen == std::vector<const Reservation*>{shared[0].get(), shared[1].get()});  // the values, not copies
+  CHECK(&*a.begin() == plain.data());
+  auto it = b.begin();
+  CHECK((it++)->id == "rsv_a");
+  CHECK(it->id == "rsv_b");
+  CHECK(++it == b.end());
+  // The rules answer the same over either.
+  const auto candidate = rsv("rsv_c", {"u-1"}, "2027-01-25T00:00:00Z", "2027-01-26T00:00:00Z");
+  CHECK(blocking_reservations(candidate, a) == blocking_reservations(candidate, b));
+  CHECK(blocking_reservations(candidate, b) == std::vector<std::string>{"rsv_a", "rsv_b"});
+  CHECK(due_transitions(b, at("2027-02-15T00:00:00Z")).size() ==
+        due_transitions(a, at("2027-02-15T00:00:00Z")).size());
 }
 
 TEST_CASE("create bodies: every invalid field is named") {

@@ -32,7 +32,7 @@ struct Entitlement {
 };
 
 // The active reservation holding `unit_id`, if any (at most one: terms do not overlap).
-const Reservation* active_holder(const std::vector<Reservation>& reservations, std::string_view unit_id);
+const Reservation* active_holder(ReservationsView reservations, std::string_view unit_id);
 
 // The table, for `unit_id` of node `node_id`:
 //   absent / unknown / not sellable units entitle nobody;
@@ -41,6 +41,6 @@ const Reservation* active_holder(const std::vector<Reservation>& reservations, s
 //              released to the spot market;
 //   spot:      only on units released by their active reservation (any org).
 Entitlement entitled(std::string_view org, Tier tier, std::string_view unit_id, const UnitFacts& unit,
-                     const std::vector<Reservation>& reservations, std::string_view node_id);
+                     ReservationsView reservations, std::string_view node_id);
 
 }  // namespace gpunode::reservations

@@ -2,8 +2,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +57,72 @@ struct Reservation {
 
   [[nodiscard]] bool holds_unit(std::string_view unit_id) const;
   [[nodiscard]] bool ended() const { return state == State::ended; }
+};
+
+// A reservation as the service keeps it: an immutable value its table and every snapshot it
+// publishes share, so that publishing a state copies pointers, not reservations. A change
+// replaces the value; nothing edits one in place.
+using SharedReservation = std::shared_ptr<const Reservation>;
+
+// A list of reservations as the rules read it, without a copy: a contiguous run of reservations
+// (a vector, as the tests build them) or of shared ones (the service's table), iterated in order
+// as `const Reservation&`. It lasts as long as what it views.
+class ReservationsView {
+ public:
+  class iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = Reservation;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Reservation*;
+    using reference = const Reservation&;
+
+    iterator() = default;
+    reference operator*() const { return shared_ != nullptr ? **shared_ : *plain_; }
+    pointer operator->() const { return &**this; }
+    iterator& operator++() {
+      if (shared_ != nullptr)
+        ++shared_;
+      else
+        ++plain_;
+      return *this;
+    }
+    iterator operator++(int) {
+      auto was = *this;
+      ++*this;
+      return was;
+    }
+    bool operator==(const iterator&) const = default;
+
+   private:
+    friend class ReservationsView;
+    iterator(const Reservation* plain, const SharedReservation* shared) : plain_(plain), shared_(shared) {}
+    const Reservation* plain_ = nullptr;
+    const SharedReservation* shared_ = nullptr;
+  };
+
+  ReservationsView() = default;
+  ReservationsView(std::span<const Reservation> plain) : plain_(plain.data()), size_(plain.size()) {}
+  ReservationsView(const std::vector<Reservation>& plain)
+      : ReservationsView(std::span<const Reservation>(plain)) {}
+  ReservationsView(std::span<const SharedReservation> shared)
+      : shared_(shared.data()), size_(shared.size()) {}
+  ReservationsView(const std::vector<SharedReservation>& shared)
+      : ReservationsView(std::span<const SharedReservation>(shared)) {}
+
+  [[nodiscard]] iterator begin() const { return at(0); }
+  [[nodiscard]] iterator end() const { return at(size_); }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] bool empty() const { return size_ == 0; }
+
+ private:
+  [[nodiscard]] iterator at(std::size_t i) const {
+    return shared_ != nullptr ? iterator(nullptr, shared_ + i)
+                              : iterator(plain_ == nullptr ? nullptr : plain_ + i, nullptr);
+  }
+  const Reservation* plain_ = nullptr;
+  const SharedReservation* shared_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 // Who is calling, as the token (or the admin socket) says.

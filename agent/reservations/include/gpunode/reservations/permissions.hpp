@@ -34,7 +34,7 @@ enum class Action {
 // reservation named by the path, and the org named by the path (reserved-capacity).
 struct Subject {
   const NodeView& node;
-  std::span<const Reservation> reservations;
+  ReservationsView reservations;
   const Reservation* reservation = nullptr;
   std::string_view org;
 };

@@ -19,8 +19,7 @@ bool terms_overlap(Time a_start, Time a_end, Time b_start, Time b_end);
 
 // Ids of the non-ended reservations (other than `candidate.id`) that hold one of the candidate's
 // units at an overlapping time, sorted.
-std::vector<std::string> blocking_reservations(const Reservation& candidate,
-                                               const std::vector<Reservation>& existing);
+std::vector<std::string> blocking_reservations(const Reservation& candidate, ReservationsView existing);
 // The same over reservations held elsewhere (the service's per-unit index), without copying them.
 std::vector<std::string> blocking_reservations(const Reservation& candidate,
                                                std::span<const Reservation* const> existing);
@@ -32,7 +31,7 @@ struct Transition {
   std::string reservation_id;
   Time at;  // when it happened by the terms: starts_at or ends_at, never `now`
 };
-std::vector<Transition> due_transitions(const std::vector<Reservation>& reservations, Time now);
+std::vector<Transition> due_transitions(ReservationsView reservations, Time now);
 
 // Applies one transition: state, ended_at = ends_at and end_reason term-expired on expiry;
 // released and reclaiming units leave the spot market when the term ends.
@@ -75,14 +74,13 @@ bool in_audience(const Caller& caller, const Reservation& r);
 
 // The non-ended reservations holding `unit_id` that the caller sees, sorted by id.
 std::vector<std::string> visible_reservation_ids(const Caller& caller, const NodeView& node,
-                                                 const std::vector<Reservation>& reservations,
-                                                 const std::string& unit_id);
+                                                 ReservationsView reservations, const std::string& unit_id);
 
 // terminate-spot's reach: the units on which the caller may terminate spot workloads. Admin and
 // owner reach every unit of the node (`node_units`); a manager reaches the released and reclaiming
 // units of the active reservations it manages; nobody else reaches any.
 std::set<std::string> terminate_reach(const Caller& caller, const NodeView& node,
-                                      const std::vector<Reservation>& reservations,
+                                      ReservationsView reservations,
                                       const std::vector<std::string>& node_units);
 
 // ---- the spot market (CONTRACT §4 release and reclaim) ------------------------------------
