@@ -21,12 +21,16 @@ token, and runs BUILD_DIR/tests/bench/api_bench (the C++ client) for:
   4. the agent's VmRSS / VmHWM at idle after start-up and after the load;
   5. nginx serving the same bytes as GET units (saved from the agent's answer) over TLS with
      keep-alive, status 200 (one worker, the same certificate, the same client): the anchor of 1.
+     Both serve at once, and the 32-connection runs alternate, nginx first and last (GET_ROUNDS
+     agent runs, each between two nginx runs): each agent run's ratio is over the mean of the two
+     nginx runs around it, and the table gives the median of those ratios.
 
 Its headline figures end as SUMMARY lines (tests/bench/summary.py), one row each of make bench's table.
 
 Prints each figure as it comes and a table at the end. Loopback only; bounded counts; about half
 a minute. Not a test: it asserts nothing beyond every answer having the expected status, and
-is never run by ctest. Counts: GET_REQUESTS, CONNS, PER_CONN, CREATES, COMMITS, ROUNDS (environment).
+is never run by ctest. Counts: GET_REQUESTS, CONNS, PER_CONN, CREATES, COMMITS, ROUNDS, GET_ROUNDS
+(environment).
 """
 import json
 import os
@@ -63,6 +67,8 @@ COMMITS = env_int("COMMITS", 300)
 # creates...), each ratio taken within its round: the disk's fsync time drifts from minute to
 # minute, and only blocks run side by side see the same disk (docs/benchmarks.md).
 ROUNDS = env_int("ROUNDS", 5)
+# GET units beside nginx: GET_ROUNDS agent runs, each between two nginx runs (the same drift).
+GET_ROUNDS = env_int("GET_ROUNDS", 3)
 
 
 def median(xs):
@@ -230,39 +236,69 @@ def wait_port(port, proc, wait=10):
     return False
 
 
-def bench_nginx(client, lab, body_file):
-    """(result, note): nginx serving `body_file` (GET units' own bytes), or (None, why not)."""
-    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-    if not nginx:
-        return None, "nginx is not installed (apt-get install nginx-light); no nginx figures"
-    d = os.path.join(lab.dir, "nginx")
-    os.makedirs(os.path.join(d, "www"))
-    os.makedirs(os.path.join(d, "tmp"))
-    shutil.copyfile(body_file, os.path.join(d, "www", "units.json"))
-    port = labmod.free_port()
-    with open(os.path.join(d, "nginx.conf"), "w") as f:
-        f.write(nginx_conf(d, port, f"{lab.dir}/tls.crt", f"{lab.dir}/tls.key"))
-    version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1]
-    log = open(os.path.join(d, "stderr.log"), "wb")
-    proc = subprocess.Popen([nginx, "-p", d, "-c", os.path.join(d, "nginx.conf")], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        if not wait_port(port, proc):
+class Nginx:
+    """nginx serving `body_file` (GET units' own bytes) at /units.json while the `with` lasts:
+    `port` and `version`, or `why` it is not there (not installed, did not start)."""
+
+    def __init__(self, lab, body_file):
+        self.lab, self.body_file = lab, body_file
+        self.proc, self.log, self.port, self.version, self.why = None, None, None, "", None
+
+    def __enter__(self):
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+        if not nginx:
+            self.why = "nginx is not installed (apt-get install nginx-light); no nginx figures"
+            return self
+        d = os.path.join(self.lab.dir, "nginx")
+        os.makedirs(os.path.join(d, "www"))
+        os.makedirs(os.path.join(d, "tmp"))
+        shutil.copyfile(self.body_file, os.path.join(d, "www", "units.json"))
+        port = labmod.free_port()
+        with open(os.path.join(d, "nginx.conf"), "w") as f:
+            f.write(nginx_conf(d, port, f"{self.lab.dir}/tls.crt", f"{self.lab.dir}/tls.key"))
+        self.version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1]
+        self.log = open(os.path.join(d, "stderr.log"), "wb")
+        self.proc = subprocess.Popen([nginx, "-p", d, "-c", os.path.join(d, "nginx.conf")], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        if wait_port(port, self.proc):
+            self.port = port
+        else:
             with open(os.path.join(d, "stderr.log"), "rb") as f:
-                why = f.read().decode(errors="replace").strip()[-300:]
-            return None, f"nginx {version} did not start: {why}"
-        r = run_client(client, "get", *get_args(port, f"{lab.dir}/tls.crt", "/units.json"))
-        r["version"] = version
-        return r, None
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)  # nginx's fast shutdown; the worker follows the master
+                self.why = f"nginx {self.version} did not start: " + f.read().decode(errors="replace").strip()[-300:]
+        return self
+
+    def get(self, client):
+        r = run_client(client, "get", *get_args(self.port, f"{self.lab.dir}/tls.crt", "/units.json"))
+        r["version"] = self.version
+        return r
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)  # nginx's fast shutdown; the worker follows the master
             try:
-                proc.wait(10)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.log:
+            self.log.close()
+        return False
+
+
+def units_beside_nginx(client, lab, units_path, token_file, body_file):
+    """GET units and nginx's same bytes, alternating: nginx, agent, nginx, ... nginx (GET_ROUNDS agent
+    runs). (the agent's runs, nginx's runs, each agent run's req/s over the mean of the two nginx runs
+    around it), or the agent's runs alone and why there is no nginx."""
+    agent_args = get_args(lab.port, f"{lab.dir}/tls.crt", units_path, token_file)
+    with Nginx(lab, body_file) as ng:
+        if not ng.port:
+            return [run_client(client, "get", *agent_args)], [], [], ng.why
+        ngs, gs = [ng.get(client)], []
+        for _ in range(max(1, GET_ROUNDS)):
+            gs.append(run_client(client, "get", *agent_args))
+            ngs.append(ng.get(client))
+        ratios = [g["rps"] / ((a["rps"] + b["rps"]) / 2) for g, a, b in zip(gs, ngs, ngs[1:])]
+        return gs, ngs, ratios, None
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -313,8 +349,18 @@ def main():
         show_get("GET /healthz (no token: the server, TLS and the hop to the state thread)", h)
 
         body_file = os.path.join(lab.dir, "units.json")
-        g = run_client(client, "get", *get_args(lab.port, ca, units_path, token_file), "--save-body", body_file)
-        show_get(f"GET {units_path} (admin)", g)
+        run_client(client, "get", *get_args(lab.port, ca, units_path, token_file, requests=1, conns=1, per_conn=1),
+                   "--save-body", body_file)
+        gs, ngs, get_ratios, why = units_beside_nginx(client, lab, units_path, token_file, body_file)
+        for k, g in enumerate(gs):
+            if k < len(ngs):
+                show_get(f"nginx {ngs[k]['version']} GET /units.json, the same bytes (1 worker, same cert)", ngs[k])
+            show_get(f"GET {units_path} (admin), run {k + 1}", g)
+        if ngs:
+            show_get(f"nginx {ngs[-1]['version']} GET /units.json, the same bytes (1 worker, same cert)", ngs[-1])
+        g = gs[0]
+        ng = {"version": ngs[0]["version"], "one_conn": ngs[0]["one_conn"],
+              "rps": median([x["rps"] for x in ngs])} if ngs else None
 
         rounds = creates_and_commits(client, lab, agent)
         p, ref = rounds[0]["run"], rounds[0]["bare"]
@@ -339,11 +385,7 @@ def main():
         for label, r in (("1 row of 1 KiB: ", r1), ("3 rows of 1 KiB:", r3)):
             say(f"  {label} p50 {r['p50_us']:.0f} µs  p90 {r['p90_us']:.0f} µs  p99 {r['p99_us']:.0f} µs  "
                 f"mean {r['mean_us']:.0f} µs")
-
-        ng, why = bench_nginx(client, lab, body_file)
-        if ng:
-            show_get(f"nginx {ng['version']} GET /units.json, the same bytes (1 worker, same cert)", ng)
-        else:
+        if why:
             say(why)
     finally:
         lab.close()
@@ -358,8 +400,8 @@ def main():
          f"{CONNS} conns: {h['rps']:.0f} req/s"),
         ("GET units, 1 conn, p50 / p99", f"{g['one_conn']['p50_us']:.0f} / {g['one_conn']['p99_us']:.0f} µs",
          f"nginx, same bytes: {ng['one_conn']['p50_us']:.0f} / {ng['one_conn']['p99_us']:.0f} µs" if ng else "nginx: n/a"),
-        (f"GET units, {CONNS} conns", f"{g['rps']:.0f} req/s",
-         f"nginx, same bytes: {ng['rps']:.0f} req/s" if ng else "nginx: n/a"),
+        (f"GET units, {CONNS} conns (median of {len(gs)} runs)", f"{median([x['rps'] for x in gs]):.0f} req/s",
+         f"nginx, same bytes: {ng['rps']:.0f} req/s (median of {len(ngs)} runs around them)" if ng else "nginx: n/a"),
         (f"GET units, after {CREATES + 10} creates", f"{g2['one_conn']['p50_us']:.0f} / {g2['one_conn']['p99_us']:.0f} µs, "
          f"{g2['rps']:.0f} req/s", f"body {g['body_bytes']} -> {g2['body_bytes']} B"),
         ("POST reservation, p50 / p99 / mean", f"{c['p50_us']:.0f} / {c['p99_us']:.0f} / {c['mean_us']:.0f} µs",
@@ -388,12 +430,18 @@ def main():
     say(f"({time.time() - t_start:.0f} s in all; load average {os.getloadavg()[0]:.2f} at the end)")
 
     units_bytes = g["body_bytes"]
+    g_rps = median([x["rps"] for x in gs])
     if ng:
-        r = g["rps"] / ng["rps"]
-        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns", f"{g['rps']:.0f} req/s",
+        r = median(get_ratios)
+        agent_rps = ", ".join(f"{x['rps']:.0f}" for x in gs)
+        nginx_rps = ", ".join(f"{x['rps']:.0f}" for x in ngs)
+        say(f"GET units on {CONNS} connections by run (req/s): {agent_rps}; nginx before, between and after: "
+            f"{nginx_rps}; each over the mean of the two around it: {', '.join(f'{v:.2f}x' for v in get_ratios)}")
+        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns, median of {len(gs)} runs each "
+                    f"between two nginx runs", f"{g_rps:.0f} req/s",
                     f"nginx {ng['version']}, same bytes: {ng['rps']:.0f} req/s", r, "≥ 1.0", r >= 1.0)
     else:
-        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns", f"{g['rps']:.0f} req/s", why)
+        summary.row(f"GET units ({units_bytes} B), keep-alive TLS, {CONNS} conns", f"{g_rps:.0f} req/s", why)
     for kind, label in (("later", "a create starting later"), ("now", "a create starting now"), ("end", "an end")):
         shares = [x[kind] for x in rounds]
         ratios = [x[kind] / x["bare3"] for x in rounds]
