@@ -209,7 +209,7 @@ error::Result<void> listen_all(http::Server& server, http::Server& admin, const 
                                const PassedListeners& passed, std::shared_ptr<boost::asio::ssl::context> tls,
                                std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers) {
   const auto where = config::parse_listen(c.api.listen);  // checked when the config was loaded
-  if (!where) return error::fail(error::Errc::invalid, fmt::format("api.listen: {}", where.error()));
+  if (!where) return std::unexpected(error::with_context(where.error(), "api.listen"));
   if (auto l = passed.api ? server.adopt_tls(*passed.api, std::move(tls))
                           : server.listen_tls(where->host, where->port, std::move(tls));
       !l)
@@ -222,11 +222,9 @@ error::Result<void> listen_all(http::Server& server, http::Server& admin, const 
   }
   if (!c.metrics.listen.empty()) {
     const auto m = config::parse_listen(c.metrics.listen);  // checked when the config was loaded
-    if (!m) return error::fail(error::Errc::invalid, fmt::format("metrics.listen: {}", m.error()));
-    if (auto l = server.listen_plain(m->host, m->port); !l) {
-      l.error().detail = "metrics.listen: " + l.error().detail;
-      return std::unexpected(std::move(l.error()));
-    }
+    if (!m) return std::unexpected(error::with_context(m.error(), "metrics.listen"));
+    if (auto l = server.listen_plain(m->host, m->port); !l)
+      return std::unexpected(error::with_context(std::move(l.error()), "metrics.listen"));
   }
   return {};
 }
