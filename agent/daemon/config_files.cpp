@@ -72,7 +72,7 @@ std::expected<void, std::string> usable(const config::NamedFile& f, const std::s
       return usable_state_directory(f.path);
     case Kind::host_root: {
       auto root = discovery::check_host_root(f.path);
-      if (!root) return std::unexpected(root.error());
+      if (!root) return std::unexpected(root.error().detail);
       return {};
     }
     case Kind::certificate_chain:

@@ -466,7 +466,7 @@ std::expected<void, std::string> open_node(Daemon::Parts& p,
   if (names)
     p.names.emplace(std::move(*names));
   else
-    p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+    p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error().detail));
 
   service::ServiceOptions so{cfg.node.id,
                              cfg.node.owner_org,
