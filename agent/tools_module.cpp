@@ -104,7 +104,7 @@ int run_in_daemon(const agent::CommandLine& line) {
   auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), "gpunode-agent-daemon.so");
   auto entry = path ? agent::load_entry(*path, agent::kCommandEntry) : std::unexpected(path.error());
   if (!entry) {
-    fmt::print(stderr, "gpunode-agent: {}\n", entry.error());
+    fmt::print(stderr, "gpunode-agent: {}\n", entry.error().detail);
     return agent::kExitInternal;
   }
   return reinterpret_cast<agent::CommandEntry*>(*entry)(line);
