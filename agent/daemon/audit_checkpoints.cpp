@@ -42,7 +42,8 @@ void AuditCheckpoints::arm() {
 void AuditCheckpoints::checkpoint(const char* when) {
   auto made = node_.checkpoint_audit();
   if (!made) {
-    say_(config::LogLevel::error, fmt::format("audit checkpoint ({}) not stored: {}", when, made.error()));
+    say_(config::LogLevel::error,
+         fmt::format("audit checkpoint ({}) not stored: {}", when, made.error().detail));
     return;
   }
   if (!*made) return;  // the chain has not grown

@@ -478,7 +478,7 @@ std::expected<void, std::string> open_node(Daemon::Parts& p,
                              cfg.enforcement.mode};
   service::Clock clock = p.opt.clock ? p.opt.clock : [] { return std::chrono::system_clock::now(); };
   auto opened = service::NodeService::open(so, verifier, p.names ? &*p.names : nullptr, clock, p.log_sink());
-  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
+  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error().detail));
   p.node = std::move(*opened);
   // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
   p.hypervisor = p.opt.hypervisor ? p.opt.hypervisor : vmctl::make_libvirt(cfg.libvirt.uri);
