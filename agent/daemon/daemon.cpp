@@ -503,7 +503,7 @@ std::expected<void, std::string> start_driver(Daemon::Parts& p) {
       std::max<std::chrono::milliseconds>(p.cfg.discovery.rescan_interval, std::chrono::seconds(1));
   p.revision = p.node->revision();
   auto term_timer = WallTimer::open(p.core);
-  if (!term_timer) return std::unexpected(term_timer.error());
+  if (!term_timer) return std::unexpected(term_timer.error().detail);
   p.term_timer = std::move(*term_timer);
   dopt.on_revision = [raw](std::int64_t revision) {
     raw->revision = revision;
@@ -577,7 +577,7 @@ void start_threads(Daemon::Parts& p) {
   } else {
     p.say(LogLevel::info,
           fmt::format(
-              "kernel device events are not available ({}): rescanning every {} s only", u.error(),
+              "kernel device events are not available ({}): rescanning every {} s only", u.error().detail,
               std::chrono::duration_cast<std::chrono::seconds>(p.cfg.discovery.rescan_interval).count()));
   }
   asio::post(p.core, [raw] {
