@@ -10,7 +10,7 @@ namespace gpunode::agent {
 int run_daemon(const std::string& config_file, const std::string& pci_ids_file, const std::string& version) {
   auto daemon = daemon::Daemon::start({config_file, pci_ids_file, version, nullptr, nullptr});
   if (!daemon) {
-    fmt::print(stderr, "gpunode-agent: refusing to start: {}\n", daemon.error());
+    fmt::print(stderr, "gpunode-agent: refusing to start: {}\n", daemon.error().detail);
     return 1;
   }
   return (*daemon)->run(true);

@@ -7,14 +7,19 @@ namespace {
 // keeps a name that looks like `--` from shifting the others into its place.
 constexpr std::size_t kLibvirtArgs = 4;
 
+// Every refusal here is of arguments that cannot be read.
+std::unexpected<error::Error> refuse(std::string why) {
+  return error::fail(error::Errc::invalid, std::move(why));
+}
+
 bool blank(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-std::expected<HookCommand, std::string> with_args(HookCommand cmd, std::span<const std::string_view> rest) {
+error::Result<HookCommand> with_args(HookCommand cmd, std::span<const std::string_view> rest) {
   if (rest.size() != kLibvirtArgs) {
-    return std::unexpected("expected libvirt's NAME OPERATION SUB-OPERATION EXTRA, got " +
-                           std::to_string(rest.size()) + " argument" + (rest.size() == 1 ? "" : "s"));
+    return refuse("expected libvirt's NAME OPERATION SUB-OPERATION EXTRA, got " +
+                  std::to_string(rest.size()) + " argument" + (rest.size() == 1 ? "" : "s"));
   }
   for (const auto a : rest) cmd.args.emplace_back(a);
   return cmd;
@@ -22,7 +27,7 @@ std::expected<HookCommand, std::string> with_args(HookCommand cmd, std::span<con
 
 }  // namespace
 
-std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::string_view> argv) {
+error::Result<HookCommand> parse_hook_command(std::span<const std::string_view> argv) {
   HookCommand cmd;
   std::size_t i = 0;
   for (; i < argv.size(); ++i) {
@@ -41,30 +46,27 @@ std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::
     } else if (name == "--config") {
       into = &cmd.config_file;
     } else if (a == "-h" || a == "--help" || a == "--help-all") {
-      return std::unexpected(std::string("a help request is not a hook call; ") + std::string(kHookUsage));
+      return refuse(std::string("a help request is not a hook call; ") + std::string(kHookUsage));
     } else if (a.starts_with("-") && a != "-") {
-      return std::unexpected("unknown option '" + std::string(a) + "' before '--'; " +
-                             std::string(kHookUsage));
+      return refuse("unknown option '" + std::string(a) + "' before '--'; " + std::string(kHookUsage));
     } else {
       break;  // the first of libvirt's arguments, without `--`
     }
     if (!value) {
-      if (i + 1 >= argv.size()) return std::unexpected(std::string(name) + " needs a value");
+      if (i + 1 >= argv.size()) return refuse(std::string(name) + " needs a value");
       value = argv[++i];
     }
-    if (value->empty()) return std::unexpected(std::string(name) + " needs a value");
+    if (value->empty()) return refuse(std::string(name) + " needs a value");
     *into = std::string(*value);
   }
   if (i > 0)
-    return std::unexpected("options must be followed by '--' and libvirt's arguments; " +
-                           std::string(kHookUsage));
+    return refuse("options must be followed by '--' and libvirt's arguments; " + std::string(kHookUsage));
   const auto rest = argv.subspan(i);
   for (const auto a : rest) {
     if (a.starts_with("-") &&
         a != "-") {  // a bare "-" is libvirt's EXTRA when there is none, never an option
-      return std::unexpected(
-          "libvirt's arguments follow '--' (a domain's name may begin with '-'): cannot tell '" +
-          std::string(a) + "' from an option; " + std::string(kHookUsage));
+      return refuse("libvirt's arguments follow '--' (a domain's name may begin with '-'): cannot tell '" +
+                    std::string(a) + "' from an option; " + std::string(kHookUsage));
     }
   }
   return with_args(std::move(cmd), rest);

@@ -12,12 +12,13 @@
 #pragma once
 
 #include <cstddef>
-#include <expected>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::agent {
 
@@ -31,8 +32,8 @@ struct HookCommand {
 // `--config=F`) until `--`; after it, libvirt's four arguments taken as they are. Without `--`
 // (an older 50-gpunode, which passed no option), the four are libvirt's only when none of them
 // begins with '-': else they cannot be told from options, and that is an error. The error (a help
-// request included) says why; the hook then refuses (fails closed).
-std::expected<HookCommand, std::string> parse_hook_command(std::span<const std::string_view> argv);
+// request included: Errc::invalid, every one) says why; the hook then refuses (fails closed).
+error::Result<HookCommand> parse_hook_command(std::span<const std::string_view> argv);
 
 // Only these ask: `prepare begin`, `migrate begin`, `restore begin`. Every other call exits 0 at once.
 bool hook_asks(std::string_view operation, std::string_view sub_operation);

@@ -32,7 +32,7 @@ error::Result<agent::HookSettings> read_with_agents_reader(const std::string& co
   auto entry = path ? agent::load_entry(*path, agent::kHookSettingsEntry) : std::unexpected(path.error());
   if (!entry)
     return error::fail(error::Errc::unavailable,
-                       fmt::format("cannot read {}: {}", config_file, entry.error()));
+                       fmt::format("cannot read {}: {}", config_file, entry.error().detail));
   error::Result<agent::HookSettings> settings =
       error::fail(error::Errc::internal, "cannot read " + config_file + ": its reader said nothing");
   reinterpret_cast<agent::HookSettingsEntry*> (*entry)(config_file, bytes, &settings);

@@ -34,7 +34,7 @@ constexpr int kStdinWaitMs = 5000;  // a non-blocking stdin that stays empty thi
 void* entry_of(const char* module, const char* entry) {
   auto found = agent::load_entry(agent::module_beside_executable(module), entry);
   if (!found) {
-    std::fprintf(stderr, "gpunode-agent: %s\n", found.error().c_str());
+    std::fprintf(stderr, "gpunode-agent: %s\n", found.error().detail.c_str());
     return nullptr;
   }
   return *found;
@@ -92,7 +92,7 @@ int libvirt_hook(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 2, argv + argc);
   auto parsed = agent::parse_hook_command(args);
   if (!parsed) {
-    std::fprintf(stderr, "gpunode: libvirt-hook refuses: %s\n", parsed.error().c_str());
+    std::fprintf(stderr, "gpunode: libvirt-hook refuses: %s\n", parsed.error().detail.c_str());
     return kRefuse;
   }
   const bool asks = agent::hook_asks(parsed->args[1], parsed->args[2]);

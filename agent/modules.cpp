@@ -18,27 +18,28 @@ std::string module_beside_executable(const char* module) {
   return dir + "../lib/gpunode-agent/" + module;
 }
 
-std::expected<std::string, std::string> module_beside(const void* symbol, const char* module) {
+error::Result<std::string> module_beside(const void* symbol, const char* module) {
   Dl_info self{};
   // dladdr takes a data pointer; a function's address converts to one on every platform dlopen exists on.
   if (::dladdr(symbol, &self) == 0 || self.dli_fname == nullptr ||
       std::string(self.dli_fname).find('/') == std::string::npos) {
-    return std::unexpected(std::string("cannot find ") + module +
-                           ": the calling module does not know its own path");
+    return error::fail(error::Errc::not_found, std::string("cannot find ") + module +
+                                                   ": the calling module does not know its own path");
   }
   std::string path = self.dli_fname;
   path.erase(path.rfind('/') + 1);
   return path + module;
 }
 
-std::expected<void*, std::string> load_entry(const std::string& path, const char* entry) {
+error::Result<void*> load_entry(const std::string& path, const char* entry) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
-    return std::unexpected("cannot load " + path + ": " + (why != nullptr ? why : "unknown error"));
+    return error::fail(error::Errc::unavailable,
+                       "cannot load " + path + ": " + (why != nullptr ? why : "unknown error"));
   }
   void* found = ::dlsym(handle, entry);
-  if (found == nullptr) return std::unexpected(path + " has no " + entry);
+  if (found == nullptr) return error::fail(error::Errc::not_found, path + " has no " + entry);
   return found;
 }
 

@@ -6,19 +6,23 @@
 // directory (/usr/bin/../lib/gpunode-agent); a module that loads another finds it beside itself.
 #pragma once
 
-#include <expected>
 #include <string>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::agent {
 
 // Where `module` is for the executable: beside /proc/self/exe, else ../lib/gpunode-agent/ from it.
 std::string module_beside_executable(const char* module);
 
-// Where `module` is for the module that holds `symbol` (one of its own functions): beside it.
-std::expected<std::string, std::string> module_beside(const void* symbol, const char* module);
+// Where `module` is for the module that holds `symbol` (one of its own functions): beside it; else
+// not_found.
+error::Result<std::string> module_beside(const void* symbol, const char* module);
 
 // Loads the module at `path` (RTLD_NOW, RTLD_LOCAL; never closed: the process ends with its
-// command) and finds `entry` in it. The error names both and says why.
-std::expected<void*, std::string> load_entry(const std::string& path, const char* entry);
+// command) and finds `entry` in it. The error names both and says why: a module that cannot be
+// loaded is unavailable, one without `entry` not_found. (Made with error.hpp's inline parts alone:
+// gpunode-agent links no library for it.)
+error::Result<void*> load_entry(const std::string& path, const char* entry);
 
 }  // namespace gpunode::agent

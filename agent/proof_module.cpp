@@ -16,7 +16,7 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_audit_verify_v1(std::string_view lin
       [&] {
         auto v = gpunode::proof::verify_export(lines, key_pem, key_label);
         if (!v) {
-          message = v.error();
+          message = v.error().detail;
           return 1;
         }
         if (v->records == 0) {

@@ -61,13 +61,13 @@ int cmd_discover(const std::string& config_file, const std::string& host_root_fl
   const std::string host_root = host_root_flag.empty() ? config.discovery.host_root : host_root_flag;
   // A mistyped root must never read as a host whose GPUs all went away (CONTRACT §7).
   if (auto root_ok = disc::check_host_root(host_root); !root_ok) {
-    fmt::print(stderr, "error: {}\n", root_ok.error());
+    fmt::print(stderr, "error: {}\n", root_ok.error().detail);
     return kExitInvalid;
   }
   const disc::Policy policy = gpunode::daemon::policy_from(config);
 
   auto names = disc::PciIds::load(GPUNODE_PCI_IDS, policy.gpu_vendors);
-  if (!names) fmt::print(stderr, "warning: no GPU names: {}\n", names.error());
+  if (!names) fmt::print(stderr, "warning: no GPU names: {}\n", names.error().detail);
   disc::SysfsReader reader(host_root, policy, names ? &*names : nullptr);
   disc::HostSnapshot snapshot = reader.read();
   for (const auto& w : snapshot.warnings) fmt::print(stderr, "warning: {}\n", w);
@@ -104,7 +104,7 @@ int run_in_daemon(const agent::CommandLine& line) {
   auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), "gpunode-agent-daemon.so");
   auto entry = path ? agent::load_entry(*path, agent::kCommandEntry) : std::unexpected(path.error());
   if (!entry) {
-    fmt::print(stderr, "gpunode-agent: {}\n", entry.error());
+    fmt::print(stderr, "gpunode-agent: {}\n", entry.error().detail);
     return agent::kExitInternal;
   }
   return reinterpret_cast<agent::CommandEntry*>(*entry)(line);

@@ -185,7 +185,7 @@ void read_value(const Section& s, std::string_view key, std::string_view what, P
   auto parsed = parse(value->Scalar());
   if (!parsed) {
     s.problems().add(pos_of(*value), fmt::format("invalid value {} for {}: {}", text::quote(value->Scalar()),
-                                                 s.path(key), parsed.error()));
+                                                 s.path(key), parsed.error().detail));
     return;
   }
   out = std::move(*parsed);
@@ -225,7 +225,7 @@ void read_list(const Section& s, std::string_view key, Parser<T> parse, std::vec
       items.push_back(std::move(*parsed));
     } else {
       s.problems().add(pos_of(item), fmt::format("invalid entry {} in {}: {}", text::quote(item.Scalar()),
-                                                 path, parsed.error()));
+                                                 path, parsed.error().detail));
     }
   }
   out = std::move(items);

@@ -22,6 +22,11 @@ namespace {
 
 using std::unexpected;
 
+// Every value rule's failure: the text is wrong.
+std::unexpected<error::Error> invalid(std::string why) {
+  return error::fail(error::Errc::invalid, std::move(why));
+}
+
 constexpr bool is_digit(char c) {
   return c >= '0' && c <= '9';
 }
@@ -87,31 +92,30 @@ struct DurationPart {
   int rank;
 };
 
-std::expected<DurationPart, std::string> take_duration_part(std::string_view& rest) {
+error::Result<DurationPart> take_duration_part(std::string_view& rest) {
   const auto digits =
       static_cast<std::size_t>(std::find_if_not(rest.begin(), rest.end(), is_digit) - rest.begin());
-  if (digits == 0) return unexpected(fmt::format("expected a number at {}, e.g. 30s", text::quote(rest)));
+  if (digits == 0) return invalid(fmt::format("expected a number at {}, e.g. 30s", text::quote(rest)));
   const auto number = decimal(rest.substr(0, digits));
   rest.remove_prefix(digits);
   if (!number || *number > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return unexpected(std::string(kTooLarge));
+    return invalid(std::string(kTooLarge));
   }
-  if (rest.empty()) return unexpected(std::string(kNeedsUnit));
+  if (rest.empty()) return invalid(std::string(kNeedsUnit));
   if (rest.front() == '.' || rest.front() == ',') {
-    return unexpected(std::string("use whole numbers, e.g. 1500ms instead of 1.5s"));
+    return invalid("use whole numbers, e.g. 1500ms instead of 1.5s");
   }
   const auto letters =
       static_cast<std::size_t>(std::find_if_not(rest.begin(), rest.end(), is_alpha) - rest.begin());
   if (letters == 0)
-    return unexpected(fmt::format("unexpected {} in duration, e.g. 1m30s", text::quote(rest.substr(0, 1))));
+    return invalid(fmt::format("unexpected {} in duration, e.g. 1m30s", text::quote(rest.substr(0, 1))));
   const std::string_view name = rest.substr(0, letters);
   rest.remove_prefix(letters);
   const DurationUnit* unit = find_duration_unit(name);
-  if (unit == nullptr)
-    return unexpected(fmt::format("unknown unit {} (use ms, s, m or h)", text::quote(name)));
+  if (unit == nullptr) return invalid(fmt::format("unknown unit {} (use ms, s, m or h)", text::quote(name)));
   std::int64_t millis = 0;
   if (__builtin_mul_overflow(static_cast<std::int64_t>(*number), unit->millis, &millis)) {
-    return unexpected(std::string(kTooLarge));
+    return invalid(std::string(kTooLarge));
   }
   return DurationPart{millis, unit->rank};
 }
@@ -120,10 +124,10 @@ std::expected<DurationPart, std::string> take_duration_part(std::string_view& re
 
 constexpr std::string_view kListenForm = "expected HOST:PORT or [IPv6]:PORT, e.g. 0.0.0.0:8443";
 
-std::expected<std::uint16_t, std::string> listen_port(std::string_view s) {
+error::Result<std::uint16_t> listen_port(std::string_view s) {
   const auto value = s.size() <= 5 ? decimal(s) : std::nullopt;
   if (!value || *value < 1 || *value > 65535) {
-    return unexpected(std::string("the port must be a number from 1 to 65535"));
+    return invalid("the port must be a number from 1 to 65535");
   }
   return static_cast<std::uint16_t>(*value);
 }
@@ -154,15 +158,15 @@ bool is_host_name(std::string_view s) {
   }
 }
 
-std::expected<ListenAddress, std::string> bracketed_listen(std::string_view text) {
+error::Result<ListenAddress> bracketed_listen(std::string_view text) {
   const auto close = text.find(']');
-  if (close == std::string_view::npos) return unexpected(std::string("missing ']' after the IPv6 address"));
+  if (close == std::string_view::npos) return invalid("missing ']' after the IPv6 address");
   const std::string_view host = text.substr(1, close - 1);
-  if (!is_ipv6(host)) return unexpected(fmt::format("{} is not an IPv6 address", text::quote(host)));
+  if (!is_ipv6(host)) return invalid(fmt::format("{} is not an IPv6 address", text::quote(host)));
   const std::string_view rest = text.substr(close + 1);
-  if (rest.empty() || rest.front() != ':') return unexpected(std::string(kListenForm));
+  if (rest.empty() || rest.front() != ':') return invalid(std::string(kListenForm));
   auto port = listen_port(rest.substr(1));
-  if (!port) return unexpected(port.error());
+  if (!port) return unexpected(std::move(port.error()));
   return ListenAddress{std::string(host), *port};
 }
 
@@ -180,85 +184,82 @@ bool is_pci_shape(std::string_view s, char a, char b, char c) {
 
 }  // namespace
 
-std::expected<Duration, std::string> parse_duration(std::string_view text) {
-  if (text.empty()) return unexpected(std::string("empty duration, e.g. 30s"));
-  if (text.front() == '-') return unexpected(std::string("a duration cannot be negative"));
-  if (all_of(text, is_digit)) return unexpected(std::string(kNeedsUnit));
+error::Result<Duration> parse_duration(std::string_view text) {
+  if (text.empty()) return invalid("empty duration, e.g. 30s");
+  if (text.front() == '-') return invalid("a duration cannot be negative");
+  if (all_of(text, is_digit)) return invalid(std::string(kNeedsUnit));
   std::int64_t total = 0;
   int previous_rank = std::numeric_limits<int>::max();
   std::string_view rest = text;
   while (!rest.empty()) {
     const auto part = take_duration_part(rest);
-    if (!part) return unexpected(part.error());
+    if (!part) return unexpected(std::move(part.error()));
     if (part->rank >= previous_rank) {
-      return unexpected(std::string("units go from largest to smallest, each once, e.g. 1h30m"));
+      return invalid("units go from largest to smallest, each once, e.g. 1h30m");
     }
     previous_rank = part->rank;
-    if (__builtin_add_overflow(total, part->millis, &total)) return unexpected(std::string(kTooLarge));
+    if (__builtin_add_overflow(total, part->millis, &total)) return invalid(std::string(kTooLarge));
   }
   return Duration(total);
 }
 
-std::expected<ListenAddress, std::string> parse_listen(std::string_view text) {
-  if (text.empty()) return unexpected(std::string(kListenForm));
+error::Result<ListenAddress> parse_listen(std::string_view text) {
+  if (text.empty()) return invalid(std::string(kListenForm));
   if (text.front() == '[') return bracketed_listen(text);
   const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos) return unexpected(std::string(kListenForm));
+  if (colon == std::string_view::npos) return invalid(std::string(kListenForm));
   const std::string_view host = text.substr(0, colon);
-  if (host.empty()) return unexpected(std::string("the host is missing, e.g. 0.0.0.0:8443"));
+  if (host.empty()) return invalid("the host is missing, e.g. 0.0.0.0:8443");
   if (host.find(':') != std::string_view::npos) {
-    return unexpected(std::string("put an IPv6 address in brackets, e.g. [::]:8443"));
+    return invalid("put an IPv6 address in brackets, e.g. [::]:8443");
   }
   const bool looks_numeric = all_of(host, [](char c) { return is_digit(c) || c == '.'; });
   if (looks_numeric ? !is_ipv4(host) : !is_host_name(host)) {
-    return unexpected(fmt::format("{} is not an IP address or host name", text::quote(host)));
+    return invalid(fmt::format("{} is not an IP address or host name", text::quote(host)));
   }
   auto port = listen_port(text.substr(colon + 1));
-  if (!port) return unexpected(port.error());
+  if (!port) return unexpected(std::move(port.error()));
   return ListenAddress{std::string(host), *port};
 }
 
 namespace values {
 
 Parsed<std::string> text(std::string_view s) {
-  if (s.find('\0') != std::string_view::npos)
-    return unexpected(std::string("must not contain a NUL character"));
+  if (s.find('\0') != std::string_view::npos) return invalid("must not contain a NUL character");
   return std::string(s);
 }
 
 Parsed<std::string> absolute_path(std::string_view s) {
-  if (s.empty() || s.front() != '/')
-    return unexpected(std::string("must be an absolute path, starting with /"));
+  if (s.empty() || s.front() != '/') return invalid("must be an absolute path, starting with /");
   return text(s);
 }
 
 Parsed<std::string> socket_path(std::string_view s) {
   constexpr std::size_t kMax = sizeof(sockaddr_un{}.sun_path) - 1;
-  if (s.size() > kMax) return unexpected(fmt::format("a socket path is at most {} bytes", kMax));
+  if (s.size() > kMax) return invalid(fmt::format("a socket path is at most {} bytes", kMax));
   return absolute_path(s);
 }
 
 Parsed<std::string> name(std::string_view s) {
   const bool ok = !s.empty() && s.size() <= 128 &&
                   all_of(s, [](char c) { return is_alnum(c) || c == '.' || c == '_' || c == '-'; });
-  if (!ok) return unexpected(std::string("use 1 to 128 of the characters A-Z a-z 0-9 . _ -"));
+  if (!ok) return invalid("use 1 to 128 of the characters A-Z a-z 0-9 . _ -");
   return std::string(s);
 }
 
 Parsed<std::string> non_empty_text(std::string_view s) {
-  if (s.empty()) return unexpected(std::string("must not be empty"));
+  if (s.empty()) return invalid("must not be empty");
   return text(s);
 }
 
 Parsed<std::string> gpu_vendor(std::string_view s) {
-  if (s.size() != 4 || !all_of(s, is_hex))
-    return unexpected(std::string("a vendor id is 4 hex digits, e.g. 10de"));
+  if (s.size() != 4 || !all_of(s, is_hex)) return invalid("a vendor id is 4 hex digits, e.g. 10de");
   return gpunode::text::ascii_lower(s);
 }
 
 Parsed<std::string> reservable_class(std::string_view s) {
   if (s != "vfio-group" && s != "device-request") {
-    return unexpected(std::string("expected vfio-group or device-request"));
+    return invalid("expected vfio-group or device-request");
   }
   return std::string(s);
 }
@@ -266,8 +267,7 @@ Parsed<std::string> reservable_class(std::string_view s) {
 Parsed<std::string> unit_ref(std::string_view s) {
   const bool unit_id = s.size() == 14 && s.starts_with("u-") && is_pci_shape(s.substr(2), '-', '-', '-');
   if (!unit_id && !is_pci_shape(s, ':', ':', '.')) {
-    return unexpected(
-        std::string("expected a unit id like u-0000-41-00-0 or a PCI address like 0000:41:00.0"));
+    return invalid("expected a unit id like u-0000-41-00-0 or a PCI address like 0000:41:00.0");
   }
   return gpunode::text::ascii_lower(s);
 }
@@ -282,24 +282,22 @@ Parsed<std::string> central_url(std::string_view s) {
   if (s.empty()) return std::string();
   constexpr std::string_view kScheme = "https://";
   if (!s.starts_with(kScheme)) {
-    return unexpected(std::string("expected an https:// URL, or \"\" to turn reporting off"));
+    return invalid("expected an https:// URL, or \"\" to turn reporting off");
   }
   if (std::any_of(s.begin(), s.end(), [](char c) { return c == ' ' || (c >= 0 && c < 0x20) || c == 0x7f; })) {
-    return unexpected(std::string("a URL has no spaces or control characters"));
+    return invalid("a URL has no spaces or control characters");
   }
   const std::string_view authority =
       s.substr(kScheme.size(), s.find_first_of("/?#", kScheme.size()) - kScheme.size());
-  if (authority.empty()) return unexpected(std::string("the URL has no host"));
+  if (authority.empty()) return invalid("the URL has no host");
   // The reporter parses it with Boost.URL too: what passes here is what it can use.
   const auto url = boost::urls::parse_absolute_uri(s);
-  if (!url) return unexpected(fmt::format("not a valid URL ({})", url.error().message()));
-  if (url->encoded_host().empty()) return unexpected(std::string("the URL has no host"));
-  if (url->has_userinfo())
-    return unexpected(std::string("a user name or password in the URL is not supported"));
-  if (url->has_query() || url->has_fragment())
-    return unexpected(std::string("the URL has no query or fragment"));
+  if (!url) return invalid(fmt::format("not a valid URL ({})", url.error().message()));
+  if (url->encoded_host().empty()) return invalid("the URL has no host");
+  if (url->has_userinfo()) return invalid("a user name or password in the URL is not supported");
+  if (url->has_query() || url->has_fragment()) return invalid("the URL has no query or fragment");
   if (url->has_port() && !listen_port(url->port())) {
-    return unexpected(std::string("the port must be a number from 1 to 65535"));
+    return invalid("the port must be a number from 1 to 65535");
   }
   return std::string(s);
 }
@@ -307,7 +305,7 @@ Parsed<std::string> central_url(std::string_view s) {
 Parsed<std::uint32_t> uid(std::string_view s) {
   const auto value = s.size() <= 10 ? decimal(s) : std::nullopt;
   if (!value || *value > std::numeric_limits<std::uint32_t>::max()) {
-    return unexpected(std::string("a uid is a whole number from 0 to 4294967295"));
+    return invalid("a uid is a whole number from 0 to 4294967295");
   }
   return static_cast<std::uint32_t>(*value);
 }
@@ -316,33 +314,33 @@ Parsed<LogLevel> log_level(std::string_view s) {
   for (auto level : {LogLevel::debug, LogLevel::info, LogLevel::warning, LogLevel::error}) {
     if (s == to_string(level)) return level;
   }
-  return unexpected(std::string("expected debug, info, warning or error"));
+  return invalid("expected debug, info, warning or error");
 }
 
 Parsed<LogFormat> log_format(std::string_view s) {
   for (auto format : {LogFormat::text, LogFormat::json}) {
     if (s == to_string(format)) return format;
   }
-  return unexpected(std::string("expected text or json"));
+  return invalid("expected text or json");
 }
 
 Parsed<EnforcementMode> enforcement_mode(std::string_view s) {
   for (auto mode : {EnforcementMode::enforce, EnforcementMode::audit, EnforcementMode::off}) {
     if (s == to_string(mode)) return mode;
   }
-  return unexpected(std::string("expected enforce, audit or off"));
+  return invalid("expected enforce, audit or off");
 }
 
 Parsed<WhenAgentDown> when_agent_down(std::string_view s) {
   for (auto when : {WhenAgentDown::deny, WhenAgentDown::allow}) {
     if (s == to_string(when)) return when;
   }
-  return unexpected(std::string("expected deny or allow"));
+  return invalid("expected deny or allow");
 }
 
 Parsed<Duration> rescan_interval(std::string_view s) {
   auto d = parse_duration(s);
-  if (d && *d < std::chrono::seconds(1)) return unexpected(std::string("must be at least 1s"));
+  if (d && *d < std::chrono::seconds(1)) return invalid("must be at least 1s");
   return d;
 }
 
@@ -354,14 +352,14 @@ Parsed<std::string> optional_listen(std::string_view s) {
 Parsed<std::size_t> connection_cap(std::string_view s) {
   const auto value = s.size() <= 7 ? decimal(s) : std::nullopt;
   if (!value || *value < 1 || *value > 1000000)
-    return unexpected(std::string("a connection cap is a whole number from 1 to 1000000"));
+    return invalid("a connection cap is a whole number from 1 to 1000000");
   return static_cast<std::size_t>(*value);
 }
 
 Parsed<bool> boolean(std::string_view s) {
   if (s == "true") return true;
   if (s == "false") return false;
-  return unexpected(std::string("expected true or false"));
+  return invalid("expected true or false");
 }
 
 bool is_loopback_listen(std::string_view s) {
@@ -377,14 +375,14 @@ bool is_loopback_listen(std::string_view s) {
 Parsed<Duration> heartbeat_interval(std::string_view s) {
   auto d = parse_duration(s);
   if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1)))
-    return unexpected(std::string("must be from 1s to 1h"));
+    return invalid("must be from 1s to 1h");
   return d;
 }
 
 Parsed<Duration> checkpoint_interval(std::string_view s) {
   auto d = parse_duration(s);
   if (d && (*d < std::chrono::seconds(1) || *d > std::chrono::hours(24)))
-    return unexpected(std::string("must be from 1s to 24h"));
+    return invalid("must be from 1s to 24h");
   return d;
 }
 
@@ -395,7 +393,7 @@ Parsed<std::string> optional_absolute_path(std::string_view s) {
 
 Parsed<Duration> shutdown_grace(std::string_view s) {
   auto d = parse_duration(s);
-  if (d && *d > std::chrono::seconds(300)) return unexpected(std::string("must be from 0s to 300s"));
+  if (d && *d > std::chrono::seconds(300)) return invalid("must be from 0s to 300s");
   return d;
 }
 

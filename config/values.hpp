@@ -1,7 +1,7 @@
 // Internal: the value rules of agent.yaml (CONTRACT §2) as pure functions over text.
 //
-// Each parser takes a scalar's text and returns the typed value, or a reason that completes
-// `invalid value "X" for KEY: <reason>`. No I/O, no exceptions.
+// Each parser takes a scalar's text and returns the typed value, or an error (Errc::invalid) whose
+// detail is a reason that completes `invalid value "X" for KEY: <reason>`. No I/O, no exceptions.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +10,12 @@
 #include <string_view>
 
 #include "gpunode/config/config.hpp"
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::config::values {
 
 template <class T>
-using Parsed = std::expected<T, std::string>;
+using Parsed = error::Result<T>;
 
 // Any text without NUL characters (paths, URIs, group names, the issuer).
 Parsed<std::string> text(std::string_view s);

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 
 namespace gpunode::discovery {
 namespace {
@@ -69,17 +68,17 @@ PciIds PciIds::parse(std::string_view text, const std::vector<std::uint16_t>& ve
   return ids;
 }
 
-std::expected<PciIds, std::string> PciIds::load(const std::string& path,
-                                                const std::vector<std::uint16_t>& vendors) {
+error::Result<PciIds> PciIds::load(const std::string& path, const std::vector<std::uint16_t>& vendors) {
   // One mapping, no copy: the parser touches the pages it scans and nothing else.
+  const auto cannot_read = [&path](int err) {
+    return std::unexpected(error::from_errno(err, fmt::format("cannot read {}", path)));
+  };
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  if (fd < 0) return cannot_read(errno);
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int e = errno;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // (st stays zero when fstat fails)
     ::close(fd);
-    return std::unexpected(fmt::format("cannot read {}: {}", path,
-                                       S_ISREG(st.st_mode) ? std::strerror(e) : "not a regular file"));
+    return error::fail(error::Errc::invalid, fmt::format("cannot read {}: not a regular file", path));
   }
   if (st.st_size == 0) {
     ::close(fd);
@@ -89,8 +88,7 @@ std::expected<PciIds, std::string> PciIds::load(const std::string& path,
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
   ::close(fd);
-  if (map == MAP_FAILED)
-    return std::unexpected(fmt::format("cannot read {}: {}", path, std::strerror(map_errno)));
+  if (map == MAP_FAILED) return cannot_read(map_errno);
   PciIds ids = parse(std::string_view(static_cast<const char*>(map), size), vendors);
   ::munmap(map, size);
   return ids;

@@ -288,7 +288,7 @@ class Libvirt final : public Hypervisor {
   // Round trips: called without mu_.
   std::expected<ConnRef, VmError> open(bool watched) {
     if (const auto& api = detail::libvirt_api(); !api)
-      return std::unexpected(VmError{VmError::Kind::unavailable, api.error()});
+      return std::unexpected(VmError{VmError::Kind::unavailable, api.error().detail});
     virConnectPtr raw = lv().virConnectOpen(uri_.c_str());
     if (raw == nullptr) {
       virErrorPtr last = lv().virGetLastError();

@@ -8,7 +8,7 @@ namespace {
 
 constexpr const char* kLibrary = "libvirt.so.0";  // the soname: what Debian's libvirt0 ships
 
-std::expected<LibvirtApi, std::string> load() {
+error::Result<LibvirtApi> load() {
   void* library = nullptr;  // opened only if the process does not hold libvirt already; never closed
   auto find = [&](const char* name) -> void* {
     if (void* in_process = ::dlsym(RTLD_DEFAULT, name)) return in_process;
@@ -16,12 +16,13 @@ std::expected<LibvirtApi, std::string> load() {
     return library == nullptr ? nullptr : ::dlsym(library, name);
   };
   LibvirtApi api;
-#define GPUNODE_LIBVIRT_LOAD(name)                                                                          \
-  api.name = reinterpret_cast<decltype(api.name)>(find(#name));                                             \
-  if (api.name == nullptr) {                                                                                \
-    const char* why = ::dlerror();                                                                          \
-    return std::unexpected(std::string("libvirt: cannot load ") + (library == nullptr ? kLibrary : #name) + \
-                           (why != nullptr ? std::string(": ") + why : std::string()));                     \
+#define GPUNODE_LIBVIRT_LOAD(name)                                                                      \
+  api.name = reinterpret_cast<decltype(api.name)>(find(#name));                                         \
+  if (api.name == nullptr) {                                                                            \
+    const char* why = ::dlerror();                                                                      \
+    return error::fail(error::Errc::unavailable,                                                        \
+                       std::string("libvirt: cannot load ") + (library == nullptr ? kLibrary : #name) + \
+                           (why != nullptr ? std::string(": ") + why : std::string()));                 \
   }
   GPUNODE_LIBVIRT_FUNCTIONS(GPUNODE_LIBVIRT_LOAD)
 #undef GPUNODE_LIBVIRT_LOAD
@@ -30,7 +31,7 @@ std::expected<LibvirtApi, std::string> load() {
 
 }  // namespace
 
-const std::expected<LibvirtApi, std::string>& libvirt_api() {
+const error::Result<LibvirtApi>& libvirt_api() {
   static const auto api = load();  // C++ guarantees one initialisation, even from several threads
   return api;
 }

@@ -11,8 +11,7 @@
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
 
-#include <expected>
-#include <string>
+#include "gpunode/error/error.hpp"
 
 // An X-macro list, laid out by hand: clang-format does not settle on one layout for it.
 // clang-format off
@@ -34,8 +33,8 @@ struct LibvirtApi {
 #undef GPUNODE_LIBVIRT_MEMBER
 };
 
-// The table, loaded on the first call (thread-safe; later calls return the same). The error says
-// which library or function is missing.
-const std::expected<LibvirtApi, std::string>& libvirt_api();
+// The table, loaded on the first call (thread-safe; later calls return the same). The error
+// (unavailable: libvirt's library cannot be loaded, or lacks a function) says which is missing.
+const error::Result<LibvirtApi>& libvirt_api();
 
 }  // namespace gpunode::vmctl::detail

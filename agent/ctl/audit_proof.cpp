@@ -141,7 +141,7 @@ Result audit_verify(const ProofCall& call, const std::string& node, const ProofA
     key_label = "the agent's auditKey";
   }
   auto verdict = env.verify_export(lines, key_pem, key_label);
-  if (!verdict) return failed(failure(fmt::format("audit verify: {}", verdict.error())));
+  if (!verdict) return failed(failure(fmt::format("audit verify: {}", verdict.error().detail)));
   return Result{kExitOk, fmt::format("audit verify: {}\n", text::printable(*verdict)), {}};
 }
 

@@ -36,15 +36,17 @@ std::optional<std::string> read_small_file(std::string_view path) {
   return std::move(*text);
 }
 
-// `audit verify`'s check, in gpunode-agent-proof.so (command_line.hpp says why a module).
-std::expected<std::string, std::string> verify_export(std::string_view lines, std::string_view key_pem,
-                                                      const std::string& key_label) {
+// `audit verify`'s check, in gpunode-agent-proof.so (command_line.hpp says why a module). The
+// module answers with words alone: an export that does not verify is taken as corrupt.
+gpunode::error::Result<std::string> verify_export(std::string_view lines, std::string_view key_pem,
+                                                  const std::string& key_label) {
   namespace agent = gpunode::agent;
+  namespace error = gpunode::error;
   auto entry = agent::load_entry(agent::module_beside_executable(agent::kProofModule), agent::kVerifyEntry);
-  if (!entry) return std::unexpected(entry.error());
+  if (!entry) return std::unexpected(std::move(entry.error()));
   std::string message;
   const int verdict = reinterpret_cast<agent::VerifyEntry*>(*entry)(lines, key_pem, key_label, message);
-  if (verdict != 0) return std::unexpected(std::move(message));
+  if (verdict != 0) return error::fail(error::Errc::corrupt, std::move(message));
   return message;
 }
 

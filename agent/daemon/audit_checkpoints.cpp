@@ -7,13 +7,13 @@
 
 namespace gpunode::daemon {
 
-std::expected<std::shared_ptr<const proof::NodeKey>, std::string> load_audit_key(const config::Config& c,
-                                                                                 std::string& said) {
+error::Result<std::shared_ptr<const proof::NodeKey>> load_audit_key(const config::Config& c,
+                                                                    std::string& said) {
   const auto path = config::signing_key_path(c);
   std::error_code ec;
   const bool existed = std::filesystem::exists(path, ec);
   auto key = proof::NodeKey::load_or_create(path);
-  if (!key) return std::unexpected(fmt::format("audit.signing_key: {}", key.error().detail));
+  if (!key) return std::unexpected(error::with_context(std::move(key.error()), "audit.signing_key"));
   said = fmt::format("audit signing key {}: keyId {}{}", path, key->key_id(),
                      existed ? "" : " (created: keep a copy with the state directory's)");
   return std::make_shared<const proof::NodeKey>(std::move(*key));
@@ -42,7 +42,8 @@ void AuditCheckpoints::arm() {
 void AuditCheckpoints::checkpoint(const char* when) {
   auto made = node_.checkpoint_audit();
   if (!made) {
-    say_(config::LogLevel::error, fmt::format("audit checkpoint ({}) not stored: {}", when, made.error()));
+    say_(config::LogLevel::error,
+         fmt::format("audit checkpoint ({}) not stored: {}", when, made.error().detail));
     return;
   }
   if (!*made) return;  // the chain has not grown

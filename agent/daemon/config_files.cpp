@@ -9,12 +9,12 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
-#include <expected>
 #include <system_error>
 #include <tuple>
 
 #include "gpunode/auth/token_verifier.hpp"
 #include "gpunode/discovery/host_root.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/http/tls_files.hpp"
 
 namespace gpunode::daemon {
@@ -33,48 +33,51 @@ std::string who_am_i() {
   return fmt::format("uid {}", uid);
 }
 
-std::string system_reason(int err) {
-  if (err == ENOENT || err == ENOTDIR) return "missing";
-  if (err == EACCES || err == EPERM) return fmt::format("permission denied: {} cannot read it", who_am_i());
-  return std::generic_category().message(err);
+// The errno's Error, in the words check-config has always used: "missing", who may not read it.
+std::unexpected<error::Error> system_reason(int err) {
+  if (err == ENOENT || err == ENOTDIR) return std::unexpected(error::os_error(err, "missing"));
+  if (err == EACCES || err == EPERM)
+    return std::unexpected(
+        error::os_error(err, fmt::format("permission denied: {} cannot read it", who_am_i())));
+  return std::unexpected(error::os_error(err, std::generic_category().message(err)));
 }
 
 // A regular file this process can open for reading.
-std::expected<void, std::string> readable_file(const std::string& path) {
+error::Result<void> readable_file(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::unexpected(system_reason(errno));
+  if (::stat(path.c_str(), &st) != 0) return system_reason(errno);
   if (!S_ISREG(st.st_mode))
-    return std::unexpected(S_ISDIR(st.st_mode) ? "a directory, not a file" : "not a regular file");
-  if (::access(path.c_str(), R_OK) != 0) return std::unexpected(system_reason(errno));
+    return error::fail(error::Errc::invalid,
+                       S_ISDIR(st.st_mode) ? "a directory, not a file" : "not a regular file");
+  if (::access(path.c_str(), R_OK) != 0) return system_reason(errno);
   return {};
 }
 
-std::expected<void, std::string> usable_state_directory(const std::string& path) {
+error::Result<void> usable_state_directory(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return {};  // made at the start (the unit's StateDirectory=, or the agent)
-    return std::unexpected(system_reason(errno));
+    return system_reason(errno);
   }
-  if (!S_ISDIR(st.st_mode)) return std::unexpected("not a directory");
+  if (!S_ISDIR(st.st_mode)) return error::fail(error::Errc::invalid, "not a directory");
   if (::access(path.c_str(), R_OK | W_OK | X_OK) != 0) {
-    if (errno == EACCES || errno == EPERM)
-      return std::unexpected(fmt::format("permission denied: {} cannot write in it", who_am_i()));
-    return std::unexpected(std::generic_category().message(errno));
+    const int err = errno;
+    if (err == EACCES || err == EPERM)
+      return std::unexpected(
+          error::os_error(err, fmt::format("permission denied: {} cannot write in it", who_am_i())));
+    return std::unexpected(error::os_error(err, std::generic_category().message(err)));
   }
   return {};
 }
 
 // What the agent would make of the file, as the agent loads it.
-std::expected<void, std::string> usable(const config::NamedFile& f, const std::string& issuer,
-                                        const std::string& audience) {
+error::Result<void> usable(const config::NamedFile& f, const std::string& issuer,
+                           const std::string& audience) {
   switch (f.kind) {
     case Kind::state_directory:
       return usable_state_directory(f.path);
-    case Kind::host_root: {
-      auto root = discovery::check_host_root(f.path);
-      if (!root) return std::unexpected(root.error());
-      return {};
-    }
+    case Kind::host_root:
+      return discovery::check_host_root(f.path);
     case Kind::certificate_chain:
     case Kind::private_key:
     case Kind::ca_certificates: {
@@ -90,9 +93,9 @@ std::expected<void, std::string> usable(const config::NamedFile& f, const std::s
           auth::TokenVerifier::from_files({f.path}, {issuer, audience, "node", std::chrono::seconds(60)});
       if (!v) {
         // Its errors start with the file's name: keep the reason only.
-        std::string why = v.error().detail;
-        if (why.starts_with(f.path + ": ")) why.erase(0, f.path.size() + 2);
-        return std::unexpected(why);
+        error::Error why = std::move(v.error());
+        if (why.detail.starts_with(f.path + ": ")) why.detail.erase(0, f.path.size() + 2);
+        return std::unexpected(std::move(why));
       }
       return {};
     }
@@ -121,7 +124,7 @@ std::vector<config::Problem> check_named_files(const config::LoadResult& loaded,
   const auto& auth = loaded.config.auth;
   for (const auto& f : loaded.files) {
     if (auto ok = usable(f, auth.issuer, auth.audience); !ok) {
-      problems.push_back({config_file, f.line, f.column, fmt::format("{}: {}", f.path, ok.error())});
+      problems.push_back({config_file, f.line, f.column, fmt::format("{}: {}", f.path, ok.error().detail)});
     } else {
       usable_files.push_back(&f);
     }
@@ -135,7 +138,7 @@ std::vector<config::Problem> check_named_files(const config::LoadResult& loaded,
     if (cert == nullptr || !is_usable(cert)) continue;
     if (auto pair = http::check_key_pair(cert->path, key->path); !pair) {
       problems.push_back(
-          {config_file, key->line, key->column, fmt::format("{}: {}", key->path, pair.error())});
+          {config_file, key->line, key->column, fmt::format("{}: {}", key->path, pair.error().detail)});
     }
   }
   std::stable_sort(problems.begin(), problems.end(), [](const config::Problem& a, const config::Problem& b) {

@@ -384,10 +384,11 @@ struct Daemon::Parts {
     auto v = load_verifier(fresh_config);
     auto t = http::make_tls_context(tls_files(fresh_config));
     // The central API's files, when reporting runs and is still meant to (a changed url is a restart).
-    std::expected<std::shared_ptr<asio::ssl::context>, std::string> c = nullptr;
+    error::Result<std::shared_ptr<asio::ssl::context>> c = nullptr;
     if (reporter) c = central_tls(fresh_config);
     if (!v || !t || !c) {  // the files changed again since they were checked
-      return refuse({config::Problem{opt.config_file, 0, 0, !v ? v.error() : !t ? t.error() : c.error()}});
+      const auto& why = !v ? v.error() : !t ? t.error() : c.error();
+      return refuse({config::Problem{opt.config_file, 0, 0, why.detail}});
     }
     const auto restart = config::keys_needing_restart(cfg, fresh_config);
     if (!restart.empty()) {
@@ -458,15 +459,14 @@ namespace {
 
 // The GPU names, then the node's state opened (applying the terms that passed while the agent was
 // down), and the hypervisor it drives.
-std::expected<void, std::string> open_node(Daemon::Parts& p,
-                                           const std::shared_ptr<const auth::TokenVerifier>& verifier) {
+error::Result<void> open_node(Daemon::Parts& p, const std::shared_ptr<const auth::TokenVerifier>& verifier) {
   const auto& cfg = p.cfg;
   const discovery::Policy policy = policy_from(cfg);
   auto names = discovery::PciIds::load(p.opt.pci_ids_file, policy.gpu_vendors);
   if (names)
     p.names.emplace(std::move(*names));
   else
-    p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error()));
+    p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error().detail));
 
   service::ServiceOptions so{cfg.node.id,
                              cfg.node.owner_org,
@@ -478,7 +478,9 @@ std::expected<void, std::string> open_node(Daemon::Parts& p,
                              cfg.enforcement.mode};
   service::Clock clock = p.opt.clock ? p.opt.clock : [] { return std::chrono::system_clock::now(); };
   auto opened = service::NodeService::open(so, verifier, p.names ? &*p.names : nullptr, clock, p.log_sink());
-  if (!opened) return std::unexpected(fmt::format("state {}: {}", cfg.state.dir, opened.error()));
+  if (!opened)
+    return std::unexpected(
+        error::with_context(std::move(opened.error()), fmt::format("state {}", cfg.state.dir)));
   p.node = std::move(*opened);
   // libvirt connects lazily on the first call, and reconnects after libvirtd restarts.
   p.hypervisor = p.opt.hypervisor ? p.opt.hypervisor : vmctl::make_libvirt(cfg.libvirt.uri);
@@ -487,7 +489,7 @@ std::expected<void, std::string> open_node(Daemon::Parts& p,
 
 // The Driver on the core thread: its pools, a grace's sleep that ends when the agent stops, the
 // terms' timer re-armed (and the reporter woken) at each new revision, the workloads' events.
-std::expected<void, std::string> start_driver(Daemon::Parts& p) {
+error::Result<void> start_driver(Daemon::Parts& p) {
   Daemon::Parts* raw = &p;
   Driver::Options dopt;
   dopt.lists = p.lists.get_executor();
@@ -503,7 +505,7 @@ std::expected<void, std::string> start_driver(Daemon::Parts& p) {
       std::max<std::chrono::milliseconds>(p.cfg.discovery.rescan_interval, std::chrono::seconds(1));
   p.revision = p.node->revision();
   auto term_timer = WallTimer::open(p.core);
-  if (!term_timer) return std::unexpected(term_timer.error());
+  if (!term_timer) return std::unexpected(std::move(term_timer.error()));
   p.term_timer = std::move(*term_timer);
   dopt.on_revision = [raw](std::int64_t revision) {
     raw->revision = revision;
@@ -517,8 +519,7 @@ std::expected<void, std::string> start_driver(Daemon::Parts& p) {
 
 // The admin socket's peers resolved, the open-file limit fitted to the connection caps, and both
 // servers made and bound: HTTPS and metrics.listen on `net`, the admin socket on its own loop.
-std::expected<void, std::string> bind_servers(Daemon::Parts& p,
-                                              const std::shared_ptr<asio::ssl::context>& tls) {
+error::Result<void> bind_servers(Daemon::Parts& p, const std::shared_ptr<asio::ssl::context>& tls) {
   const auto& cfg = p.cfg;
   Daemon::Parts* raw = &p;
   p.peers = std::make_shared<AdminPeers>(cfg.admin);
@@ -540,15 +541,12 @@ std::expected<void, std::string> bind_servers(Daemon::Parts& p,
   };
   p.server.emplace(p.net, api_limits(cfg), handle, log_line, observe);
   p.admin_server.emplace(p.admin_io, admin_limits(cfg), handle, log_line, observe);
-  if (auto l = listen_all(*p.server, *p.admin_server, cfg, p.passed, tls, gid, p.peers); !l)
-    return std::unexpected(std::move(l.error().detail));
-  return {};
+  return listen_all(*p.server, *p.admin_server, cfg, p.passed, tls, gid, p.peers);
 }
 
 // Reporting to the central API when central.url is set (`central`, its TLS context); else a line
 // saying it is off.
-std::expected<void, std::string> start_reporter(Daemon::Parts& p,
-                                                std::shared_ptr<asio::ssl::context> central) {
+error::Result<void> start_reporter(Daemon::Parts& p, std::shared_ptr<asio::ssl::context> central) {
   if (!central) {
     p.say(LogLevel::info,
           "central.url is empty: reporting to the central API is off (events are kept in the outbox)");
@@ -562,7 +560,7 @@ std::expected<void, std::string> start_reporter(Daemon::Parts& p,
   };
   ro.log = p.log_sink();
   auto reporter = report::Reporter::start(std::move(ro));
-  if (!reporter) return std::unexpected(reporter.error().detail);
+  if (!reporter) return std::unexpected(std::move(reporter.error()));
   p.reporter = std::move(*reporter);
   return {};
 }
@@ -577,7 +575,7 @@ void start_threads(Daemon::Parts& p) {
   } else {
     p.say(LogLevel::info,
           fmt::format(
-              "kernel device events are not available ({}): rescanning every {} s only", u.error(),
+              "kernel device events are not available ({}): rescanning every {} s only", u.error().detail,
               std::chrono::duration_cast<std::chrono::seconds>(p.cfg.discovery.rescan_interval).count()));
   }
   asio::post(p.core, [raw] {
@@ -593,7 +591,7 @@ void start_threads(Daemon::Parts& p) {
 
 }  // namespace
 
-std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions options) {
+error::Result<std::unique_ptr<Daemon>> Daemon::start(DaemonOptions options) {
   auto p = std::make_unique<Parts>();
   p->opt = std::move(options);
   // Socket activation (CONTRACT §11): read first, while this is the only thread.
@@ -603,32 +601,32 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
   if (!loaded) {
     std::string all;
     for (const auto& x : loaded.error()) all += x.to_string() + "\n";
-    return std::unexpected(fmt::format("{}{} is invalid", all, p->opt.config_file));
+    return error::fail(error::Errc::invalid, fmt::format("{}{} is invalid", all, p->opt.config_file));
   }
   p->cfg = std::move(*loaded);
   const auto& cfg = p->cfg;
   p->log.configure(cfg.log.level, cfg.log.format);
   auto matched = match_passed(passed, cfg);
-  if (!matched) return std::unexpected(matched.error());
+  if (!matched) return std::unexpected(std::move(matched.error()));
   p->passed = *matched;
 
   auto verifier = load_verifier(cfg);
-  if (!verifier) return std::unexpected(verifier.error());
+  if (!verifier) return std::unexpected(std::move(verifier.error()));
   p->say(LogLevel::info, token_keys_line(**verifier));
   auto tls = http::make_tls_context(tls_files(cfg));
-  if (!tls) return std::unexpected(tls.error());
+  if (!tls) return std::unexpected(std::move(tls.error()));
   auto central = central_tls(cfg);
-  if (!central) return std::unexpected(central.error());
+  if (!central) return std::unexpected(std::move(central.error()));
   auto lock = lock_state_dir(cfg);
-  if (!lock) return std::unexpected(lock.error());
+  if (!lock) return std::unexpected(std::move(lock.error()));
   p->lock.emplace(std::move(*lock));
   std::string key_line;
   auto audit_key = load_audit_key(cfg, key_line);
-  if (!audit_key) return std::unexpected(audit_key.error());
+  if (!audit_key) return std::unexpected(std::move(audit_key.error()));
   p->audit_key = std::move(*audit_key);
   p->say(LogLevel::info, key_line);
 
-  if (auto ok = open_node(*p, *verifier); !ok) return std::unexpected(ok.error());
+  if (auto ok = open_node(*p, *verifier); !ok) return std::unexpected(std::move(ok.error()));
   p->node->set_audit_key(p->audit_key);
   p->audit_checkpoints.emplace(
       p->core, *p->node, cfg.audit.checkpoint_interval,
@@ -636,9 +634,9 @@ std::expected<std::unique_ptr<Daemon>, std::string> Daemon::start(DaemonOptions 
         if (raw->reporter) raw->reporter->notify();
       },
       p->log_sink());
-  if (auto ok = start_driver(*p); !ok) return std::unexpected(ok.error());
-  if (auto ok = bind_servers(*p, *tls); !ok) return std::unexpected(ok.error());
-  if (auto ok = start_reporter(*p, *central); !ok) return std::unexpected(ok.error());
+  if (auto ok = start_driver(*p); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = bind_servers(*p, *tls); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = start_reporter(*p, *central); !ok) return std::unexpected(std::move(ok.error()));
   start_threads(*p);
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }

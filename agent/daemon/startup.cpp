@@ -102,11 +102,10 @@ std::expected<config::Config, std::vector<config::Problem>> load_checked(const s
   return std::move(loaded.config);
 }
 
-std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(
-    const config::Config& c) {
+error::Result<std::shared_ptr<const auth::TokenVerifier>> load_verifier(const config::Config& c) {
   auto v = auth::TokenVerifier::from_files(
       c.auth.keys, {c.auth.issuer, c.auth.audience, c.node.id, std::chrono::seconds(60)});
-  if (!v) return std::unexpected(v.error().detail);
+  if (!v) return std::unexpected(std::move(v.error()));
   return std::make_shared<const auth::TokenVerifier>(std::move(*v));
 }
 
@@ -119,23 +118,24 @@ http::TlsFiles tls_files(const config::Config& c) {
   return {c.api.tls.cert, c.api.tls.key, c.api.tls.client_ca};
 }
 
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c) {
+error::Result<std::shared_ptr<boost::asio::ssl::context>> central_tls(const config::Config& c) {
   if (c.central.url.empty()) return nullptr;
   return http::make_client_tls_context({c.central.ca, c.central.client_cert, c.central.client_key});
 }
 
-std::expected<std::string, std::string> fit_open_files(const config::Config& c) {
+error::Result<std::string> fit_open_files(const config::Config& c) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0)
-    return std::unexpected(fmt::format("cannot read the open-file limit: {}", std::strerror(errno)));
+    return std::unexpected(error::from_errno(errno, "cannot read the open-file limit"));
   const rlim_t before = rl.rlim_cur;
   if (rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
   }
   const std::size_t need = c.api.max_connections + c.admin.max_connections + kMetricsConnections + kOwnFiles;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    return std::unexpected(
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {  // the caps do not fit: invalid
+    return error::fail(
+        error::Errc::invalid,
         fmt::format("the open-file limit is {} (hard limit {}), below the {} the connection caps need "
                     "(api.max_connections {} + admin.max_connections {} + {} for metrics.listen + {} for the "
                     "agent's own files): raise LimitNOFILE (ulimit -n) or lower the caps",
@@ -149,16 +149,15 @@ std::expected<std::string, std::string> fit_open_files(const config::Config& c) 
       c.api.max_connections, c.api.max_connections_per_client, c.admin.max_connections, kMetricsConnections);
 }
 
-std::expected<store::StateLock, std::string> lock_state_dir(const config::Config& c) {
+error::Result<store::StateLock> lock_state_dir(const config::Config& c) {
   std::error_code ec;
   std::filesystem::create_directories(c.state.dir, ec);
   if (ec)
-    return std::unexpected(fmt::format("cannot create state directory {}: {}", c.state.dir, ec.message()));
+    return std::unexpected(
+        error::from_errno(ec.value(), fmt::format("cannot create state directory {}", c.state.dir)));
   // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
   ::chmod(c.state.dir.c_str(), 0750);
-  auto lock = store::StateLock::acquire(c.state.dir);
-  if (!lock) return std::unexpected(std::move(lock.error().detail));
-  return std::move(*lock);
+  return store::StateLock::acquire(c.state.dir);  // held by another agent: busy
 }
 
 http::Limits api_limits(const config::Config& c) {
@@ -176,8 +175,9 @@ http::Limits admin_limits(const config::Config& c) {
   return limits;
 }
 
-std::expected<PassedListeners, std::string> match_passed(const std::vector<PassedSocket>& passed,
-                                                         const config::Config& c) {
+error::Result<PassedListeners> match_passed(const std::vector<PassedSocket>& passed,
+                                            const config::Config& c) {
+  const auto mismatch = [](std::string why) { return error::fail(error::Errc::invalid, std::move(why)); };
   PassedListeners out;
   for (const auto& s : passed) {
     const auto bound = bound_address(s.fd);
@@ -188,14 +188,14 @@ std::expected<PassedListeners, std::string> match_passed(const std::vector<Passe
     const char* key = api ? "api.listen" : "admin.socket";
     if (s.name != "api" && s.name != "admin" && bound.family != AF_UNIX && bound.family != AF_INET &&
         bound.family != AF_INET6)
-      return std::unexpected(fmt::format("{} serves neither api.listen nor admin.socket", what));
-    if (slot) return std::unexpected(fmt::format("{} is a second socket for {}", what, key));
+      return mismatch(fmt::format("{} serves neither api.listen nor admin.socket", what));
+    if (slot) return mismatch(fmt::format("{} is a second socket for {}", what, key));
     if (!bound.listening)
-      return std::unexpected(fmt::format("{} is not a listening stream socket for {}", what, key));
+      return mismatch(fmt::format("{} is not a listening stream socket for {}", what, key));
     const bool same =
         api ? serves_listen(bound, c.api.listen) : bound.family == AF_UNIX && bound.path == c.admin.socket;
     if (!same) {
-      return std::unexpected(fmt::format(
+      return mismatch(fmt::format(
           "{} does not match {} \"{}\": make gpunode-agent.socket's ListenStream= and {} name the same "
           "address (systemctl edit gpunode-agent.socket)",
           what, key, text::printable(api ? c.api.listen : c.admin.socket), key));
@@ -209,7 +209,7 @@ error::Result<void> listen_all(http::Server& server, http::Server& admin, const 
                                const PassedListeners& passed, std::shared_ptr<boost::asio::ssl::context> tls,
                                std::optional<gid_t> group, std::shared_ptr<AdminPeers> peers) {
   const auto where = config::parse_listen(c.api.listen);  // checked when the config was loaded
-  if (!where) return error::fail(error::Errc::invalid, fmt::format("api.listen: {}", where.error()));
+  if (!where) return std::unexpected(error::with_context(where.error(), "api.listen"));
   if (auto l = passed.api ? server.adopt_tls(*passed.api, std::move(tls))
                           : server.listen_tls(where->host, where->port, std::move(tls));
       !l)
@@ -222,11 +222,9 @@ error::Result<void> listen_all(http::Server& server, http::Server& admin, const 
   }
   if (!c.metrics.listen.empty()) {
     const auto m = config::parse_listen(c.metrics.listen);  // checked when the config was loaded
-    if (!m) return error::fail(error::Errc::invalid, fmt::format("metrics.listen: {}", m.error()));
-    if (auto l = server.listen_plain(m->host, m->port); !l) {
-      l.error().detail = "metrics.listen: " + l.error().detail;
-      return std::unexpected(std::move(l.error()));
-    }
+    if (!m) return std::unexpected(error::with_context(m.error(), "metrics.listen"));
+    if (auto l = server.listen_plain(m->host, m->port); !l)
+      return std::unexpected(error::with_context(std::move(l.error()), "metrics.listen"));
   }
   return {};
 }

@@ -19,6 +19,7 @@
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
 #include "gpunode/daemon/sd_notify.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/http/server.hpp"
 #include "gpunode/report/reporter.hpp"
 #include "gpunode/store/state_lock.hpp"
@@ -31,7 +32,8 @@ constexpr std::size_t kMetricsConnections = 64;
 // The config at `file` for `run`, and every file it names usable by this process; else every problem.
 std::expected<config::Config, std::vector<config::Problem>> load_checked(const std::string& file);
 
-std::expected<std::shared_ptr<const auth::TokenVerifier>, std::string> load_verifier(const config::Config& c);
+// The token keys of auth.keys (TokenVerifier's error: the file and why).
+error::Result<std::shared_ptr<const auth::TokenVerifier>> load_verifier(const config::Config& c);
 
 // The log line naming the token keys loaded: during a key rollover, which `kid`s this node takes.
 std::string token_keys_line(const auth::TokenVerifier& v);
@@ -39,15 +41,16 @@ std::string token_keys_line(const auth::TokenVerifier& v);
 http::TlsFiles tls_files(const config::Config& c);
 
 // The central API's client context, when reporting is on (central.url set); else null.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> central_tls(const config::Config& c);
+error::Result<std::shared_ptr<boost::asio::ssl::context>> central_tls(const config::Config& c);
 
 // CONTRACT §10: the open-file limit's soft value raised to its hard one, and the connection caps
 // checked to fit below it, so that no stranger's connections can use up the descriptors the agent
-// needs for its own files or its operators. Says what was chosen, or why it cannot start.
-std::expected<std::string, std::string> fit_open_files(const config::Config& c);
+// needs for its own files or its operators. Says what was chosen, or why it cannot start (caps
+// that do not fit the limit: invalid).
+error::Result<std::string> fit_open_files(const config::Config& c);
 
-// state.dir made if missing (0750) and locked against a second agent.
-std::expected<store::StateLock, std::string> lock_state_dir(const config::Config& c);
+// state.dir made if missing (0750) and locked against a second agent (one that holds it: busy).
+error::Result<store::StateLock> lock_state_dir(const config::Config& c);
 
 // The HTTPS port's and metrics.listen's limits, and the admin socket's.
 http::Limits api_limits(const config::Config& c);
@@ -60,9 +63,8 @@ struct PassedListeners {
 // Each passed socket matched to api.listen or admin.socket: by its FileDescriptorName= (`api`,
 // `admin`), or, for any other name (one socket unit gives all its sockets one name), by its family
 // (TCP: api, unix: admin). A socket bound elsewhere than its key says, a second one for a key, or
-// one that is neither refuses the start, naming the socket and the key.
-std::expected<PassedListeners, std::string> match_passed(const std::vector<PassedSocket>& passed,
-                                                         const config::Config& c);
+// one that is neither refuses the start, naming the socket and the key (invalid).
+error::Result<PassedListeners> match_passed(const std::vector<PassedSocket>& passed, const config::Config& c);
 
 // Serves api.listen (HTTPS with `tls`) and the admin socket on `admin` (its group `group`, its peers
 // as `peers` allows) on the sockets systemd passed, binding those it did not pass; binds

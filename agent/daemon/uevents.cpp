@@ -1,13 +1,11 @@
 #include "gpunode/daemon/uevents.hpp"
 
-#include <fmt/format.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
-#include <cstring>
 
 namespace gpunode::daemon {
 
@@ -39,16 +37,16 @@ bool changes_units(const Uevent& e) {
   return false;
 }
 
-std::expected<std::unique_ptr<UeventMonitor>, std::string> UeventMonitor::open(boost::asio::io_context& io) {
+error::Result<std::unique_ptr<UeventMonitor>> UeventMonitor::open(boost::asio::io_context& io) {
   const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT);
-  if (fd < 0) return std::unexpected(fmt::format("netlink uevent socket: {}", std::strerror(errno)));
+  if (fd < 0) return std::unexpected(error::from_errno(errno, "netlink uevent socket"));
   sockaddr_nl addr{};
   addr.nl_family = AF_NETLINK;
   addr.nl_groups = 1;  // the kernel's uevents (libudev's rebroadcast is group 2)
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
     const int e = errno;
     ::close(fd);
-    return std::unexpected(fmt::format("netlink uevent socket: bind: {}", std::strerror(e)));
+    return std::unexpected(error::from_errno(e, "netlink uevent socket: bind"));
   }
   return std::unique_ptr<UeventMonitor>(new UeventMonitor(boost::asio::posix::stream_descriptor(io, fd)));
 }

@@ -1,18 +1,16 @@
 #include "gpunode/daemon/wall_timer.hpp"
 
-#include <fmt/format.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
-#include <cstring>
 
 namespace gpunode::daemon {
 
-std::expected<std::unique_ptr<WallTimer>, std::string> WallTimer::open(boost::asio::io_context& io) {
+error::Result<std::unique_ptr<WallTimer>> WallTimer::open(boost::asio::io_context& io) {
   const int fd = ::timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
-  if (fd < 0) return std::unexpected(fmt::format("timerfd_create(CLOCK_REALTIME): {}", std::strerror(errno)));
+  if (fd < 0) return std::unexpected(error::from_errno(errno, "timerfd_create(CLOCK_REALTIME)"));
   return std::unique_ptr<WallTimer>(new WallTimer(boost::asio::posix::stream_descriptor(io, fd)));
 }
 

@@ -200,6 +200,10 @@ Error from_errno(int err, std::string detail) {
   return Error{errno_code(err), std::move(detail), err, Native::os};
 }
 
+Error os_error(int err, std::string detail) {
+  return Error{errno_code(err), std::move(detail), err, Native::os};
+}
+
 Errc sqlite_code(int rc) {
   switch (rc & 0xff) {
     case SQLITE_FULL:

@@ -39,77 +39,82 @@ std::string ssl_reason() {
   return buf.data();
 }
 
-// A readable file, else the system's reason (OpenSSL's message for a missing file is poor).
-std::optional<std::string> unreadable(const std::string& path) {
+// A readable file, else the errno that says why (OpenSSL's message for a missing file is poor).
+std::optional<int> unreadable(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return std::string{std::strerror(errno)};
+  if (f == nullptr) return errno;
   std::fclose(f);
   return std::nullopt;
 }
 
+// What OpenSSL would not take: a file that is not what it must be (not PEM, not a key, a key of
+// another certificate). The detail is `what` and OpenSSL's reason.
+std::unexpected<error::Error> refused(std::string what) {
+  return error::fail(error::Errc::invalid, fmt::format("{}: {}", what, ssl_reason()));
+}
+
 // What both sides share: protocol versions, suites, groups, no renegotiation or compression.
-std::expected<void, std::string> harden(SSL_CTX* h) {
+// Its failures are the agent's own (constants OpenSSL 3 always takes): internal.
+error::Result<void> harden(SSL_CTX* h) {
+  const auto cannot = [](std::string_view what) {
+    return error::fail(error::Errc::internal, fmt::format("TLS: cannot set {}: {}", what, ssl_reason()));
+  };
   if (SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION) != 1 ||
       SSL_CTX_set_max_proto_version(h, TLS1_3_VERSION) != 1) {
-    return std::unexpected(fmt::format("TLS: cannot set protocol versions: {}", ssl_reason()));
+    return cannot("protocol versions");
   }
   SSL_CTX_set_options(h, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE |
                              SSL_OP_NO_SSLv2 | SSL_OP_NO_SSLv3 | SSL_OP_NO_TLSv1 | SSL_OP_NO_TLSv1_1);
   if (SSL_CTX_set_cipher_list(h, kTls12Ciphers) != 1 || SSL_CTX_set_ciphersuites(h, kTls13Suites) != 1) {
-    return std::unexpected(fmt::format("TLS: cannot set cipher suites: {}", ssl_reason()));
+    return cannot("cipher suites");
   }
   if (SSL_CTX_set1_groups_list(h, kGroups) != 1) {
-    return std::unexpected(fmt::format("TLS: cannot set key exchange groups: {}", ssl_reason()));
+    return cannot("key exchange groups");
   }
   return {};
 }
 
 // The certificate chain and its key, checked to match. `what` names them in errors ("TLS").
-std::expected<void, std::string> load_identity(SSL_CTX* h, const std::string& cert, const std::string& key,
-                                               std::string_view what) {
-  if (auto why = unreadable(cert))
-    return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, *why));
-  if (SSL_CTX_use_certificate_chain_file(h, cert.c_str()) != 1) {
-    return std::unexpected(fmt::format("{} certificate {}: {}", what, cert, ssl_reason()));
-  }
-  if (auto why = unreadable(key)) return std::unexpected(fmt::format("{} key {}: {}", what, key, *why));
-  if (SSL_CTX_use_PrivateKey_file(h, key.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return std::unexpected(fmt::format("{} key {}: {}", what, key, ssl_reason()));
-  }
-  if (SSL_CTX_check_private_key(h) != 1) {
-    return std::unexpected(
-        fmt::format("{} key {} does not match certificate {}: {}", what, key, cert, ssl_reason()));
-  }
+error::Result<void> load_identity(SSL_CTX* h, const std::string& cert, const std::string& key,
+                                  std::string_view what) {
+  const auto cert_what = fmt::format("{} certificate {}", what, cert);
+  if (auto err = unreadable(cert)) return std::unexpected(error::from_errno(*err, cert_what));
+  if (SSL_CTX_use_certificate_chain_file(h, cert.c_str()) != 1) return refused(cert_what);
+  const auto key_what = fmt::format("{} key {}", what, key);
+  if (auto err = unreadable(key)) return std::unexpected(error::from_errno(*err, key_what));
+  if (SSL_CTX_use_PrivateKey_file(h, key.c_str(), SSL_FILETYPE_PEM) != 1) return refused(key_what);
+  if (SSL_CTX_check_private_key(h) != 1)
+    return refused(fmt::format("{} does not match certificate {}", key_what, cert));
   return {};
 }
 
 // Trusts exactly the certificates in `ca` (a PEM file).
-std::expected<void, std::string> load_ca(SSL_CTX* h, const std::string& ca, std::string_view what) {
-  if (auto why = unreadable(ca)) return std::unexpected(fmt::format("{} {}: {}", what, ca, *why));
-  if (SSL_CTX_load_verify_locations(h, ca.c_str(), nullptr) != 1) {
-    return std::unexpected(fmt::format("{} {}: {}", what, ca, ssl_reason()));
-  }
+error::Result<void> load_ca(SSL_CTX* h, const std::string& ca, std::string_view what) {
+  const auto ca_what = fmt::format("{} {}", what, ca);
+  if (auto err = unreadable(ca)) return std::unexpected(error::from_errno(*err, ca_what));
+  if (SSL_CTX_load_verify_locations(h, ca.c_str(), nullptr) != 1) return refused(ca_what);
   return {};
 }
 
 }  // namespace
 
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(
-    const TlsFiles& files) {
+error::Result<std::shared_ptr<boost::asio::ssl::context>> make_tls_context(const TlsFiles& files) {
   namespace ssl = boost::asio::ssl;
   ERR_clear_error();
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
   SSL_CTX* h = ctx->native_handle();
-  if (auto hard = harden(h); !hard) return std::unexpected(hard.error());
+  if (auto hard = harden(h); !hard) return std::unexpected(std::move(hard.error()));
   static constexpr unsigned char kSidContext[] = "gpunode";
   SSL_CTX_set_session_id_context(h, kSidContext, sizeof kSidContext - 1);
-  if (auto id = load_identity(h, files.cert, files.key, "TLS"); !id) return std::unexpected(id.error());
+  if (auto id = load_identity(h, files.cert, files.key, "TLS"); !id)
+    return std::unexpected(std::move(id.error()));
   if (!files.client_ca.empty()) {
-    if (auto ca = load_ca(h, files.client_ca, "TLS client CA"); !ca) return std::unexpected(ca.error());
+    if (auto ca = load_ca(h, files.client_ca, "TLS client CA"); !ca)
+      return std::unexpected(std::move(ca.error()));
     STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.client_ca.c_str());
     if (names == nullptr) {
-      return std::unexpected(
-          fmt::format("TLS client CA {}: no certificate in it ({})", files.client_ca, ssl_reason()));
+      return error::fail(error::Errc::invalid, fmt::format("TLS client CA {}: no certificate in it ({})",
+                                                           files.client_ca, ssl_reason()));
     }
     SSL_CTX_set_client_CA_list(h, names);  // takes ownership
     SSL_CTX_set_verify(h, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
@@ -118,26 +123,26 @@ std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_
   return ctx;
 }
 
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(
+error::Result<std::shared_ptr<boost::asio::ssl::context>> make_client_tls_context(
     const ClientTlsFiles& files) {
   namespace ssl = boost::asio::ssl;
   ERR_clear_error();
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   SSL_CTX* h = ctx->native_handle();
-  if (auto hard = harden(h); !hard) return std::unexpected(hard.error());
-  if (auto ca = load_ca(h, files.ca, "central CA"); !ca) return std::unexpected(ca.error());
+  if (auto hard = harden(h); !hard) return std::unexpected(std::move(hard.error()));
+  if (auto ca = load_ca(h, files.ca, "central CA"); !ca) return std::unexpected(std::move(ca.error()));
   if (auto id = load_identity(h, files.cert, files.key, "central client"); !id)
-    return std::unexpected(id.error());
+    return std::unexpected(std::move(id.error()));
   SSL_CTX_set_verify(h, SSL_VERIFY_PEER, nullptr);
   ERR_clear_error();
   return ctx;
 }
 
-std::expected<void, std::string> check_tls_file(const std::string& path, TlsFileKind kind) {
+error::Result<void> check_tls_file(const std::string& path, TlsFileKind kind) {
   ERR_clear_error();
   boost::asio::ssl::context scratch(boost::asio::ssl::context::tls);
   SSL_CTX* h = scratch.native_handle();
-  if (auto why = unreadable(path)) return std::unexpected(*why);
+  if (auto err = unreadable(path)) return std::unexpected(error::os_error(*err, std::strerror(*err)));
   int ok = 0;
   switch (kind) {
     case TlsFileKind::certificate_chain:
@@ -151,19 +156,18 @@ std::expected<void, std::string> check_tls_file(const std::string& path, TlsFile
       break;
   }
   if (ok != 1) {
-    const char* what = kind == TlsFileKind::private_key ? "a PEM private key" : "PEM certificates";
-    return std::unexpected(fmt::format("not {}: {}", what, ssl_reason()));
+    return refused(kind == TlsFileKind::private_key ? "not a PEM private key" : "not PEM certificates");
   }
   ERR_clear_error();
   return {};
 }
 
-std::expected<void, std::string> check_key_pair(const std::string& cert, const std::string& key) {
+error::Result<void> check_key_pair(const std::string& cert, const std::string& key) {
   ERR_clear_error();
   boost::asio::ssl::context scratch(boost::asio::ssl::context::tls);
   if (auto id = load_identity(scratch.native_handle(), cert, key, "TLS"); !id) {
     ERR_clear_error();
-    return std::unexpected(fmt::format("does not belong to the certificate in {}", cert));
+    return error::fail(error::Errc::invalid, fmt::format("does not belong to the certificate in {}", cert));
   }
   return {};
 }

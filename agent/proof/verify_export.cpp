@@ -21,8 +21,13 @@ struct Lines {
   std::vector<json::object> records, checkpoints;
 };
 
+// An export or key that is not what it must be (not JSON lines, not one Ed25519 key): invalid.
+std::unexpected<error::Error> malformed(std::string why) {
+  return error::fail(error::Errc::invalid, std::move(why));
+}
+
 // The export's lines, records and checkpoints apart (records first, then checkpoints).
-std::expected<Lines, std::string> split(std::string_view text) {
+error::Result<Lines> split(std::string_view text) {
   Lines out;
   std::size_t line_no = 0;
   while (!text.empty()) {
@@ -32,17 +37,17 @@ std::expected<Lines, std::string> split(std::string_view text) {
     ++line_no;
     if (line.empty()) continue;
     auto v = gpunode::json::parse_strict(line);
-    if (!v) return std::unexpected(fmt::format("line {}: not JSON: {}", line_no, v.error().to_string()));
+    if (!v) return malformed(fmt::format("line {}: not JSON: {}", line_no, v.error().to_string()));
     auto* o = v->if_object();
-    if (o == nullptr) return std::unexpected(fmt::format("line {}: not a JSON object", line_no));
+    if (o == nullptr) return malformed(fmt::format("line {}: not a JSON object", line_no));
     if (is_checkpoint(*o)) {
       out.checkpoints.push_back(std::move(*o));
     } else if (o->contains("id")) {
       if (!out.checkpoints.empty())
-        return std::unexpected(fmt::format("line {}: an audit record after the checkpoints", line_no));
+        return malformed(fmt::format("line {}: an audit record after the checkpoints", line_no));
       out.records.push_back(std::move(*o));
     } else {
-      return std::unexpected(fmt::format(
+      return malformed(fmt::format(
           "line {}: neither an audit record (no \"id\") nor a checkpoint (no \"keyId\" and \"signature\")",
           line_no));
     }
@@ -60,14 +65,13 @@ std::string_view string_at(const json::object& o, std::string_view key) {
 }
 
 // The one Ed25519 public key of a PEM text.
-std::expected<auth::PublicKey, std::string> read_key(std::string_view pem, const std::string& label) {
+error::Result<auth::PublicKey> read_key(std::string_view pem, const std::string& label) {
   auto keys = auth::public_keys_from_pem(pem, label);
-  if (!keys) return std::unexpected(keys.error().detail);
+  if (!keys) return std::unexpected(std::move(keys.error()));
   if (keys->size() != 1)
-    return std::unexpected(
-        fmt::format("{}: holds {} keys; give the node's one audit key", label, keys->size()));
+    return malformed(fmt::format("{}: holds {} keys; give the node's one audit key", label, keys->size()));
   if (!keys->front().ed25519)
-    return std::unexpected(fmt::format("{}: a P-256 key; audit checkpoints are signed with Ed25519", label));
+    return malformed(fmt::format("{}: a P-256 key; audit checkpoints are signed with Ed25519", label));
   return std::move(keys->front());
 }
 
@@ -116,12 +120,12 @@ std::optional<std::string> check_checkpoint(const json::object& cp, std::size_t 
 
 }  // namespace
 
-std::expected<Verified, std::string> verify_export(std::string_view text, std::string_view public_key_pem,
-                                                   const std::string& key_label) {
+error::Result<Verified> verify_export(std::string_view text, std::string_view public_key_pem,
+                                      const std::string& key_label) {
   auto key = read_key(public_key_pem, key_label);
-  if (!key) return std::unexpected(key.error());
+  if (!key) return std::unexpected(std::move(key.error()));
   auto lines = split(text);
-  if (!lines) return std::unexpected(lines.error());
+  if (!lines) return std::unexpected(std::move(lines.error()));
   Verified out;
   out.records = lines->records.size();
   out.checkpoints = lines->checkpoints.size();
@@ -134,8 +138,10 @@ std::expected<Verified, std::string> verify_export(std::string_view text, std::s
   }
   if (auto whole = store::verify_chain(lines->records, first_prev); !whole) {
     const auto& b = whole.error();
-    return std::unexpected(fmt::format(
-        "{}: {}", b.record_id.empty() ? fmt::format("record {}", b.index + 1) : b.record_id, b.reason));
+    return error::fail(
+        error::Errc::corrupt,
+        fmt::format("{}: {}", b.record_id.empty() ? fmt::format("record {}", b.index + 1) : b.record_id,
+                    b.reason));
   }
   std::map<std::int64_t, const json::object*> by_seq;
   for (const auto& r : lines->records) {
@@ -149,7 +155,8 @@ std::expected<Verified, std::string> verify_export(std::string_view text, std::s
   std::int64_t last_seq = 0;
   std::size_t n = 0;
   for (const auto& cp : lines->checkpoints) {
-    if (auto broken = check_checkpoint(cp, ++n, by_seq, *key, last_seq)) return std::unexpected(*broken);
+    if (auto broken = check_checkpoint(cp, ++n, by_seq, *key, last_seq))
+      return error::fail(error::Errc::corrupt, std::move(*broken));
   }
   return out;
 }

@@ -15,20 +15,20 @@ void NodeService::set_audit_key(std::shared_ptr<const proof::NodeKey> key) {
   impl_->audit_key = std::move(key);
 }
 
-std::expected<std::optional<boost::json::object>, std::string> NodeService::checkpoint_audit() {
+error::Result<std::optional<boost::json::object>> NodeService::checkpoint_audit() {
   auto& s = impl_->store;
   if (!impl_->audit_key) return std::nullopt;
   const auto [seq, hash] = s.audit_head();
   if (seq == 0) return std::nullopt;  // no record yet
   auto last = s.last_checkpoint_seq();
-  if (!last) return std::unexpected(last.error().to_string());
+  if (!last) return std::unexpected(error::with_kind(std::move(last.error())));
   if (*last >= seq) return std::nullopt;  // the chain has not grown since
   const auto wall = impl_->clock();
   const auto at = r::format_time(detail::to_time(wall));
   auto cp = proof::make_checkpoint(*impl_->audit_key, impl_->opt.node_id, seq, hash, at);
-  if (!cp) return std::unexpected(cp.error().detail);
+  if (!cp) return std::unexpected(std::move(cp.error()));
   if (auto stored = s.commit_checkpoint(*cp, at, wall); !stored)
-    return std::unexpected(stored.error().to_string());
+    return std::unexpected(error::with_kind(std::move(stored.error())));
   return std::move(*cp);
 }
 

@@ -325,11 +325,11 @@ ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
 NodeService::NodeService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NodeService::~NodeService() = default;
 
-std::expected<std::unique_ptr<NodeService>, std::string> NodeService::open(
+error::Result<std::unique_ptr<NodeService>> NodeService::open(
     ServiceOptions options, std::shared_ptr<const auth::TokenVerifier> verifier,
     const discovery::PciIds* names, Clock clock, LogSink log) {
   auto stored = detail::StateStore::open(options.state_dir / "state.db", options.node_id);
-  if (!stored) return std::unexpected(stored.error().to_string());
+  if (!stored) return std::unexpected(error::with_kind(std::move(stored.error())));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(*stored));
   impl->authenticator.set_verifier(std::move(verifier));
   impl->names = names;

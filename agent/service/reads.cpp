@@ -66,7 +66,7 @@ std::expected<StatePoll, ApiResponse> state_poll(const ApiRequest& q) {
     if (!d || *d > std::chrono::seconds(120)) {
       return std::unexpected(problem(400, "invalid-request",
                                      "wait must be a duration of at most 120s, e.g. 30s",
-                                     {{"wait", d ? "must be at most 120s" : d.error()}}));
+                                     {{"wait", d ? "must be at most 120s" : d.error().detail}}));
     }
     poll.wait = *d;
   }

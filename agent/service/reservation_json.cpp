@@ -59,8 +59,9 @@ boost::json::object to_json(const r::Reservation& x) {
   return o;
 }
 
-std::expected<r::Reservation, std::string> reservation_from_json(const boost::json::value& v) {
-  if (!v.is_object()) return std::unexpected("not an object");
+error::Result<r::Reservation> reservation_from_json(const boost::json::value& v) {
+  const auto bad = [](const char* what) { return error::fail(error::Errc::invalid, what); };
+  if (!v.is_object()) return bad("not an object");
   const auto& o = v.get_object();
   r::Reservation x;
   auto str = [&](const char* k, std::string& out) -> bool {
@@ -84,18 +85,18 @@ std::expected<r::Reservation, std::string> reservation_from_json(const boost::js
     return true;
   };
   std::string state;
-  if (!str("id", x.id)) return std::unexpected("id");
-  if (!str("nodeId", x.node_id)) return std::unexpected("nodeId");
+  if (!str("id", x.id)) return bad("id");
+  if (!str("nodeId", x.node_id)) return bad("nodeId");
   if (!list("unitIds", x.unit_ids) || !list("audienceOrgIds", x.audience_org_ids) ||
       !list("managingOrgIds", x.managing_org_ids) || !list("releasedUnitIds", x.released_unit_ids) ||
       !list("reclaimingUnitIds", x.reclaiming_unit_ids)) {
-    return std::unexpected("a list of ids");
+    return bad("a list of ids");
   }
   if (!time("startsAt", x.starts_at) || !time("endsAt", x.ends_at) || !time("createdAt", x.created_at) ||
       !time("updatedAt", x.updated_at)) {
-    return std::unexpected("a time");
+    return bad("a time");
   }
-  if (!str("state", state) || !r::parse_state(state)) return std::unexpected("state");
+  if (!str("state", state) || !r::parse_state(state)) return bad("state");
   x.state = *r::parse_state(state);
   if (const auto* e = o.if_contains("endedAt"); e != nullptr && e->is_string()) {
     x.ended_at = r::parse_time(e->get_string());
@@ -105,7 +106,7 @@ std::expected<r::Reservation, std::string> reservation_from_json(const boost::js
   }
   str("note", x.note);
   const auto* ver = o.if_contains("version");
-  if (ver == nullptr || !ver->is_int64()) return std::unexpected("version");
+  if (ver == nullptr || !ver->is_int64()) return bad("version");
   x.version = ver->get_int64();
   return x;
 }

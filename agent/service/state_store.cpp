@@ -192,10 +192,10 @@ std::expected<reservations::Reservation, DbError> StateStore::parse_reservation(
     const std::string& id, const std::string& doc) const {
   boost::system::error_code ec;
   auto v = json::parse(doc, ec);
-  auto x = ec ? std::unexpected(std::string("not JSON")) : reservation_from_json(v);
+  auto x = ec ? error::fail(error::Errc::invalid, "not JSON") : reservation_from_json(v);
   if (!x)
-    return std::unexpected(
-        store::corrupt(fmt::format("reservation {} in {}: bad {}", id, db_.path().string(), x.error())));
+    return std::unexpected(store::corrupt(
+        fmt::format("reservation {} in {}: bad {}", id, db_.path().string(), x.error().detail)));
   return std::move(*x);
 }
 

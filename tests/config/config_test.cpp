@@ -462,7 +462,8 @@ TEST_CASE("parse_listen: host and port") {
     CAPTURE(b.text);
     const auto parsed = parse_listen(b.text);
     REQUIRE_FALSE(parsed.has_value());
-    CHECK(parsed.error() == b.error);
+    CHECK(parsed.error().detail == b.error);
+    CHECK(parsed.error().code == gpunode::error::Errc::invalid);
   }
 }
 
@@ -645,7 +646,9 @@ TEST_CASE("parse_duration: good and bad durations") {
     CAPTURE(b.text);
     const auto parsed = parse_duration(b.text);
     REQUIRE_FALSE(parsed.has_value());
-    CHECK(parsed.error() == b.error);
+    CHECK(parsed.error().detail == b.error);
+    CHECK(parsed.error().code == gpunode::error::Errc::invalid);  // a malformed value, never the system's
+    CHECK(parsed.error().origin == gpunode::error::Native::none);
   }
 }
 

@@ -134,12 +134,12 @@ log:
     fs::rename(dir_ / "agent.yaml.tmp", dir_ / "agent.yaml");
   }
 
-  std::expected<std::unique_ptr<Daemon>, std::string> make() {
+  gpunode::error::Result<std::unique_ptr<Daemon>> make() {
     return Daemon::start({(dir_ / "agent.yaml").string(), "/nonexistent/pci.ids", "test", hv_, clock_});
   }
   void start() {
     auto d = make();
-    REQUIRE_MESSAGE(d, (d ? "" : d.error()));
+    REQUIRE_MESSAGE(d, (d ? "" : d.error().detail));
     daemon_ = std::move(*d);
     net_ = std::thread([this] { exit_code_ = daemon_->run(false); });
     // The first workload refresh moves the revision once; tests start from a settled one.

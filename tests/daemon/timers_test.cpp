@@ -58,7 +58,7 @@ bool send_uevent(const std::string& message) {
 TEST_CASE("wall timer: fires at its instant, at once for one passed, never for one replaced or cancelled") {
   boost::asio::io_context io;
   auto timer = WallTimer::open(io);
-  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error()));
+  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error().detail));
   auto& t = **timer;
 
   const auto start = Clock::now();
@@ -92,7 +92,7 @@ TEST_CASE("wall timer: fires at its instant, at once for one passed, never for o
 TEST_CASE("wall timer: a set of the system clock wakes it at once as clock_set, and it can be armed again") {
   boost::asio::io_context io;
   auto timer = WallTimer::open(io);
-  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error()));
+  REQUIRE_MESSAGE(timer, (timer ? "" : timer.error().detail));
   auto& t = **timer;
   std::optional<WallTimer::Woken> woken;
   Clock::time_point at{};
@@ -161,7 +161,7 @@ TEST_CASE("uevents: the monitor hears a PCI bind sent on the kernel's group and 
   boost::asio::io_context io;
   auto monitor = UeventMonitor::open(io);
   if (!monitor) {
-    MESSAGE("no netlink uevent socket here (" << monitor.error() << "): skipped");
+    MESSAGE("no netlink uevent socket here (" << monitor.error().detail << "): skipped");
     return;
   }
   std::vector<Uevent> seen;

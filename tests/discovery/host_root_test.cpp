@@ -13,6 +13,7 @@
 
 namespace fs = std::filesystem;
 using gpunode::discovery::check_host_root;
+using gpunode::error::Errc;
 using gpunode::testing::Tree;
 
 TEST_CASE("host root: a root that does not exist is refused, naming <root>/sys/bus/pci") {
@@ -20,8 +21,9 @@ TEST_CASE("host root: a root that does not exist is refused, naming <root>/sys/b
   const fs::path wrong = t.root() / "wrong";
   auto r = check_host_root(wrong);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error() == (wrong / "sys/bus/pci").string() +
-                         " does not exist: is discovery.host_root (or --host-root) the host's root?");
+  CHECK(r.error().detail == (wrong / "sys/bus/pci").string() +
+                                " does not exist: is discovery.host_root (or --host-root) the host's root?");
+  CHECK(r.error().code == Errc::not_found);
 }
 
 TEST_CASE("host root: sys and proc without a PCI bus are refused") {
@@ -29,7 +31,8 @@ TEST_CASE("host root: sys and proc without a PCI bus are refused") {
   fs::remove_all(t.root() / "sys/bus");
   auto r = check_host_root(t.root());
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().starts_with((t.root() / "sys/bus/pci").string() + " does not exist: "));
+  CHECK(r.error().detail.starts_with((t.root() / "sys/bus/pci").string() + " does not exist: "));
+  CHECK(r.error().code == Errc::not_found);
 }
 
 TEST_CASE("host root: sys/bus/pci that is not a directory is refused") {
@@ -38,8 +41,9 @@ TEST_CASE("host root: sys/bus/pci that is not a directory is refused") {
   t.write("sys/bus/pci", "not a bus\n");
   auto r = check_host_root(t.root());
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().starts_with((t.root() / "sys/bus/pci").string() + " is not a directory: "));
-  CHECK(r.error().find("discovery.host_root") != std::string::npos);
+  CHECK(r.error().detail.starts_with((t.root() / "sys/bus/pci").string() + " is not a directory: "));
+  CHECK(r.error().detail.find("discovery.host_root") != std::string::npos);
+  CHECK(r.error().code == Errc::invalid);
 }
 
 TEST_CASE("host root: a PCI bus without any GPU is a host, with no units") {

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cerrno>
+
 using gpunode::discovery::PciIds;
 
 TEST_CASE("pci.ids text: only the wanted vendors, devices not subsystems") {
@@ -39,7 +41,13 @@ TEST_CASE("garbage and truncated text never throws") {
 TEST_CASE("loading Debian's pci.ids") {
   auto missing = PciIds::load("/nonexistent/pci.ids", {0x10de});
   REQUIRE_FALSE(missing);
-  CHECK(missing.error().find("/nonexistent/pci.ids") != std::string::npos);
+  CHECK(missing.error().detail == "cannot read /nonexistent/pci.ids: No such file or directory");
+  CHECK(missing.error().code == gpunode::error::Errc::not_found);
+  CHECK(missing.error().native == ENOENT);
+  auto directory = PciIds::load("/", {0x10de});
+  REQUIRE_FALSE(directory);
+  CHECK(directory.error().detail == "cannot read /: not a regular file");
+  CHECK(directory.error().code == gpunode::error::Errc::invalid);
   auto ids = PciIds::load(GPUNODE_PCI_IDS, {0x10de, 0x1002});
   REQUIRE(ids);
   CHECK(ids->size() > 500);

@@ -81,6 +81,30 @@ TEST_CASE("errno: each maps to the code an operator acts on, the detail ends wit
         "disk full: write: No space left on device");
 }
 
+TEST_CASE(
+    "os_error: the errno's code and native, the detail as worded; with_context and with_kind keep both") {
+  const Error missing = gpunode::error::os_error(ENOENT, "missing");
+  CHECK(missing.detail == "missing");  // no strerror appended: the words already say why
+  CHECK(missing.code == Errc::not_found);
+  CHECK(missing.native == ENOENT);
+  CHECK(missing.origin == Native::os);
+  CHECK(gpunode::error::os_error(EACCES, "permission denied: uid 7 cannot read it").code == Errc::permission);
+
+  const Error placed = gpunode::error::with_context(missing, "api.tls.cert");
+  CHECK(placed.detail == "api.tls.cert: missing");
+  CHECK(placed.code == Errc::not_found);
+  CHECK(placed.native == ENOENT);
+  CHECK(placed.origin == Native::os);
+
+  const Error full = gpunode::error::from_sqlite(SQLITE_FULL, "/s/state.db: commit");
+  const Error worded = gpunode::error::with_kind(full);
+  CHECK(worded.detail == "disk full (SQLITE_FULL): /s/state.db: commit");
+  CHECK(worded.detail == full.to_string());
+  CHECK(worded.code == Errc::full);
+  CHECK(worded.native == SQLITE_FULL);
+  CHECK(worded.origin == Native::sqlite);
+}
+
 TEST_CASE("an error of the agent's own: the code's words, no native code") {
   const Error e{Errc::protocol, "the answer has no ackedSeq"};
   CHECK(e.kind() == "protocol error");

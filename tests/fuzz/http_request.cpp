@@ -126,7 +126,7 @@ class Node {
     o.version = "fuzz";
     auto s = service::NodeService::open(
         o, verifier_, nullptr, [] { return now(); }, nullptr);
-    if (!s) gpunode::fuzz::fail("the service does not open", s.error());
+    if (!s) gpunode::fuzz::fail("the service does not open", s.error().detail);
     service_ = std::move(*s);
     service_->set_has_hypervisor(true);
     fresh_revision_ = service_->revision();

@@ -58,7 +58,8 @@ TEST_CASE("hook arguments: what cannot be read refuses, saying why") {
     CAPTURE(why);
     const auto r = parse(std::move(argv));
     REQUIRE_FALSE(r);
-    CHECK(r.error().find(why) != std::string::npos);
+    CHECK(r.error().detail.find(why) != std::string::npos);
+    CHECK(r.error().code == gpunode::error::Errc::invalid);
   };
   refused({"--help", "prepare", "begin", "-"}, "help request");
   refused({"-h"}, "help request");

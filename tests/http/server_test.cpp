@@ -22,6 +22,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,6 +38,8 @@
 #include <tuple>
 #include <vector>
 
+#include "gpunode/http/client_tls.hpp"
+#include "gpunode/http/tls_files.hpp"
 #include "raw_request.hpp"
 #include "test_certs.hpp"
 
@@ -378,7 +381,7 @@ struct Fixture {
 
   std::uint16_t listen(const TlsFiles& files = {certs().server_cert, certs().server_key, {}}) {
     auto ctx = gpunode::http::make_tls_context(files);
-    REQUIRE_MESSAGE(ctx.has_value(), (ctx ? "" : ctx.error()));
+    REQUIRE_MESSAGE(ctx.has_value(), (ctx ? "" : ctx.error().detail));
     auto r = server->listen_tls("127.0.0.1", 0, *ctx);
     REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().detail));
     REQUIRE(server->tls_port() != 0);
@@ -494,30 +497,70 @@ TEST_CASE("problem(): the contract's keys, titled by the status's reason phrase"
 }
 
 TEST_CASE("make_tls_context: errors name the file and the reason") {
+  using gpunode::error::Errc;
   const auto& c = certs();
   TempDir d;
   auto missing = d.file("missing.pem");
   auto r = gpunode::http::make_tls_context({missing, c.server_key, {}});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find(missing) != std::string::npos);
-  CHECK(r.error().find("No such file") != std::string::npos);
+  CHECK(r.error().detail == "TLS certificate " + missing + ": No such file or directory");
+  CHECK(r.error().code == Errc::not_found);  // the errno kept, where it was made
+  CHECK(r.error().native == ENOENT);
 
   auto garbage = d.file("garbage.pem");
   std::ofstream(garbage) << "not a certificate\n";
   r = gpunode::http::make_tls_context({garbage, c.server_key, {}});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find(garbage) != std::string::npos);
+  CHECK(r.error().detail.starts_with("TLS certificate " + garbage + ": "));
+  CHECK(r.error().code == Errc::invalid);
 
   r = gpunode::http::make_tls_context({c.server_cert, c.server2_key, {}});  // key of another cert
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find(c.server2_key) != std::string::npos);
+  CHECK(r.error().detail.starts_with("TLS key " + c.server2_key + " does not match certificate " +
+                                     c.server_cert + ": "));
+  CHECK(r.error().code == Errc::invalid);
 
   r = gpunode::http::make_tls_context({c.server_cert, c.server_key, garbage});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find(garbage) != std::string::npos);
+  CHECK(r.error().detail.find(garbage) != std::string::npos);
+  CHECK(r.error().code == Errc::invalid);
+
+  r = gpunode::http::make_tls_context({c.server_cert, c.server_key, d.file("no-ca.pem")});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().detail == "TLS client CA " + d.file("no-ca.pem") + ": No such file or directory");
+  CHECK(r.error().code == Errc::not_found);
+
+  auto client = gpunode::http::make_client_tls_context({c.ca, c.client_cert, missing});
+  REQUIRE_FALSE(client.has_value());
+  CHECK(client.error().detail == "central client key " + missing + ": No such file or directory");
+  CHECK(client.error().code == Errc::not_found);
 
   r = gpunode::http::make_tls_context({c.server_cert, c.server_key, c.ca});
   CHECK(r.has_value());
+}
+
+TEST_CASE("check_tls_file and check_key_pair: the reason alone, and its code") {
+  using gpunode::error::Errc;
+  using gpunode::http::TlsFileKind;
+  const auto& c = certs();
+  TempDir d;
+  auto r = gpunode::http::check_tls_file(d.file("missing.pem"), TlsFileKind::certificate_chain);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().detail == "No such file or directory");
+  CHECK(r.error().code == Errc::not_found);
+  CHECK(r.error().native == ENOENT);
+
+  r = gpunode::http::check_tls_file(c.server_cert, TlsFileKind::private_key);  // a certificate, not a key
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().detail.starts_with("not a PEM private key: "));
+  CHECK(r.error().code == Errc::invalid);
+  CHECK(gpunode::http::check_tls_file(c.server_cert, TlsFileKind::certificate_chain).has_value());
+
+  r = gpunode::http::check_key_pair(c.server_cert, c.server2_key);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().detail == "does not belong to the certificate in " + c.server_cert);
+  CHECK(r.error().code == Errc::invalid);
+  CHECK(gpunode::http::check_key_pair(c.server_cert, c.server_key).has_value());
 }
 
 TEST_CASE("listen errors name the address") {

@@ -220,7 +220,8 @@ Chain chain_of(const NodeKey& key) {
 std::string verdict(const Chain& c, const NodeKey& key) {
   auto v = gpunode::proof::verify_export(c.text(), key.public_pem(), "node.pub");
   if (v) return fmt::format("whole {} {} {}", v->records, v->checkpoints, v->head_id);
-  return v.error();
+  CHECK(v.error().code == gpunode::error::Errc::corrupt);  // every break is of what was written
+  return v.error().detail;
 }
 
 }  // namespace
@@ -273,8 +274,12 @@ TEST_CASE("verify_export: a whole export, and each kind of tampering caught and 
   c.records.pop_back();  // the head dropped: its checkpoint names a record that is not there
   CHECK(verdict(c, *key) == "checkpoint seq 5: no record aud_5 in the export");
 
-  CHECK(gpunode::proof::verify_export("{\"id\":1}\nnot json\n", key->public_pem(), "k")
-            .error()
-            .starts_with("line 2: not JSON"));
-  CHECK(gpunode::proof::verify_export(whole.text(), "junk", "k.pub").error().starts_with("k.pub: "));
+  const auto not_json = gpunode::proof::verify_export("{\"id\":1}\nnot json\n", key->public_pem(), "k");
+  REQUIRE_FALSE(not_json);
+  CHECK(not_json.error().detail.starts_with("line 2: not JSON"));
+  CHECK(not_json.error().code == gpunode::error::Errc::invalid);
+  const auto junk_key = gpunode::proof::verify_export(whole.text(), "junk", "k.pub");
+  REQUIRE_FALSE(junk_key);
+  CHECK(junk_key.error().detail.starts_with("k.pub: "));
+  CHECK(junk_key.error().code == gpunode::error::Errc::invalid);
 }

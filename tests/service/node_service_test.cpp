@@ -74,7 +74,7 @@ class Lab {
     auto s = NodeService::open(
         o, std::make_shared<gpunode::auth::TokenVerifier>(*verifier), nullptr, [this] { return now_; },
         nullptr);
-    REQUIRE_MESSAGE(s, (s ? "" : s.error()));
+    REQUIRE_MESSAGE(s, (s ? "" : s.error().detail));
     service_ = std::move(*s);
     // The daemon's driver, with every executor being this thread's io_context: lists and
     // terminations run in order on this thread, with a clock-free sleep that only counts.
@@ -606,8 +606,11 @@ TEST_CASE("across a restart the chain goes on from its last record, which a comm
   auto refused = NodeService::open(
       o, nullptr, nullptr, [&] { return lab.now_; }, nullptr);
   REQUIRE_FALSE(refused);
-  CHECK(refused.error().find("the last audit record is aud_5, meta says aud_9 was written") !=
+  CHECK(refused.error().detail.find("the last audit record is aud_5, meta says aud_9 was written") !=
         std::string::npos);
+  // The store's code passed on; the detail its words as they always read, the kind in front.
+  CHECK(refused.error().code == gpunode::error::Errc::corrupt);
+  CHECK(refused.error().detail.starts_with("corrupt (SQLITE_CORRUPT): "));
 }
 
 TEST_CASE("GETs carry an ETag and answer If-None-Match with 304") {

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
+
 namespace gpunode::config {
 
 using Duration = std::chrono::milliseconds;
@@ -143,8 +145,9 @@ LoadResult load_file(const std::string& file, Purpose purpose);
 // as load_file refuses such a file.
 LoadResult load_string(std::string_view text, const std::string& file, Purpose purpose);
 
-// "30s", "5m", "1h", "250ms", "0s", "1m30s" -> milliseconds. Error text says what is wrong.
-std::expected<Duration, std::string> parse_duration(std::string_view text);
+// "30s", "5m", "1h", "250ms", "0s", "1m30s" -> milliseconds. Else Errc::invalid, its detail
+// saying what is wrong.
+error::Result<Duration> parse_duration(std::string_view text);
 
 // Where api.listen says to listen. `host` is an IPv4 address, an IPv6 address (without the
 // brackets) or a DNS host name, which the caller resolves.
@@ -153,9 +156,9 @@ struct ListenAddress {
   std::uint16_t port = 0;
 };
 
-// "0.0.0.0:8443", "[::1]:8443", "localhost:8443" -> host and port (1..65535). Error text says
-// what is wrong.
-std::expected<ListenAddress, std::string> parse_listen(std::string_view text);
+// "0.0.0.0:8443", "[::1]:8443", "localhost:8443" -> host and port (1..65535). Else Errc::invalid,
+// its detail saying what is wrong.
+error::Result<ListenAddress> parse_listen(std::string_view text);
 
 // SIGHUP (CONTRACT §2): the keys whose change the running agent cannot take without a restart,
 // as dotted names in file order ("api.listen", "state.dir"...). What a reload does take: the TLS

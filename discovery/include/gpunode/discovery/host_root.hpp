@@ -6,15 +6,16 @@
 // unless <host_root>/sys/bus/pci is a directory. A PCI bus with no GPU on it is fine.
 #pragma once
 
-#include <expected>
 #include <filesystem>
-#include <string>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::discovery {
 
-// Ok when <root>/sys/bus/pci is a directory (symlinks followed); else a message naming that path
-// and what is wrong with it, e.g.
+// Ok when <root>/sys/bus/pci is a directory (symlinks followed); else an error whose detail names
+// that path and what is wrong with it, e.g.
 //   /wrong/sys/bus/pci does not exist: is discovery.host_root (or --host-root) the host's root?
-std::expected<void, std::string> check_host_root(const std::filesystem::path& root);
+// Its code: not_found (missing), invalid (not a directory), or the errno's (cannot read it).
+error::Result<void> check_host_root(const std::filesystem::path& root);
 
 }  // namespace gpunode::discovery

@@ -5,12 +5,13 @@
 #pragma once
 
 #include <cstdint>
-#include <expected>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::discovery {
 
@@ -20,9 +21,9 @@ class PciIds {
 
   // Parses pci.ids text, keeping the device names of `vendors`. Malformed lines are skipped.
   static PciIds parse(std::string_view text, const std::vector<std::uint16_t>& vendors);
-  // Reads `path`; an error says which file and why.
-  static std::expected<PciIds, std::string> load(const std::string& path,
-                                                 const std::vector<std::uint16_t>& vendors);
+  // Reads `path`; an error's detail says which file and why (the errno kept: a missing file is
+  // not_found; a file that is not a regular one invalid).
+  static error::Result<PciIds> load(const std::string& path, const std::vector<std::uint16_t>& vendors);
 
   [[nodiscard]] std::optional<std::string> device_name(std::uint16_t vendor, std::uint16_t device) const;
   [[nodiscard]] std::size_t size() const { return names_.size(); }

@@ -16,6 +16,7 @@
 
 #include "gpunode/ctl/client.hpp"
 #include "gpunode/ctl/request.hpp"
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::ctl {
 
@@ -31,8 +32,9 @@ struct Env {
   // `audit verify` (CONTRACT §12): checks an export's JSON lines against a PEM public key file's
   // text (`key_label` names it); the summary when whole, else the first break. The real one runs
   // gpunode-agent-proof.so (main.cpp), so gpunodectl itself maps no OpenSSL; unset: not available.
-  std::function<std::expected<std::string, std::string>(std::string_view lines, std::string_view key_pem,
-                                                        const std::string& key_label)>
+  // The error's detail is what is printed.
+  std::function<error::Result<std::string>(std::string_view lines, std::string_view key_pem,
+                                           const std::string& key_label)>
       verify_export;
 };
 

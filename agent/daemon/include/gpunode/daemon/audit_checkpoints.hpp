@@ -7,21 +7,22 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <expected>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "gpunode/config/config.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/proof/node_key.hpp"
 #include "gpunode/service/node_service.hpp"
 
 namespace gpunode::daemon {
 
 // The node key of config::signing_key_path(c), created (0600) when missing; a line for the log
-// naming its keyId; or why the agent cannot start.
-std::expected<std::shared_ptr<const proof::NodeKey>, std::string> load_audit_key(const config::Config& c,
-                                                                                 std::string& said);
+// naming its keyId; or why the agent cannot start (NodeKey's error, "audit.signing_key: " before
+// its detail).
+error::Result<std::shared_ptr<const proof::NodeKey>> load_audit_key(const config::Config& c,
+                                                                    std::string& said);
 
 class AuditCheckpoints {
  public:

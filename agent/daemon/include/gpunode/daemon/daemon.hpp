@@ -32,6 +32,7 @@
 
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/driver.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/report/reporter.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/vmctl/vmctl.hpp"
@@ -60,8 +61,10 @@ class Daemon {
  public:
   // Loads and checks the config, locks the state directory, checks the host root, opens the state
   // (applying the terms that passed while the agent was down), binds the HTTPS port and the admin
-  // socket and starts the core thread. An error says what and where; nothing is served then.
-  static std::expected<std::unique_ptr<Daemon>, std::string> start(DaemonOptions options);
+  // socket and starts the core thread. An error says what and where (its detail) and what kind
+  // (its code: an invalid config, the state directory busy with another agent, a file not_found,
+  // ...); nothing is served then.
+  static error::Result<std::unique_ptr<Daemon>> start(DaemonOptions options);
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;

@@ -13,13 +13,14 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <expected>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::daemon {
 
@@ -44,8 +45,8 @@ bool changes_units(const Uevent& e);
 
 class UeventMonitor {
  public:
-  // An error says why the socket could not be opened or bound.
-  static std::expected<std::unique_ptr<UeventMonitor>, std::string> open(boost::asio::io_context& io);
+  // An error says why the socket could not be opened or bound (its errno kept).
+  static error::Result<std::unique_ptr<UeventMonitor>> open(boost::asio::io_context& io);
   UeventMonitor(const UeventMonitor&) = delete;
   UeventMonitor& operator=(const UeventMonitor&) = delete;
   ~UeventMonitor() = default;

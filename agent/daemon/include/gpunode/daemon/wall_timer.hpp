@@ -13,10 +13,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <chrono>
-#include <expected>
 #include <functional>
 #include <memory>
 #include <string>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::daemon {
 
@@ -25,8 +26,8 @@ class WallTimer {
   // Why the handler was called.
   enum class Woken { due, clock_set };
 
-  // An error says why the kernel refused a timerfd.
-  static std::expected<std::unique_ptr<WallTimer>, std::string> open(boost::asio::io_context& io);
+  // An error says why the kernel refused a timerfd (its errno kept).
+  static error::Result<std::unique_ptr<WallTimer>> open(boost::asio::io_context& io);
 
   WallTimer(const WallTimer&) = delete;
   WallTimer& operator=(const WallTimer&) = delete;

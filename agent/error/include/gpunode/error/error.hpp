@@ -76,6 +76,24 @@ inline std::unexpected<Error> fail(Errc code, std::string detail) {
 Errc errno_code(int err);
 Error from_errno(int err, std::string detail);
 
+// An errno's Error (errno_code(err), native `err`) whose detail is `detail` whole: for words that
+// already say why ("missing", strerror alone, a reason before a hint), as the message always read.
+Error os_error(int err, std::string detail);
+
+// `e` with `context` and ": " before its detail ("api.listen: " + detail); its code and native
+// kept. For a caller that says where: `return std::unexpected(with_context(std::move(e), "api.listen"))`.
+inline Error with_context(Error e, std::string_view context) {
+  e.detail.insert(0, std::string(context) + ": ");
+  return e;
+}
+
+// `e` with to_string() as its detail (the kind in front): for a message that has always shown the
+// kind ("disk full (SQLITE_FULL): ..."), so that the callers above print the detail, as elsewhere.
+inline Error with_kind(Error e) {
+  e.detail = e.to_string();
+  return e;
+}
+
 // The one mapping of SQLite's result code (`rc`, primary or extended; 0 for the agent's own):
 // FULL full, BUSY/LOCKED/PROTOCOL busy, CORRUPT/NOTADB corrupt, READONLY read_only, IOERR io,
 // CANTOPEN unavailable, PERM/AUTH permission, a UNIQUE or PRIMARY KEY constraint exists (another

@@ -3,9 +3,10 @@
 #pragma once
 
 #include <boost/asio/ssl/context.hpp>
-#include <expected>
 #include <memory>
 #include <string>
+
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::http {
 
@@ -18,8 +19,9 @@ struct ClientTlsFiles {
 // A client context per CONTRACT §7: TLS 1.2 and 1.3 only, ECDHE + AEAD suites for 1.2, no
 // renegotiation or compression; verify_peer against `ca` only (not the system's store); the client
 // certificate and key loaded and checked to match. The host name is checked per connection
-// (SSL_set1_host, SNI) by the caller. Errors name the file and the reason.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_client_tls_context(
+// (SSL_set1_host, SNI) by the caller. Errors name the file and the reason, with codes as
+// make_tls_context's.
+error::Result<std::shared_ptr<boost::asio::ssl::context>> make_client_tls_context(
     const ClientTlsFiles& files);
 
 }  // namespace gpunode::http

@@ -119,9 +119,10 @@ struct TlsFiles {
 
 // A server context per CONTRACT §7: TLS 1.2 and 1.3 only; TLS 1.2 suites ECDHE with AES-GCM or
 // ChaCha20-Poly1305 only; no renegotiation, no compression, server cipher preference; with
-// client_ca, verify_peer|fail_if_no_peer_cert against it. Errors name the file and the reason.
-std::expected<std::shared_ptr<boost::asio::ssl::context>, std::string> make_tls_context(
-    const TlsFiles& files);
+// client_ca, verify_peer|fail_if_no_peer_cert against it. An error's detail names the file and the
+// reason; its code is the errno's for a file that cannot be opened (a missing one: not_found), else
+// invalid (a file OpenSSL will not take, a key of another certificate).
+error::Result<std::shared_ptr<boost::asio::ssl::context>> make_tls_context(const TlsFiles& files);
 
 // Admin socket: false refuses the peer (closed at once, no HTTP answer, logged). Called on an I/O
 // thread right after accept: it must not block, so no NSS lookups (getgrnam, getgrouplist): the

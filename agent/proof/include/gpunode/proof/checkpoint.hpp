@@ -48,8 +48,9 @@ struct Verified {
 // break, starting with what it is about: "aud_17: hash mismatch: stored 3fa0..., computed 9b1c...",
 // "checkpoint seq 40: signature does not verify with key KEYID", "line 3: not a JSON object"; a key
 // that cannot be used is an error naming `key_label`. Strings from the export are quoted as given
-// (the caller escapes them for a terminal).
-std::expected<Verified, std::string> verify_export(std::string_view lines, std::string_view public_key_pem,
-                                                   const std::string& key_label);
+// (the caller escapes them for a terminal). The code: corrupt for a break (the chain or a
+// checkpoint is not what was written), invalid for lines or a key that cannot be read.
+error::Result<Verified> verify_export(std::string_view lines, std::string_view public_key_pem,
+                                      const std::string& key_label);
 
 }  // namespace gpunode::proof

@@ -24,6 +24,7 @@
 #include "gpunode/config/config.hpp"
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
+#include "gpunode/error/error.hpp"
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/proof/node_key.hpp"
 #include "gpunode/reservations/rules.hpp"
@@ -92,11 +93,12 @@ struct HeldLog {
 class NodeService {
  public:
   // Opens (creating) <state_dir>/state.db, migrates it, loads the state, applies the terms that
-  // came while the agent was down (in time order) and scans the host once. An error names the
-  // file and says why.
-  static std::expected<std::unique_ptr<NodeService>, std::string> open(
-      ServiceOptions options, std::shared_ptr<const auth::TokenVerifier> verifier,
-      const discovery::PciIds* names, Clock clock, LogSink log);
+  // came while the agent was down (in time order) and scans the host once. An error is the store's:
+  // its code, and a detail that names the file and says why (to_string(): the kind in front).
+  static error::Result<std::unique_ptr<NodeService>> open(ServiceOptions options,
+                                                          std::shared_ptr<const auth::TokenVerifier> verifier,
+                                                          const discovery::PciIds* names, Clock clock,
+                                                          LogSink log);
   ~NodeService();
   NodeService(const NodeService&) = delete;
   NodeService& operator=(const NodeService&) = delete;
@@ -154,9 +156,9 @@ class NodeService {
   void set_audit_key(std::shared_ptr<const proof::NodeKey> key);
   // When the audit chain has grown since the last checkpoint: signs its head and stores the
   // checkpoint with its audit.checkpoint event in one transaction, and returns it (the revision
-  // does not move: the daemon wakes the reporter). Nothing when it has not grown; the store's
-  // error in words.
-  std::expected<std::optional<boost::json::object>, std::string> checkpoint_audit();
+  // does not move: the daemon wakes the reporter). Nothing when it has not grown; else the store's
+  // error (its detail to_string(): the kind in front) or the signing's.
+  error::Result<std::optional<boost::json::object>> checkpoint_audit();
 
   [[nodiscard]] std::int64_t revision() const;
   // Any thread (the only member another thread may use): the answer to a GET of units, state,

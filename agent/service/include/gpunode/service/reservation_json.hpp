@@ -8,14 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
 #include "gpunode/reservations/rules.hpp"
 #include "gpunode/service/api.hpp"
 
 namespace gpunode::service {
 
 boost::json::object to_json(const reservations::Reservation& r);
-// The inverse, for what the agent itself stored; an error says which key is wrong.
-std::expected<reservations::Reservation, std::string> reservation_from_json(const boost::json::value& v);
+// The inverse, for what the agent itself stored; an error (invalid) says which key is wrong.
+error::Result<reservations::Reservation> reservation_from_json(const boost::json::value& v);
 
 // Parses a request body that must be a JSON object (an empty body is `{}` when allowed), strictly
 // (gpunode::json::parse_strict, nesting up to 64). The error is the 400 invalid-request to answer,
