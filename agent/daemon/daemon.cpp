@@ -596,6 +596,7 @@ error::Result<std::unique_ptr<Daemon>> Daemon::start(DaemonOptions options) {
   p->opt = std::move(options);
   // Socket activation (CONTRACT §11): read first, while this is the only thread.
   const auto passed = sd_listen_fds();
+  ignore_sigpipe();  // before libvirt, or a peer, may write to a socket that hung up
   // The config, and every file it names as this process would open it (CONTRACT §11): all problems at once.
   auto loaded = load_checked(p->opt.config_file);
   if (!loaded) {

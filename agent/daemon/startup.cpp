@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -158,6 +159,13 @@ error::Result<store::StateLock> lock_state_dir(const config::Config& c) {
   // 0750 as the unit's StateDirectoryMode= makes it: the group (gpunode) may look, others not.
   ::chmod(c.state.dir.c_str(), 0750);
   return store::StateLock::acquire(c.state.dir);  // held by another agent: busy
+}
+
+void ignore_sigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
 }
 
 http::Limits api_limits(const config::Config& c) {

@@ -52,6 +52,13 @@ error::Result<std::string> fit_open_files(const config::Config& c);
 // state.dir made if missing (0750) and locked against a second agent (one that holds it: busy).
 error::Result<store::StateLock> lock_state_dir(const config::Config& c);
 
+// SIGPIPE ignored for the whole process: a write to a peer that hung up is an EPIPE error, never
+// the agent's death. Asio's sockets send with MSG_NOSIGNAL already, but libvirt's client writes to
+// its own socket without it (a libvirtd that hangs up during connect killed a process that did not
+// ignore it). systemd's IgnoreSIGPIPE=yes covers the unit; this covers every other way the agent
+// is run (by hand, `make demo`, the tests). The agent executes no program, so no child inherits it.
+void ignore_sigpipe();
+
 // The HTTPS port's and metrics.listen's limits, and the admin socket's.
 http::Limits api_limits(const config::Config& c);
 http::Limits admin_limits(const config::Config& c);

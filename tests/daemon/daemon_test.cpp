@@ -3,8 +3,12 @@
 // while changes land), terms by the clock, SIGHUP, SIGTERM with parked polls and running
 // terminations, the admin socket's mode and group.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "node.hpp"
 
@@ -25,6 +29,26 @@ TEST_CASE("daemon: serves requests in process and on the admin socket, made 0660
   const auto raw = over_admin_socket(sock, Node::path("/units"));
   CHECK(raw.starts_with("HTTP/1.1 200"));
   CHECK(raw.find(U1) != std::string::npos);
+}
+
+TEST_CASE("daemon: a started agent ignores SIGPIPE (a peer that hung up is EPIPE, not the agent's death)") {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  REQUIRE(::sigaction(SIGPIPE, &dfl, nullptr) == 0);  // as a shell that does not ignore it starts us
+  Node n;
+  n.start();
+  struct sigaction now {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  const bool ignored = now.sa_handler == SIG_IGN;
+  CHECK(ignored);
+  // And so a write to a socket whose other end is closed fails with EPIPE, in this process.
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  ::close(fds[1]);
+  CHECK(::write(fds[0], "x", 1) == -1);
+  CHECK(errno == EPIPE);
+  ::close(fds[0]);
 }
 
 TEST_CASE("daemon: the admin socket's group is admin.allowed_group when it exists") {
