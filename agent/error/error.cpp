@@ -194,14 +194,14 @@ Errc errno_code(int err) {
   }
 }
 
-Error from_errno(int err, std::string detail) {
-  detail += ": ";
-  detail += std::generic_category().message(err);
+Error os_error(int err, std::string detail) {
   return Error{errno_code(err), std::move(detail), err, Native::os};
 }
 
-Error os_error(int err, std::string detail) {
-  return Error{errno_code(err), std::move(detail), err, Native::os};
+Error from_errno(int err, std::string detail) {
+  detail += ": ";
+  detail += std::generic_category().message(err);
+  return os_error(err, std::move(detail));
 }
 
 Errc sqlite_code(int rc) {
