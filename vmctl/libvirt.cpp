@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -33,7 +34,7 @@ const detail::LibvirtApi& lv() {
 void ignore_error(void* /*user_data*/, virErrorPtr /*error*/) {}
 
 // Once per process: initialise libvirt before any thread uses it and silence its default
-// handler (which prints every error on stderr); errors are returned as VmError instead.
+// handler (which prints every error on stderr); errors are returned as VmError (from_libvirt) instead.
 void init_libvirt() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -67,21 +68,21 @@ struct CFree {
 };
 using CString = std::unique_ptr<char, CFree>;
 
-// Codes that say the connection itself is gone or unusable (libvirtd restarted, socket closed).
-bool connection_error(int code) {
-  switch (code) {
-    case VIR_ERR_NO_CONNECT:
-    case VIR_ERR_INVALID_CONN:
-    case VIR_ERR_SYSTEM_ERROR:
-    case VIR_ERR_RPC:
-    case VIR_ERR_OPERATION_TIMEOUT:
-    case VIR_ERR_AUTH_FAILED:
-    case VIR_ERR_AUTH_CANCELLED:
-    case VIR_ERR_AUTH_UNAVAILABLE:
-      return true;
-    default:
-      return false;
-  }
+// libvirt's last error (virGetLastError), mapped once (from_libvirt), then reset. `detail` is
+// libvirt's message after `prefix`, or `otherwise` when it has none; no last error is code 0.
+VmError last_error(std::string_view prefix, std::string_view otherwise) {
+  virErrorPtr last = lv().virGetLastError();
+  const int code = last != nullptr ? last->code : VIR_ERR_OK;
+  std::string detail{prefix};
+  detail += last != nullptr && last->message != nullptr ? std::string_view(last->message) : otherwise;
+  lv().virResetLastError();
+  return from_libvirt(code, std::move(detail));
+}
+
+// `e` as the hypervisor that cannot be reached: `unavailable`, whatever libvirt's code (kept in native).
+VmError unreachable(VmError e) {
+  e.code = error::Errc::unavailable;
+  return e;
 }
 
 // The watchers of every adapter of the process, by id. libvirt's callbacks get the id as their
@@ -183,7 +184,7 @@ class Libvirt final : public Hypervisor {
     for (auto& handle : handles) {
       auto domain = describe(*conn, handle.get());
       if (!domain) {
-        if (domain.error().kind == VmError::Kind::not_found) continue;  // undefined since the listing
+        if (domain.error().code == error::Errc::not_found) continue;  // undefined since the listing
         return std::unexpected(domain.error());
       }
       if (found.size() < kMaxHandles)
@@ -287,15 +288,9 @@ class Libvirt final : public Hypervisor {
   // A fresh connection with, when watched, lifecycle events, a close callback and keepalive.
   // Round trips: called without mu_.
   std::expected<ConnRef, VmError> open(bool watched) {
-    if (const auto& api = detail::libvirt_api(); !api)
-      return std::unexpected(VmError{VmError::Kind::unavailable, api.error().detail});
+    if (const auto& api = detail::libvirt_api(); !api) return std::unexpected(unreachable(api.error()));
     virConnectPtr raw = lv().virConnectOpen(uri_.c_str());
-    if (raw == nullptr) {
-      virErrorPtr last = lv().virGetLastError();
-      std::string message = last != nullptr && last->message != nullptr ? last->message : "cannot connect";
-      lv().virResetLastError();
-      return std::unexpected(VmError{VmError::Kind::unavailable, uri_ + ": " + message});
-    }
+    if (raw == nullptr) return std::unexpected(unreachable(last_error(uri_ + ": ", "cannot connect")));
     auto conn = std::make_shared<Connection>(raw);
     if (watched) {
       void* opaque = reinterpret_cast<void*>(watcher_id_);
@@ -348,20 +343,17 @@ class Libvirt final : public Hypervisor {
     events_ = false;
   }
 
-  // The error of the libvirt call on `conn` that just failed, classified (before any other libvirt
-  // call resets it); a dead connection is forgotten so that the next call opens a fresh one.
+  // The error of the libvirt call on `conn` that just failed, mapped (before any other libvirt
+  // call resets it). An error that says the connection is gone (`unavailable`), or any error on a
+  // connection that is no longer alive, is `unavailable`, and the connection is forgotten so that
+  // the next call opens a fresh one.
   VmError fail(const ConnRef& conn) {
-    virErrorPtr last = lv().virGetLastError();
-    const int code = last != nullptr ? last->code : VIR_ERR_INTERNAL_ERROR;
-    std::string message =
-        last != nullptr && last->message != nullptr ? last->message : "unknown libvirt error";
-    lv().virResetLastError();
-    if (connection_error(code) || lv().virConnectIsAlive(conn->ptr) != 1) {
+    VmError e = last_error("", "unknown libvirt error");
+    if (e.code == error::Errc::unavailable || lv().virConnectIsAlive(conn->ptr) != 1) {
       forget(conn);
-      return VmError{VmError::Kind::unavailable, std::move(message)};
+      return unreachable(std::move(e));
     }
-    if (code == VIR_ERR_NO_DOMAIN) return VmError{VmError::Kind::not_found, std::move(message)};
-    return VmError{VmError::Kind::failed, std::move(message)};
+    return e;
   }
 
   // A domain's handle on the current connection, from the connection's cache or looked up (the
@@ -379,7 +371,7 @@ class Libvirt final : public Hypervisor {
     virDomainPtr raw = lv().virDomainLookupByUUIDString((*conn)->ptr, uuid.c_str());
     if (raw == nullptr) {
       VmError error = fail(*conn);
-      error.message += " (uuid " + uuid + ")";
+      error.detail += " (uuid " + uuid + ")";
       return std::unexpected(std::move(error));
     }
     SharedDomain found{raw, DomainFree{}};
@@ -401,7 +393,7 @@ class Libvirt final : public Hypervisor {
   // After a failed call on a cached handle: a domain that is gone is forgotten.
   VmError fail_on(const ConnRef& conn, const std::string& uuid) {
     VmError e = fail(conn);
-    if (e.kind != VmError::Kind::not_found) return e;
+    if (e.code != error::Errc::not_found) return e;
     SharedDomain dropped;  // freed after the unlock
     std::lock_guard lock{mu_};
     if (auto it = conn->handles.find(uuid); it != conn->handles.end()) {

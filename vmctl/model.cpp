@@ -19,16 +19,15 @@ bool state_active(std::string_view state) {
          state == "pmsuspended";
 }
 
-std::string_view to_string(VmError::Kind kind) {
-  switch (kind) {
-    case VmError::Kind::unavailable:
+std::string_view vm_error_kind(const error::Error& e) {
+  switch (e.code) {
+    case error::Errc::unavailable:
       return "unavailable";
-    case VmError::Kind::not_found:
+    case error::Errc::not_found:
       return "not-found";
-    case VmError::Kind::failed:
+    default:
       return "failed";
   }
-  return "failed";
 }
 
 }  // namespace gpunode::vmctl

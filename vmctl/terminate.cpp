@@ -28,7 +28,7 @@ struct Running {
 std::expected<bool, VmError> gone(Hypervisor& hv, Running& r) {
   auto state = hv.state(r.job->domain.uuid);
   if (!state) {
-    if (state.error().kind == VmError::Kind::not_found) return true;
+    if (state.error().code == error::Errc::not_found) return true;
     return std::unexpected(state.error());
   }
   r.last_state = *state;
@@ -40,12 +40,12 @@ void record_all(Hypervisor& hv, std::vector<Running>& runs) {
   for (auto& r : runs) {
     const auto& d = r.job->domain;
     if (!d.label || d.label->tier != Tier::spot) {
-      r.fail(VmError{VmError::Kind::failed, "not spot"});
+      r.fail(VmError{error::Errc::invalid, "not spot"});
       continue;
     }
     if (auto recorded = hv.record_termination(d.uuid, r.job->record); !recorded) {
       auto e = recorded.error();  // not_found: it went away by itself before we touched it
-      e.message = "the termination record could not be written, nothing was stopped: " + e.message;
+      e.detail = "the termination record could not be written, nothing was stopped: " + e.detail;
       r.fail(std::move(e));
       continue;
     }
@@ -62,11 +62,11 @@ void ask_shutdowns(Hypervisor& hv, std::vector<Running>& runs) {
   for (auto& r : runs) {
     if (!r.live() || r.job->grace <= std::chrono::seconds{0}) continue;
     auto down = hv.shutdown(r.job->domain.uuid);
-    if (!down && down.error().kind == VmError::Kind::unavailable) {
+    if (!down && down.error().code == error::Errc::unavailable) {
       r.fail(down.error());
       continue;
     }
-    if (!down) r.shutdown_note = "; graceful shutdown refused: " + down.error().message;
+    if (!down) r.shutdown_note = "; graceful shutdown refused: " + down.error().detail;
     r.shutdown_asked = static_cast<bool>(down);
   }
 }
@@ -102,7 +102,7 @@ void wait_out_grace(Hypervisor& hv, std::vector<Running>& runs, const Sleeper& s
     if (!sleep(step)) {  // the agent is stopping: decided nothing, the caller finishes later
       for (auto& r : runs) {
         if (r.live())
-          r.fail(VmError{VmError::Kind::unavailable, "the agent stopped before the grace period ended"});
+          r.fail(VmError{error::Errc::unavailable, "the agent stopped before the grace period ended"});
       }
       break;
     }
@@ -116,7 +116,7 @@ void destroy_survivors(Hypervisor& hv, std::vector<Running>& runs) {
     if (!r.live()) continue;
     const auto& uuid = r.job->domain.uuid;
     auto destroyed = hv.destroy(uuid);
-    if (!destroyed && destroyed.error().kind == VmError::Kind::unavailable) {
+    if (!destroyed && destroyed.error().code == error::Errc::unavailable) {
       r.fail(destroyed.error());
       continue;
     }
@@ -130,7 +130,7 @@ void destroy_survivors(Hypervisor& hv, std::vector<Running>& runs) {
     if (*g)
       r.done(true, how + r.shutdown_note);
     else if (!destroyed)
-      r.done(false, "destroy failed: " + destroyed.error().message + r.shutdown_note);
+      r.done(false, "destroy failed: " + destroyed.error().detail + r.shutdown_note);
     else
       r.done(false, "still " + r.last_state + " after destroy" + r.shutdown_note);
   }

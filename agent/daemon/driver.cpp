@@ -42,7 +42,7 @@ std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list_safely(vmctl::Hyp
     return hv.list();
   } catch (...) {
     return std::unexpected(
-        vmctl::VmError{vmctl::VmError::Kind::failed, "listing threw: " + what_of(std::current_exception())});
+        vmctl::VmError{error::Errc::internal, "listing threw: " + what_of(std::current_exception())});
   }
 }
 
@@ -154,7 +154,7 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
   asio::post(opt_.terminations, [this, work = std::move(work), answer = std::move(answer)]() mutable {
     std::vector<vmctl::TerminationOutcome> outcomes;
     std::expected<std::vector<vmctl::Domain>, vmctl::VmError> after =
-        std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, "no hypervisor"});
+        std::unexpected(vmctl::VmError{error::Errc::unavailable, "no hypervisor"});
     if (hypervisor_) {
       try {
         outcomes = vmctl::terminate_spot_all(*hypervisor_, work.jobs, opt_.sleeper);
@@ -163,8 +163,7 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
         const std::string why = "termination threw: " + what_of(std::current_exception());
         outcomes.clear();
         for (const auto& j : work.jobs)
-          outcomes.push_back(
-              {j.domain.uuid, std::unexpected(vmctl::VmError{vmctl::VmError::Kind::unavailable, why})});
+          outcomes.push_back({j.domain.uuid, std::unexpected(vmctl::VmError{error::Errc::unavailable, why})});
       }
       after = list_safely(*hypervisor_);
     }
@@ -237,7 +236,7 @@ void Driver::refresh() {
     auto list = list_safely(*hypervisor_);
     asio::post(core_, [this, list = std::move(list), started]() mutable {
       const bool listed = list.has_value();
-      if (!listed) say(LogLevel::warning, "workload refresh: " + list.error().message);
+      if (!listed) say(LogLevel::warning, "workload refresh: " + list.error().detail);
       std::optional<service::Work> work;
       try {
         work = node_.observe_workloads(listing(std::move(list), started));

@@ -235,10 +235,10 @@ detail::WorkloadsOrNot NodeService::Impl::Asks::workloads(std::chrono::milliseco
                       (max_age == kAnyListAge || std::chrono::steady_clock::now() - kept->at <= max_age);
   if (!own && !usable) return std::unexpected(NeedsWorkloads{});
   if (!kept->domains) {
-    impl_.say(LogLevel::warning, "hypervisor: " + kept->domains.error().message);
+    impl_.say(LogLevel::warning, "hypervisor: " + kept->domains.error().detail);
     return std::unexpected(
         problem(503, "hypervisor-unavailable",
-                fmt::format("the hypervisor cannot be reached: {}", kept->domains.error().message)));
+                fmt::format("the hypervisor cannot be reached: {}", kept->domains.error().detail)));
   }
   return &impl_.listed_workloads;
 }

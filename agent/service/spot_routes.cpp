@@ -201,11 +201,11 @@ void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& resu
   const auto holder = holder_of(vm.unit_ids);
   auto row = terminations.row_of(vm);
   const std::string who = agent ? "finished by the agent: " : "";
-  if (!result && result.error().kind == vmctl::VmError::Kind::unavailable) {
-    t.unavailable = result.error().message;
+  if (!result && result.error().code == error::Errc::unavailable) {
+    t.unavailable = result.error().detail;
     say(LogLevel::warning, fmt::format("VM={} DOMAIN={} termination cut short, left pending for the agent to "
                                        "finish: {}",
-                                       vm_id, d.uuid, result.error().message));
+                                       vm_id, d.uuid, result.error().detail));
     return;
   }
   if (result && result->terminated) {
@@ -229,7 +229,7 @@ void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& resu
     say(LogLevel::info, fmt::format("VM={} DOMAIN={} terminated for capacity reclaim by {} ({}{})", vm_id,
                                     d.uuid, vm.record.by, who, result->detail));
   } else {
-    const std::string why = result ? result->detail : result.error().message;
+    const std::string why = result ? result->detail : result.error().detail;
     ch.audits.push_back(
         AuditDraft{"workload.terminate",
                    holder,
@@ -239,7 +239,7 @@ void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& resu
                    fmt::format("{}spot VM {} (domain {}) was not stopped: {}", who, vm_id, d.name, why)});
     row.state = "failed";
     ++t.failed;
-    if (result || result.error().kind != vmctl::VmError::Kind::not_found)
+    if (result || result.error().code != error::Errc::not_found)
       t.left.emplace_back(left_json(d, vm.unit_ids, "terminate-failed"));
     say(LogLevel::warning, fmt::format("VM={} DOMAIN={} terminate failed: {}", vm_id, d.uuid, why));
   }
@@ -263,7 +263,7 @@ ApiResponse NodeService::Impl::finish(
     const TermResult result =
         i < outcomes.size() && outcomes[i].uuid == vm.domain.uuid
             ? outcomes[i].result
-            : TermResult(std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "no outcome"}));
+            : TermResult(std::unexpected(vmctl::VmError{error::Errc::internal, "no outcome"}));
     record_outcome(vm, result, agent, ch, t);
   }
   json::array& terminated = t.terminated;
@@ -364,7 +364,7 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   if (!gone.vms.empty()) {
     const auto id = terminations.start(std::move(gone));
     (void)finish(id, std::move(gone_outcomes),
-                 std::unexpected(vmctl::VmError{vmctl::VmError::Kind::failed, "not listed"}));
+                 std::unexpected(vmctl::VmError{error::Errc::internal, "not listed"}));
   }
   if (run.vms.empty()) return std::nullopt;
   return terminations.work(terminations.start(std::move(run)));

@@ -185,7 +185,7 @@ VirshRun virsh_once(const std::string& virsh, const std::string& uri, const std:
 
 std::vector<vm::Domain> must_list(vm::Hypervisor& hv) {
   auto domains = hv.list();
-  if (!domains) die("list: " + domains.error().message);
+  if (!domains) die("list: " + domains.error().detail);
   return std::move(*domains);
 }
 
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
     auto outcomes = vm::terminate_spot_all(*hv, jobs, sleeper);
     const double terminate = since(t0);
     for (const auto& o : outcomes) {
-      if (!o.result) die(o.uuid + ": " + o.result.error().message);
+      if (!o.result) die(o.uuid + ": " + o.result.error().detail);
       if (!o.result->terminated) die(o.uuid + " not terminated: " + o.result->detail);
     }
     t0 = Clock::now();

@@ -1626,8 +1626,8 @@ TEST_CASE(
   }
   // A listing that failed is the hypervisor being unavailable.
   auto q = Lab::request("GET", Lab::path("/workloads"), admin);
-  q.workloads = std::make_shared<const WorkloadListing>(WorkloadListing{
-      std::unexpected(gpunode::vmctl::VmError{gpunode::vmctl::VmError::Kind::unavailable, "gone"})});
+  q.workloads = std::make_shared<const WorkloadListing>(
+      WorkloadListing{std::unexpected(gpunode::vmctl::VmError{gpunode::error::Errc::unavailable, "gone"})});
   auto failed = lab.service_->handle(q);
   REQUIRE(std::holds_alternative<ApiResponse>(failed));
   CHECK(code_of(std::get<ApiResponse>(failed)) == "hypervisor-unavailable");

@@ -1,6 +1,7 @@
 // The libvirt adapter against libvirt's own test driver (test:///FILE.xml), which keeps a fake
 // host in memory per connection: every make_libvirt() below starts from the fixture again.
 #include <doctest/doctest.h>
+#include <libvirt/virterror.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +16,8 @@
 #include "gpunode/vmctl/vmctl.hpp"
 
 using namespace gpunode::vmctl;
+using gpunode::error::Errc;
+using gpunode::error::Native;
 using namespace std::chrono_literals;
 
 namespace {
@@ -134,7 +137,9 @@ TEST_CASE("libvirt test driver: terminate with grace 0 destroys and the record s
   // The live definition is gone with the run: libvirt refuses to read it.
   auto live = hv->termination(d.uuid, Definition::live);
   REQUIRE_FALSE(live.has_value());
-  CHECK(live.error().kind == VmError::Kind::failed);
+  CHECK(live.error().code == Errc::invalid);
+  CHECK(live.error().native == VIR_ERR_OPERATION_INVALID);
+  CHECK(vm_error_kind(live.error()) == "failed");
 
   // Everything else is as it was.
   auto all = by_name(*hv);
@@ -191,7 +196,7 @@ TEST_CASE("libvirt test driver: a domain that is not spot is never touched") {
     const Domain d = named(*hv, name);
     auto r = terminate_spot(*hv, d, record, 0s, no_sleep);
     REQUIRE_FALSE(r.has_value());
-    CHECK(r.error().message == "not spot");
+    CHECK(r.error().detail == "not spot");
     const Domain after = named(*hv, name);
     CHECK(after.state == "running");
     CHECK_FALSE(after.termination.has_value());
@@ -204,19 +209,29 @@ TEST_CASE("libvirt test driver: unknown domains are not_found") {
   const std::string ghost = "f0000000-0000-4000-8000-00000000000f";
   auto s = hv->state(ghost);
   REQUIRE_FALSE(s.has_value());
-  CHECK(s.error().kind == VmError::Kind::not_found);
-  CAPTURE(s.error().message);
-  CHECK(s.error().message.find("Domain not found") != std::string::npos);
-  CHECK(s.error().message.find(ghost) != std::string::npos);
-  CHECK(hv->destroy(ghost).error().kind == VmError::Kind::not_found);
-  CHECK(hv->record_termination(ghost, record).error().kind == VmError::Kind::not_found);
+  CHECK(s.error().code == Errc::not_found);
+  CHECK(vm_error_kind(s.error()) == "not-found");
+  // libvirt's own code, kept.
+  CHECK(s.error().native == VIR_ERR_NO_DOMAIN);
+  CHECK(s.error().origin == Native::libvirt);
+  CAPTURE(s.error().detail);
+  CHECK(s.error().detail.find("Domain not found") != std::string::npos);
+  CHECK(s.error().detail.find(ghost) != std::string::npos);
+  CHECK(s.error().to_string() == "not found: " + s.error().detail);  // no code name for libvirt's
+  CHECK(hv->destroy(ghost).error().code == Errc::not_found);
+  CHECK(hv->record_termination(ghost, record).error().code == Errc::not_found);
   CHECK(hv->connected());  // a missing domain does not drop the connection
-  // Destroying a domain that is not running is refused by libvirt: failed, with its message.
+  // Destroying a domain that is not running is refused by libvirt: invalid (OPERATION_INVALID),
+  // neither unavailable nor not_found, with its message.
   const Domain off = named(*hv, "spot-d-off");
   auto d = hv->destroy(off.uuid);
   REQUIRE_FALSE(d.has_value());
-  CHECK(d.error().kind == VmError::Kind::failed);
-  CHECK(d.error().message.find("not running") != std::string::npos);
+  CHECK(d.error().code == Errc::invalid);
+  CHECK(d.error().native == VIR_ERR_OPERATION_INVALID);
+  CHECK(d.error().origin == Native::libvirt);
+  CHECK(vm_error_kind(d.error()) == "failed");
+  CHECK(d.error().detail.find("not running") != std::string::npos);
+  CHECK(hv->connected());
 }
 
 TEST_CASE("libvirt: a URI that cannot be opened is unavailable; the next call reconnects") {
@@ -228,12 +243,17 @@ TEST_CASE("libvirt: a URI that cannot be opened is unavailable; the next call re
 
   auto first = hv->list();
   REQUIRE_FALSE(first.has_value());
-  CHECK(first.error().kind == VmError::Kind::unavailable);
-  CAPTURE(first.error().message);
-  CHECK(first.error().message.find(node.string()) != std::string::npos);  // libvirt's own words name the file
-  CHECK(first.error().message.find("failed to parse xml document") != std::string::npos);
+  CHECK(first.error().code == Errc::unavailable);
+  CHECK(vm_error_kind(first.error()) == "unavailable");
+  // Whatever libvirt's code for it (kept), a connection that cannot be opened is unavailable.
+  CHECK(first.error().origin == Native::libvirt);
+  CHECK(first.error().native != 0);
+  CAPTURE(first.error().native);
+  CAPTURE(first.error().detail);
+  CHECK(first.error().detail.find(node.string()) != std::string::npos);  // libvirt's own words name the file
+  CHECK(first.error().detail.find("failed to parse xml document") != std::string::npos);
   CHECK_FALSE(hv->connected());
-  CHECK(hv->state("a0000000-0000-4000-8000-000000000001").error().kind == VmError::Kind::unavailable);
+  CHECK(hv->state("a0000000-0000-4000-8000-000000000001").error().code == Errc::unavailable);
 
   std::filesystem::copy_file(fixture, node);
   auto second = hv->list();
@@ -248,8 +268,10 @@ TEST_CASE("libvirt: a driver that does not exist is unavailable") {
   auto hv = make_libvirt("gpunode-nonexistent+unix:///nowhere?socket=/nonexistent/sock");
   auto r = hv->list();
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().kind == VmError::Kind::unavailable);
-  CHECK_FALSE(r.error().message.empty());
+  CHECK(r.error().code == Errc::unavailable);
+  CHECK_FALSE(r.error().detail.empty());
+  CHECK(r.error().origin == Native::libvirt);
+  CHECK(r.error().native == VIR_ERR_SYSTEM_ERROR);  // "Failed to connect socket to '/nonexistent/sock'"
 }
 
 TEST_CASE("libvirt test driver: a watcher hears a domain stop (lifecycle events on libvirt's event loop)") {

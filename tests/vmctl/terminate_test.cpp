@@ -8,6 +8,7 @@
 #include "gpunode/vmctl/fake_hypervisor.hpp"
 
 using namespace gpunode::vmctl;
+using gpunode::error::Errc;
 using namespace std::chrono_literals;
 
 namespace {
@@ -77,8 +78,9 @@ TEST_CASE("terminate_spot: never touches a domain that is not spot") {
     FakeHypervisor hv{{make("u1", label)}};
     auto r = terminate_spot(hv, hv.domains[0], record, 0s, [](auto) {});
     REQUIRE_FALSE(r.has_value());
-    CHECK(r.error().kind == VmError::Kind::failed);
-    CHECK(r.error().message == "not spot");
+    CHECK(r.error().code == Errc::invalid);
+    CHECK(vm_error_kind(r.error()) == "failed");
+    CHECK(r.error().detail == "not spot");
     CHECK(hv.calls.empty());
     CHECK(hv.domains[0].state == "running");
     CHECK_FALSE(hv.domains[0].termination.has_value());
@@ -90,7 +92,7 @@ TEST_CASE("terminate_spot: unavailable before the record: nothing stopped, error
   hv.unavailable = true;
   auto r = terminate_spot(hv, hv.domains[0], record, 0s, [](auto) {});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().kind == VmError::Kind::unavailable);
+  CHECK(r.error().code == Errc::unavailable);
   CHECK(hv.calls == std::vector<std::string>{"record u1"});
   CHECK(hv.domains[0].state == "running");
 }
@@ -106,7 +108,7 @@ TEST_CASE("terminate_spot: unavailable mid-terminate is never reported terminate
     };
     auto r = terminate_spot(hv, hv.domains[0], record, 1s, [](auto) {});
     REQUIRE_FALSE(r.has_value());
-    CHECK(r.error().kind == VmError::Kind::unavailable);
+    CHECK(r.error().code == Errc::unavailable);
     CHECK(hv.domains[0].termination == record);  // the record was written first
   }
   // ... and also when the destroy went through but its confirmation cannot be read.
@@ -116,14 +118,14 @@ TEST_CASE("terminate_spot: unavailable mid-terminate is never reported terminate
   };
   auto r = terminate_spot(hv, hv.domains[0], record, 0s, [](auto) {});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().kind == VmError::Kind::unavailable);
+  CHECK(r.error().code == Errc::unavailable);
 }
 
 TEST_CASE("terminate_spot: a destroy that does not stop the domain is not terminated") {
   // A destroy that libvirt refuses (e.g. a process stuck in D state) leaves the domain running.
   struct Stubborn final : FakeHypervisor {
     std::expected<void, VmError> destroy(const std::string&) override {
-      return std::unexpected(VmError{VmError::Kind::failed, "Failed to terminate process 1234 with SIGKILL"});
+      return std::unexpected(VmError{Errc::io, "Failed to terminate process 1234 with SIGKILL"});
     }
   };
   Stubborn stubborn;
@@ -162,7 +164,7 @@ TEST_CASE("terminate_spot: a record that cannot be written stops nothing") {
   Domain ghost = make("nope", spot);
   auto r = terminate_spot(hv, ghost, record, 0s, [](auto) {});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().kind == VmError::Kind::not_found);
+  CHECK(r.error().code == Errc::not_found);
   CHECK(hv.calls == std::vector<std::string>{"record nope"});
 }
 
@@ -187,7 +189,7 @@ TEST_CASE("terminate_spot_all: a batch shares one grace period, records come bef
   CHECK(out[1].result->detail == "destroyed after the grace period");
   CHECK(out[2].result->terminated);
   REQUIRE_FALSE(out[3].result.has_value());
-  CHECK(out[3].result.error().message == "not spot");
+  CHECK(out[3].result.error().detail == "not spot");
   CHECK(hv.domains[3].state == "running");
   CHECK_FALSE(hv.domains[3].termination.has_value());
   CHECK(slept == 10s);  // one grace for the batch, not one per domain
@@ -205,7 +207,7 @@ TEST_CASE("terminate_spot_all: a stop during the grace decides nothing") {
   auto out = terminate_spot_all(hv, {TerminationJob{hv.domains[0], record, 30s}},
                                 [&](std::chrono::milliseconds) { return ++sleeps < 3; });
   REQUIRE_FALSE(out[0].result.has_value());
-  CHECK(out[0].result.error().kind == VmError::Kind::unavailable);
+  CHECK(out[0].result.error().code == Errc::unavailable);
   CHECK(hv.domains[0].state == "running");
   CHECK(hv.domains[0].termination == record);  // the record stays: the agent finishes it after a restart
 }
@@ -216,5 +218,5 @@ TEST_CASE("terminate_spot_all: a domain that vanished before the record is not r
   hv.domains.clear();
   auto out = terminate_spot_all(hv, {job}, [](auto) { return true; });
   REQUIRE_FALSE(out[0].result.has_value());
-  CHECK(out[0].result.error().kind == VmError::Kind::not_found);
+  CHECK(out[0].result.error().code == Errc::not_found);
 }

@@ -15,7 +15,8 @@ namespace gpunode::vmctl {
 
 // Domains live in `domains`; shutdown stops a domain at once unless its uuid is in
 // `ignore_shutdown`; destroy always stops it. While `unavailable` is true every call fails with
-// VmError unavailable. `before_call` runs before each call with its name ("list", "record",
+// VmError unavailable; a missing domain is not_found, stopping one that is not running invalid (as
+// the adapter maps libvirt's codes). `before_call` runs before each call with its name ("list", "record",
 // "termination", "shutdown", "destroy", "state") and may change the fake (e.g. set `unavailable`).
 // `calls` logs "NAME UUID" (or "list") for every call, including failing ones.
 // Every call holds `mu` (a daemon calls it from its list and termination threads at once); a test
@@ -53,7 +54,7 @@ class FakeHypervisor : public Hypervisor {
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
     if (which == Definition::live && !d->active())
-      return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+      return std::unexpected(VmError{error::Errc::invalid, "domain is not running"});
     return d->termination;
   }
   std::expected<void, VmError> shutdown(const std::string& uuid) override {
@@ -61,7 +62,7 @@ class FakeHypervisor : public Hypervisor {
     if (auto e = enter("shutdown", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
-    if (!d->active()) return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+    if (!d->active()) return std::unexpected(VmError{error::Errc::invalid, "domain is not running"});
     if (!ignore_shutdown.contains(uuid)) d->state = "shutoff";
     return {};
   }
@@ -70,7 +71,7 @@ class FakeHypervisor : public Hypervisor {
     if (auto e = enter("destroy", uuid)) return std::unexpected(*e);
     Domain* d = find(uuid);
     if (d == nullptr) return std::unexpected(missing(uuid));
-    if (!d->active()) return std::unexpected(VmError{VmError::Kind::failed, "domain is not running"});
+    if (!d->active()) return std::unexpected(VmError{error::Errc::invalid, "domain is not running"});
     d->state = "shutoff";
     return {};
   }
@@ -120,11 +121,11 @@ class FakeHypervisor : public Hypervisor {
   std::optional<VmError> enter(const std::string& call, const std::string& uuid) {
     calls.push_back(uuid.empty() ? call : call + " " + uuid);
     if (before_call) before_call(call);
-    if (unavailable) return VmError{VmError::Kind::unavailable, "fake hypervisor unavailable"};
+    if (unavailable) return VmError{error::Errc::unavailable, "fake hypervisor unavailable"};
     return std::nullopt;
   }
   static VmError missing(const std::string& uuid) {
-    return VmError{VmError::Kind::not_found, "Domain not found: no domain with matching uuid '" + uuid + "'"};
+    return VmError{error::Errc::not_found, "Domain not found: no domain with matching uuid '" + uuid + "'"};
   }
 };
 

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
 #include "gpunode/reservations/entitlement.hpp"
 
 namespace gpunode::vmctl {
@@ -57,12 +58,28 @@ struct Domain {
   bool active() const { return state_active(state); }
 };
 
-struct VmError {
-  enum class Kind { unavailable, not_found, failed };
-  Kind kind = Kind::failed;
-  std::string message;
-};
-std::string_view to_string(VmError::Kind kind);  // "unavailable", "not-found", "failed"
+// A hypervisor's error is the agent's one error (gpunode::error), its code decided once by
+// from_libvirt where libvirt's error is read: `unavailable` when the hypervisor cannot be reached
+// (the connection is gone or cannot be opened: whatever libvirt's code, the adapter says so),
+// `not_found` when the domain is not there, another code otherwise. `detail` is libvirt's message
+// (with the adapter's words around it, as they always read); `native` libvirt's virErrorNumber.
+using VmError = error::Error;
+
+// The code of libvirt's virErrorNumber (virGetLastError()'s `code`), the one mapping: what says
+// the connection is gone or unusable (NO_CONNECT, INVALID_CONN, SYSTEM_ERROR, RPC,
+// OPERATION_TIMEOUT, AUTH_FAILED/CANCELLED/UNAVAILABLE) unavailable; no such domain, snapshot,
+// checkpoint, metadata, network, pool, volume, node device or secret not_found;
+// OPERATION_INVALID (a domain that is not running), INVALID_ARG, XML_ERROR/XML_DETAIL invalid;
+// OPERATION_DENIED/ACCESS_DENIED permission; DOM_EXIST exists; RESOURCE_BUSY busy;
+// AGENT_UNRESPONSIVE timeout; NO_SUPPORT, OPERATION/ARGUMENT_UNSUPPORTED protocol (the driver
+// does not do what the agent asks); OK (none), INTERNAL_ERROR, NO_MEMORY, INVALID_DOMAIN
+// internal; anything else (OPERATION_FAILED, a hook script that failed, ...) io.
+error::Errc libvirt_code(int code);
+// An Error of libvirt's `code` (native `code`, origin libvirt; none for code 0) with `detail` whole.
+error::Error from_libvirt(int code, std::string detail);
+// The words the hypervisor's errors were told apart by: "unavailable", "not-found", and "failed"
+// for every other code.
+std::string_view vm_error_kind(const error::Error& e);
 
 // Which definition of a domain to read.
 enum class Definition { live, persistent };
@@ -79,7 +96,7 @@ class Hypervisor {
   virtual std::expected<void, VmError> record_termination(const std::string& uuid,
                                                           const TerminationRecord& record) = 0;
   // The termination element of one definition; nullopt when it has none. Asking for the live
-  // definition of an inactive domain (or the persistent one of a transient domain) is `failed`.
+  // definition of an inactive domain (or the persistent one of a transient domain) is `invalid`.
   virtual std::expected<std::optional<TerminationRecord>, VmError> termination(const std::string& uuid,
                                                                                Definition which) = 0;
   virtual std::expected<void, VmError> shutdown(const std::string& uuid) = 0;  // graceful (ACPI)
@@ -103,7 +120,8 @@ class Hypervisor {
 // listing does not hold back a termination). A call that fails because the connection died (or
 // finds it dead) drops it and answers `unavailable`; the next call opens a fresh one, so a
 // libvirtd restart is survived; a dropped connection closes once the calls still on it are done.
-// libvirt's default error printer is replaced; its messages come back in VmError.
+// libvirt's default error printer is replaced; its messages come back in the VmError's detail,
+// its code in `native`.
 // watch() starts libvirt's event loop on a thread of its own (once per process) and, on every
 // connection it opens, registers for domain lifecycle events, a close callback and keepalive
 // probes (5 s, 3 misses), so a libvirtd that hangs fails calls within ~20 s instead of forever.
@@ -156,7 +174,7 @@ struct TerminateResult {
 
 // Terminates one spot domain: writes `record` first; then, for grace > 0, a graceful shutdown
 // and a poll of the state until the grace is spent, then destroy; destroy at once for grace 0.
-// A domain whose label is not tier spot is refused (VmError failed "not spot") with no call at all.
+// A domain whose label is not tier spot is refused (VmError invalid "not spot") with no call at all.
 // Errors: recording the termination failed (nothing was stopped), or the hypervisor became
 // unavailable (`unavailable`). A refused or ineffective stop is {terminated=false, detail}.
 // `sleep` is called between polls (tests pass a fake); the grace is measured by what was slept.

@@ -1,10 +1,10 @@
 // gpunode/error/error.hpp: the agent's one error vocabulary, a code and a detail.
 //
 // A fallible function returns Result<T> (std::expected<T, Error>). The adapter that meets the
-// outside world's error (an errno, SQLite's result code) decides the code once, where it makes the
-// Error, as leveldb's Status and PosixError do; callers above it pass the Error on, choose by its
-// code, and print its detail (what users see: the same words as before there was a code) or, in the
-// log, to_string() (the kind in front).
+// outside world's error (an errno, SQLite's result code, libvirt's error number) decides the code
+// once, where it makes the Error, as leveldb's Status and PosixError do; callers above it pass the
+// Error on, choose by its code, and print its detail (what users see: the same words as before
+// there was a code) or, in the log, to_string() (the kind in front).
 #pragma once
 
 #include <cstdint>
@@ -35,15 +35,17 @@ enum class Errc : std::uint8_t {
 
 // What Error::native holds.
 enum class Native : std::uint8_t {
-  none,    // nothing (native is 0)
-  os,      // an errno
-  sqlite,  // SQLite's extended result code (SQLITE_FULL, SQLITE_IOERR_WRITE, ...)
+  none,     // nothing (native is 0)
+  os,       // an errno
+  sqlite,   // SQLite's extended result code (SQLITE_FULL, SQLITE_IOERR_WRITE, ...)
+  libvirt,  // libvirt's virErrorNumber (virGetLastError()'s code: VIR_ERR_NO_DOMAIN, ...), mapped
+            // by vmctl::from_libvirt, where libvirt's header is (this library reads none)
 };
 
 struct Error {
   Errc code = Errc::internal;
   std::string detail;  // what failed and where, in the words users see (a file, a statement, strerror)
-  int native = 0;      // the errno or SQLite code it came from (origin says which), 0 when none
+  int native = 0;      // the errno, SQLite or libvirt code it came from (origin says which), 0 when none
   Native origin = Native::none;
 
   // What an operator acts on, in words: "disk full", "busy", "corrupt", "read-only", "I/O error",
@@ -51,7 +53,8 @@ struct Error {
   // store's finer words for its result code ("cannot open", "constraint", "schema", "out of
   // memory", "error"; "internal" for SQLite code 0). Names no file: safe to show a caller.
   std::string_view kind() const;
-  // SQLite's name of the primary code ("SQLITE_FULL") for an error from SQLite, else "".
+  // SQLite's name of the primary code ("SQLITE_FULL") for an error from SQLite, else "" (libvirt's
+  // errors too: their kind is the code's words, to_string() "KIND: DETAIL").
   std::string_view code_name() const;
   // SQLite's primary result code (native & 0xff) for an error from SQLite, else 0.
   int primary_code() const { return origin == Native::sqlite ? native & 0xff : 0; }
