@@ -154,6 +154,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     parser_->body_limit(admits_large_body() ? std::max(limits().body, limits().large_body) : limits().body);
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(limits().header, std::numeric_limits<std::uint32_t>::max())));
+    if (const auto fed = feed(Until::header); fed != Fed::more) {
+      if (fed == Fed::done) on_header();
+      return;
+    }
     lowest().expires_after(limits().header_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
@@ -187,12 +191,39 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void read_body() {
+    if (const auto fed = feed(Until::message); fed != Fed::more) {
+      if (fed == Fed::done) on_request();
+      return;
+    }
     lowest().expires_after(limits().read_timeout);
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                         if (ec) return self->on_read_error(ec);
                         self->on_request();
                       });
+  }
+
+  // What is already buffered, given to the parser: most requests arrive whole in the first read,
+  // and are parsed here with no further read, hop or timer (Beast's async_read would post its
+  // completion even with nothing to read). The async reads above take over when more must come.
+  enum class Until { header, message };
+  enum class Fed { more, done, failed };  // failed: on_read_error has answered or closed
+  Fed feed(Until until) {
+    const auto reached = [&] {
+      return until == Until::header ? parser_->is_header_done() : parser_->is_done();
+    };
+    while (!reached() && buffer_.size() > 0) {
+      beast::error_code ec;
+      const auto n = parser_->put(buffer_.data(), ec);
+      buffer_.consume(n);
+      if (ec == bhttp::error::need_more) break;
+      if (ec) {
+        on_read_error(ec);
+        return Fed::failed;
+      }
+      if (n == 0) break;
+    }
+    return reached() ? Fed::done : Fed::more;
   }
 
   bool admits_large_body() const {
@@ -274,8 +305,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     return [weak = this->weak_from_this(), token](Response r) {
       if (token->exchange(true)) return;
       if (auto s = weak.lock()) {
+        // Inline when the handler answers on the connection's own strand (a read the snapshot
+        // answers); queued there from any other thread.
         auto ex = s->ex_;
-        net::post(ex, [s = std::move(s), r = std::move(r)]() mutable { s->send(std::move(r)); });
+        net::dispatch(ex, [s = std::move(s), r = std::move(r)]() mutable { s->send(std::move(r)); });
       }
     };
   }

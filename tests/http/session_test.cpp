@@ -350,6 +350,71 @@ TEST_CASE("session: keep-alive serves two requests on one connection; Connection
   CHECK(h.open_unix() == 0);  // the budget's place given back
 }
 
+// Most requests arrive whole in one read and are parsed from the buffer (no further read); one that
+// arrives in pieces is read on until it is whole; requests sent back to back are each answered.
+TEST_CASE("session: requests sent together are answered in order; one sent in pieces is read whole") {
+  Harness h;
+  auto c = h.connect();
+  REQUIRE(c->send(request("POST", "/echo", "body-1") + request("GET", "/nowhere") +
+                  request("POST", "/echo", "body-2")));
+  auto first = c->response();
+  auto second = c->response();
+  auto third = c->response();
+  REQUIRE(first);
+  REQUIRE(second);
+  REQUIRE(third);
+  CHECK(first->result_int() == 200);
+  CHECK(second->result_int() == 404);
+  CHECK(third->result_int() == 200);
+  {
+    std::lock_guard lock(h.mu);
+    REQUIRE(h.requests.size() == 3);
+    CHECK(h.requests[0].body == "body-1");
+    CHECK(h.requests[1].path == "/nowhere");
+    CHECK(h.requests[2].body == "body-2");
+  }
+
+  // The request line, the rest of the header, then the body: each piece after a pause.
+  const auto whole = request("POST", "/echo", "pieces", {"X-Foo: Bar"});
+  const auto header_end = whole.find("\r\n\r\n") + 4;
+  for (const auto& piece :
+       {whole.substr(0, 10), whole.substr(10, header_end - 10), whole.substr(header_end)}) {
+    REQUIRE(c->send(piece));
+    std::this_thread::sleep_for(50ms);
+  }
+  auto pieced = c->response();
+  REQUIRE(pieced);
+  CHECK(pieced->result_int() == 200);
+  std::lock_guard lock(h.mu);
+  REQUIRE(h.requests.size() == 4);
+  CHECK(h.requests[3].body == "pieces");
+  CHECK(h.requests[3].header("x-foo") == "Bar");
+}
+
+// A refusal found in what is already buffered is answered as one found while reading.
+TEST_CASE("session: a request line and a body over the limit, sent with a good request before them") {
+  Harness h;
+  auto c = h.connect();
+  REQUIRE(c->send(request("GET", "/echo") + request("POST", "/echo", std::string(17, 'x'))));
+  auto good = c->response();
+  REQUIRE(good);
+  CHECK(good->result_int() == 200);
+  auto refused = c->response();
+  REQUIRE(refused);
+  check_problem(*refused, 413, "body-too-large", "the request body exceeds 16 bytes");
+  CHECK(h.handled() == 1);
+
+  auto d = h.connect();
+  REQUIRE(d->send(request("GET", "/echo") + "NOT HTTP AT ALL\r\n\r\n"));
+  good = d->response();
+  REQUIRE(good);
+  CHECK(good->result_int() == 200);
+  refused = d->response();
+  REQUIRE(refused);
+  CHECK(refused->result_int() == 400);
+  CHECK(h.handled() == 2);
+}
+
 TEST_CASE("session: a body over the limit is 413 body-too-large naming the limit, unhandled, then closed") {
   Harness h;
   auto ok = h.connect();
