@@ -173,6 +173,7 @@ http::Limits api_limits(const config::Config& c) {
   limits.max_connections = c.api.max_connections;
   limits.max_connections_per_client = c.api.max_connections_per_client;
   limits.max_plain_connections = kMetricsConnections;
+  limits.one_thread = true;  // the net thread alone runs its io_context (daemon.cpp)
   return limits;
 }
 
@@ -180,6 +181,7 @@ http::Limits admin_limits(const config::Config& c) {
   http::Limits limits;
   limits.large_body_path = "/v1/admin/domain-admission";  // CONTRACT §9: domain XML up to 16 MiB
   limits.max_unix_connections = c.admin.max_connections;
+  limits.one_thread = true;  // the admin thread alone runs its io_context (daemon.cpp)
   return limits;
 }
 

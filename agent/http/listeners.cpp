@@ -281,7 +281,7 @@ void ServerState::retry_later(std::function<void()> f) {
 void ServerState::accept_tcp(tcp::acceptor* a, bool plain) {
   std::lock_guard lock(mu);
   if (!accepting) return;
-  a->async_accept(net::make_strand(io),
+  a->async_accept(connection_executor(),
                   [self = shared_from_this(), a, plain](error_code ec, tcp::socket socket) {
                     self->on_tcp_accept(a, plain, ec, std::move(socket));
                   });
@@ -326,7 +326,7 @@ void ServerState::on_tcp_accept(tcp::acceptor* a, bool plain, error_code ec, tcp
 void ServerState::accept_unix(UnixListener* l) {
   std::lock_guard lock(mu);
   if (!accepting) return;
-  l->acceptor->async_accept(net::make_strand(io),
+  l->acceptor->async_accept(connection_executor(),
                             [self = shared_from_this(), l](error_code ec, unix_proto::socket socket) {
                               self->on_unix_accept(l, ec, std::move(socket));
                             });

@@ -11,6 +11,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstddef>
@@ -58,6 +59,11 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
 
   net::io_context& io;
   const Limits limits;
+  // Where a new connection's handlers run: its own strand, or (Limits::one_thread) the io_context.
+  net::any_io_executor connection_executor() const {
+    if (limits.one_thread) return io.get_executor();
+    return net::make_strand(io);
+  }
   const Handler handler;
   const LogFn log_fn;
   const Observer observer;

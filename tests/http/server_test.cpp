@@ -317,7 +317,8 @@ class Client {
 using gpunode::http::testing::request;  // a request as a client writes it
 
 // ---------------------------------------------------------------------------------------------
-// A server on two I/O threads, with a handler that answers by path:
+// A server on two I/O threads (one when Limits::one_thread says so), with a handler that answers
+// by path:
 //   /echo           200 JSON of what it got
 //   /slow?ms=N      200 after N ms (replies from another thread)
 //   /never          never replies
@@ -362,7 +363,7 @@ struct Fixture {
           answered.emplace_back(std::string(a.method), std::string(a.path), a.status, a.via);
         });
     threads.emplace_back([this] { io.run(); });
-    threads.emplace_back([this] { io.run(); });
+    if (!limits.one_thread) threads.emplace_back([this] { io.run(); });
     threads.emplace_back([this] { work.run(); });
   }
 
@@ -1349,8 +1350,11 @@ TEST_CASE("graceful shutdown: after the drain every connection is closed") {
   CHECK_FALSE(stuck->response());
 }
 
-TEST_CASE("concurrency: 20 clients x 20 requests") {
-  Fixture f;
+namespace {
+
+// 20 clients of 20 requests each (TLS and the admin socket, some answered from another thread),
+// each answer checked against its request.
+void serve_twenty_clients(Fixture& f) {
   auto port = f.listen();
   auto path = f.listen_unix();
   std::atomic<int> answered{0};
@@ -1372,6 +1376,20 @@ TEST_CASE("concurrency: 20 clients x 20 requests") {
   for (auto& t : clients) t.join();
   CHECK(answered == 400);
   CHECK(eventually([&] { return f.server->open_connections() == 0; }));
+}
+
+}  // namespace
+
+TEST_CASE("concurrency: 20 clients x 20 requests, two I/O threads (each connection on its strand)") {
+  Fixture f;
+  serve_twenty_clients(f);
+}
+
+TEST_CASE("concurrency: 20 clients x 20 requests, one I/O thread (Limits::one_thread: no strands)") {
+  Limits limits = test_limits();
+  limits.one_thread = true;
+  Fixture f(limits);
+  serve_twenty_clients(f);
 }
 
 TEST_CASE(

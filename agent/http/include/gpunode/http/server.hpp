@@ -109,6 +109,10 @@ struct Limits {
   std::size_t max_plain_connections = 0;
   std::size_t max_unix_connections = 0;
   // No handler timeout: each request's deadline is its handler's (see the top of this file).
+  // The io_context is run by one thread only (the daemon's I/O threads are one each): a
+  // connection's handlers are serial already, so it runs on the io_context's executor, not a
+  // strand of its own. False (the default) for a server whose io_context several threads run.
+  bool one_thread = false;
 };
 
 struct TlsFiles {
@@ -133,7 +137,8 @@ namespace detail {
 struct ServerState;
 }
 
-// The io_context may be run by any number of threads; each connection runs on its own strand.
+// The io_context may be run by any number of threads; each connection runs on its own strand
+// (unless Limits::one_thread says one thread runs it).
 // Every member function may be called from any thread. `log` may be called from any I/O thread.
 class Server {
  public:
