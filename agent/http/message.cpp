@@ -54,13 +54,13 @@ bool fill_response(BeastResponse& res, unsigned status, Response&& r, const std:
   bool has_type = false;
   for (const auto& [name, value] : r.headers) {
     if (!valid_header(name, value)) continue;
-    auto n = text::ascii_lower(name);
-    if (n == "content-length" || n == "transfer-encoding" || n == "x-request-id") continue;
-    if (n == "connection") {
+    const auto is = [&name](std::string_view other) { return beast::iequals(name, other); };
+    if (is("content-length") || is("transfer-encoding") || is("x-request-id")) continue;
+    if (is("connection")) {
       if (beast::iequals(value, "close")) close = true;
       continue;
     }
-    if (n == "content-type") has_type = true;
+    if (is("content-type")) has_type = true;
     res.insert(name, value);
   }
   res.set("X-Request-Id", request_id);

@@ -40,6 +40,7 @@ std::vector<std::string> Request::segments() const {
   std::vector<std::string> out;
   auto parsed = boost::urls::parse_path(path);
   if (!parsed) return out;
+  out.reserve(parsed->size());
   for (const auto& s : *parsed) out.push_back(s.decode());
   return out;
 }

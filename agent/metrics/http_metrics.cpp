@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -10,22 +11,32 @@ namespace gpunode::metrics {
 
 namespace {
 
-// The path's segments, raw (not decoded: a percent-encoded route name is simply "other").
-std::vector<std::string_view> split(std::string_view path) {
-  std::vector<std::string_view> out;
-  if (!path.starts_with('/')) return out;
-  path.remove_prefix(1);
-  for (;;) {
-    const auto slash = path.find('/');
-    out.push_back(path.substr(0, slash));
-    if (slash == std::string_view::npos || out.size() > 8) return out;
-    path.remove_prefix(slash + 1);
+// The path's first segments, raw (not decoded: a percent-encoded route name is simply "other"):
+// up to 9, so a longer path reads as one of more than any route has. Asked on every answer, so it
+// allocates nothing.
+class Segments {
+ public:
+  explicit Segments(std::string_view path) {
+    if (!path.starts_with('/')) return;
+    path.remove_prefix(1);
+    for (;;) {
+      const auto slash = path.find('/');
+      at_[n_++] = path.substr(0, slash);
+      if (slash == std::string_view::npos || n_ == at_.size()) return;
+      path.remove_prefix(slash + 1);
+    }
   }
-}
+  std::size_t size() const { return n_; }
+  std::string_view operator[](std::size_t i) const { return at_[i]; }
+
+ private:
+  std::array<std::string_view, 9> at_{};
+  std::size_t n_ = 0;
+};
 
 constexpr std::string_view kOther = "other";
 
-std::string_view node_route(const std::vector<std::string_view>& s) {
+std::string_view node_route(const Segments& s) {
   // s: v1 nodes {nodeId} ...
   static constexpr std::array<std::string_view, 8> kLeaves = {
       "units", "reservations", "audit", "state", "workloads", "capacity", "admission", "terminate-spot"};
@@ -60,7 +71,7 @@ std::string_view route_template(std::string_view path) {
   if (path == "/v1/admin/domain-admission") return "/v1/admin/domain-admission";
   if (path == "/v1/admin/reload") return "/v1/admin/reload";
   if (path == "/v1/admin/unentitled") return "/v1/admin/unentitled";
-  const auto s = split(path);
+  const Segments s(path);
   if (s.size() < 4 || s[0] != "v1" || s[2].empty()) return kOther;
   if (s[1] == "orgs")
     return s.size() == 4 && s[3] == "reserved-capacity" ? "/v1/orgs/{orgId}/reserved-capacity" : kOther;

@@ -20,7 +20,7 @@ std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
         {fmt::format("local:{}", q.peer.uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
         std::nullopt};
   }
-  const std::string header(q.header("authorization").value_or(""));
+  const std::string_view header = q.header("authorization").value_or("");
   const bool sent = !header.empty();
   std::lock_guard lock(mu_);
   if (!verifier_) return std::unexpected(unauthenticated("no token keys are configured", sent));
@@ -47,8 +47,8 @@ std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
     cache_.erase(order_.back());
     order_.pop_back();
   }
-  order_.push_front(header);
-  auto& e = cache_.emplace(header, Entry{*claims, order_.begin()}).first->second;
+  order_.emplace_front(header);
+  auto& e = cache_.emplace(std::string(header), Entry{*claims, order_.begin()}).first->second;
   return detail::Caller{{e.claims.sub, e.claims.org, e.claims.roles, "https"}, verifier_->expires(e.claims)};
 }
 

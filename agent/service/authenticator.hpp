@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstddef>
 #include <expected>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "caller.hpp"
@@ -54,8 +56,13 @@ class Authenticator {
   mutable std::mutex mu_;
   std::shared_ptr<const auth::TokenVerifier> verifier_;  // guarded by mu_
   std::size_t capacity_;
-  Order order_;                                   // guarded by mu_
-  std::unordered_map<std::string, Entry> cache_;  // guarded by mu_
+  Order order_;  // guarded by mu_
+  // Looked up by the request's header itself (a string_view): a hit copies nothing.
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, Entry, Hash, std::equal_to<>> cache_;  // guarded by mu_
 };
 
 }  // namespace gpunode::service

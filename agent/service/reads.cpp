@@ -27,11 +27,21 @@ constexpr std::size_t kMaxLimit = 500;
 
 // The rules look at the caller's org, roles and transport: callers alike there get the same
 // answer, so one rendering serves them all.
+// Asked on every read the snapshot answers: built by appending, and the roles sorted only when
+// there are several.
 std::string class_key(std::string_view route, const r::Caller& who) {
-  std::string key = fmt::format("{}\x1f{}\x1f{}\x1f", route, who.via, who.org.value_or(""));
-  auto roles = who.roles;
-  std::sort(roles.begin(), roles.end());
-  for (const auto& role : roles) (key += role) += '\x1e';
+  std::string key;
+  key.reserve(route.size() + who.via.size() + 64);
+  ((((key += route) += '\x1f') += who.via) += '\x1f') += who.org ? std::string_view(*who.org) : "";
+  key += '\x1f';
+  const auto add = [&key](std::string_view role) { (key += role) += '\x1e'; };
+  if (who.roles.size() < 2) {
+    for (const auto& role : who.roles) add(role);
+  } else {
+    auto roles = who.roles;
+    std::sort(roles.begin(), roles.end());
+    for (const auto& role : roles) add(role);
+  }
   return key;
 }
 
