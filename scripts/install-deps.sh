@@ -41,9 +41,10 @@ PACKAGES=(
 
 # make bench: the anchors the benchmarks measure beside the agent. lspci (pciutils), virsh
 # (libvirt-clients) and SQLite are above already; nginx serves the same bytes as GET units; an
-# unscraped prometheus-node-exporter is the idle agent's anchor.
+# unscraped prometheus-node-exporter is the idle agent's anchor; valgrind counts both servers'
+# instructions per request (api_instructions.py).
 if [ "${1:-}" = bench ]; then
-  PACKAGES+=(nginx-light prometheus-node-exporter)
+  PACKAGES+=(nginx-light prometheus-node-exporter valgrind)
 fi
 
 missing=()

@@ -22,6 +22,10 @@ python3 "$top/tests/bench/process_bench.py" "$build" "$root"
 # $TMPDIR (or /tmp), on a real filesystem, so that a create pays for its fsync as in production.
 echo
 python3 "$top/tests/bench/api_bench.py" "$build"
+# The same GET units counted in instructions per request (tests/bench/api_instructions.py, under
+# Valgrind's callgrind), beside nginx serving the same bytes: a figure the machine's drift does not move.
+echo
+python3 "$top/tests/bench/api_instructions.py" "$build"
 # The spot termination bench (tests/bench/terminate_bench.cpp): terminate_spot_all of 64 spot VMs
 # on libvirt's test driver, beside one virsh process destroying (and writing the same metadata
 # into) the same node. TERMINATE_ITERATIONS (default 20); --per-process adds 64 virsh processes.
