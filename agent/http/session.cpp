@@ -406,7 +406,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::string budget_address_;  // the client IP its TLS budget place is counted under (empty otherwise)
   std::shared_ptr<ssl::context> ctx_;  // keeps the context this connection started with
   Stream stream_;
-  const net::any_io_executor ex_;  // the connection's strand
+  const net::any_io_executor ex_;  // its strand, or the io_context's executor (Limits::one_thread)
   net::steady_timer answer_wait_;  // no deadline: holds the session while its handler works
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
