@@ -14,10 +14,11 @@ using error::Errc;
 
 Errc libvirt_code(int code) {
   switch (code) {
-    // The connection is gone or unusable (libvirtd restarted, keepalive gave up, it refused us): a
-    // caller answers 503 and tries again later, on a fresh connection.
+    // The connection is gone or unusable (libvirtd restarted, the socket closed, keepalive gave
+    // up, it refused us): a caller answers 503 and tries again later, on a fresh connection.
     case VIR_ERR_NO_CONNECT:
     case VIR_ERR_INVALID_CONN:
+    case VIR_ERR_SYSTEM_ERROR:
     case VIR_ERR_RPC:
     case VIR_ERR_OPERATION_TIMEOUT:
     case VIR_ERR_AUTH_FAILED:
@@ -52,13 +53,6 @@ Errc libvirt_code(int code) {
     case VIR_ERR_OPERATION_UNSUPPORTED:
     case VIR_ERR_ARGUMENT_UNSUPPORTED:
       return Errc::protocol;
-    // A system call failed, in libvirtd or in this client: "Failed to terminate process 1234 with
-    // SIGKILL: Device or resource busy" (a guest stuck in the kernel) on a connection that is
-    // fine, or "Cannot recv data: Connection reset by peer" on one that is gone. Which of the two
-    // is the connection's to say (LibvirtHypervisor::fail asks virConnectIsAlive), not the code's:
-    // a destroy that failed on a live connection is a failed destroy, not a lost libvirtd.
-    case VIR_ERR_SYSTEM_ERROR:
-      return Errc::io;
     case VIR_ERR_OK:
     case VIR_ERR_INTERNAL_ERROR:
     case VIR_ERR_NO_MEMORY:

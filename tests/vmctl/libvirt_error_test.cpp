@@ -53,6 +53,7 @@ TEST_CASE("from_libvirt: libvirt's codes, mapped once") {
       // The connection is gone or unusable.
       {VIR_ERR_NO_CONNECT, Errc::unavailable},
       {VIR_ERR_INVALID_CONN, Errc::unavailable},
+      {VIR_ERR_SYSTEM_ERROR, Errc::unavailable},
       {VIR_ERR_RPC, Errc::unavailable},
       {VIR_ERR_OPERATION_TIMEOUT, Errc::unavailable},
       {VIR_ERR_AUTH_FAILED, Errc::unavailable},
@@ -85,9 +86,6 @@ TEST_CASE("from_libvirt: libvirt's codes, mapped once") {
       {VIR_ERR_INTERNAL_ERROR, Errc::internal},
       {VIR_ERR_NO_MEMORY, Errc::internal},
       {VIR_ERR_INVALID_DOMAIN, Errc::internal},
-      // A system call failed: on a live connection (a SIGKILL the kernel refused) a failed call,
-      // not a lost libvirtd; the adapter asks the connection (the hang-up case below).
-      {VIR_ERR_SYSTEM_ERROR, Errc::io},
       {VIR_ERR_OPERATION_FAILED, Errc::io},
       {VIR_ERR_HOOK_SCRIPT_FAILED, Errc::io},
       {VIR_ERR_MIGRATE_UNSAFE, Errc::io},
