@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
+#include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "gpunode/text/ascii.hpp"
@@ -21,7 +23,11 @@ bool is_token_char(char c) {
   return std::string_view{"!#$%&'*+-.^_`|~"}.find(c) != std::string_view::npos;
 }
 
+// A field Beast can hold (its fields keep a name's or a value's size plus 2 in 16 bits, and throw
+// beyond) and that cannot split the header: anything else a handler sets is dropped, not sent.
 bool valid_header(std::string_view name, std::string_view value) {
+  constexpr std::size_t kMaxField = std::numeric_limits<std::uint16_t>::max() - 2;
+  if (name.size() > kMaxField || value.size() > kMaxField) return false;
   if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char)) return false;
   return value.find_first_of(std::string_view{"\r\n\0", 3}) == std::string_view::npos;
 }

@@ -9,6 +9,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/json.hpp>
@@ -90,13 +91,15 @@ class Conn {
     return true;
   }
 
+  // The next answer whole (its header up to 128 KiB: the session may send fields of 64 KiB).
   std::optional<HttpResponse> response() {
     FdStream stream{fd_};
-    HttpResponse res;
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.header_limit(128 * 1024);
     boost::system::error_code ec;
-    bhttp::read(stream, buffer_, res, ec);
+    bhttp::read(stream, buffer_, parser, ec);
     if (ec) return std::nullopt;
-    return res;
+    return parser.release();
   }
 
   std::optional<HttpResponse> roundtrip(std::string_view request) {
@@ -151,6 +154,7 @@ Peer admin_peer() {
 //   /status42    answers status 42
 //   /hold        keeps the Reply for the test to answer
 //   /nocontent   204 with a body the session must drop
+//   /huge        200 with the largest field Beast can hold, and one a byte larger
 //   anything     404 problem
 struct Harness {
   net::io_context io;
@@ -221,6 +225,10 @@ struct Harness {
     } else if (r.path == "/nocontent") {
       lock.unlock();
       reply(Response{204, {}, "dropped"});
+    } else if (r.path == "/huge") {
+      lock.unlock();
+      reply(Response{
+          200, {{"X-Largest", std::string(65533, 'l')}, {"X-Too-Large", std::string(65534, 't')}}, "{}"});
     } else {
       lock.unlock();
       reply(gpunode::http::problem(404, "not-found", "no such route"));
@@ -322,6 +330,23 @@ TEST_CASE("session: a request is read whole, handed to the handler with its peer
   CHECK(header(*r, "X-Request-Id").size() == 36);
 }
 
+// Beast's fields hold a value of at most 65,533 bytes and throw beyond: a larger one the handler
+// sets is dropped like any field that cannot be sent, and the answer goes out (answered on the
+// connection's own thread, the throw would have lost it).
+TEST_CASE("session: a response field too large for Beast is dropped, the answer sent, the connection kept") {
+  Harness h;
+  auto c = h.connect();
+  auto r = c->roundtrip(request("GET", "/huge"));
+  REQUIRE(r);
+  CHECK(r->result_int() == 200);
+  CHECK(header(*r, "X-Largest").size() == 65533);
+  CHECK(header(*r, "X-Too-Large").empty());
+  CHECK(r->keep_alive());
+  auto next = c->roundtrip(request("GET", "/echo"));
+  REQUIRE(next);
+  CHECK(next->result_int() == 200);
+}
+
 TEST_CASE("session: keep-alive serves two requests on one connection; Connection: close ends it") {
   Harness h;
   auto c = h.connect();
@@ -391,8 +416,39 @@ TEST_CASE("session: requests sent together are answered in order; one sent in pi
   CHECK(h.requests[3].header("x-foo") == "Bar");
 }
 
+// What arrives in pieces is read on (the session's reads, not the buffer's parse): a chunked body
+// split inside a chunk and at a chunk's end, and header fields that pass the limit only in a later
+// piece, which is 431 as when they come whole.
+TEST_CASE("session: a chunked body and headers over the limit, each arriving in pieces") {
+  Harness h;
+  auto c = h.connect();
+  const std::string head = "POST /echo HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (const std::string& piece :
+       {head + "5\r\nchu", std::string("nk\r\n"), std::string("3\r\ned!\r\n0\r\n\r\n")}) {
+    REQUIRE(c->send(piece));
+    std::this_thread::sleep_for(50ms);
+  }
+  auto r = c->response();
+  REQUIRE(r);
+  CHECK(r->result_int() == 200);
+  {
+    std::lock_guard lock(h.mu);
+    REQUIRE(h.requests.size() == 1);
+    CHECK(h.requests[0].body == "chunked!");
+  }
+
+  auto d = h.connect();
+  REQUIRE(d->send("GET /echo HTTP/1.1\r\nHost: test\r\nX-A: " + std::string(600, 'a') + "\r\n"));
+  std::this_thread::sleep_for(50ms);
+  REQUIRE(d->send("X-B: " + std::string(600, 'b') + "\r\n\r\n"));
+  auto refused = d->response();
+  REQUIRE(refused);
+  check_problem(*refused, 431, "headers-too-large", "the request headers exceed 1024 bytes");
+  CHECK(h.handled() == 1);
+}
+
 // A refusal found in what is already buffered is answered as one found while reading.
-TEST_CASE("session: a request line and a body over the limit, sent with a good request before them") {
+TEST_CASE("session: a body over the limit, and a malformed request, each sent behind a good request") {
   Harness h;
   auto c = h.connect();
   REQUIRE(c->send(request("GET", "/echo") + request("POST", "/echo", std::string(17, 'x'))));

@@ -64,7 +64,11 @@ using Request = gpunode::json::Request;
 
 using Response = gpunode::json::Response;  // the API's answer type (service::ApiResponse) too
 
-using Reply = std::function<void(Response)>;          // any thread, exactly once (later calls ignored)
+// Any thread, exactly once (later calls ignored). Called on the thread that runs the connection
+// (the handler answering at once, or any handler under Limits::one_thread), it queues the answer
+// for writing before it returns, the observer and the log called within it: call it holding no
+// lock they take. From any other thread it is queued to the connection's executor.
+using Reply = std::function<void(Response)>;
 using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
 
 // One answer as it is queued for writing: the handler's, or one the server gives itself (400, 413,
