@@ -16,6 +16,10 @@ Errc libvirt_code(int code) {
   switch (code) {
     // The connection is gone or unusable (libvirtd restarted, the socket closed, keepalive gave
     // up, it refused us): a caller answers 503 and tries again later, on a fresh connection.
+    // SYSTEM_ERROR too, though libvirt also says it on a live connection: a termination record a
+    // full disk refused, a SIGKILL that outlasted libvirt's wait for a guest with GPUs. As
+    // unavailable such a termination stays pending and the next listing finishes it truthfully;
+    // as any other code it would be a final failure. A needless reconnect is the price.
     case VIR_ERR_NO_CONNECT:
     case VIR_ERR_INVALID_CONN:
     case VIR_ERR_SYSTEM_ERROR:
