@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
@@ -132,6 +131,7 @@ Limits test_limits() {
   l.read_timeout = 5s;
   l.write_timeout = 5s;
   l.idle_timeout = 10s;
+  l.one_thread = true;  // the Harness runs its io_context on one thread
   return l;
 }
 
@@ -147,7 +147,8 @@ Peer admin_peer() {
   return p;
 }
 
-// A ServerState with no listener, its io_context run by one thread, and a handler that answers by
+// A ServerState with no listener, its io_context run by one thread as the daemon's are
+// (Limits::one_thread: the sessions run on its executor, no strand), and a handler that answers by
 // path:
 //   /echo        200 {"path":...} with headers the session must drop or keep; the request is kept
 //   /throw       throws
@@ -196,7 +197,9 @@ struct Harness {
   std::unique_ptr<Conn> connect(const Peer& peer = admin_peer()) {
     int fds[2] = {-1, -1};
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
-    gpunode::http::unix_proto::socket session_end(net::make_strand(io), gpunode::http::unix_proto(), fds[0]);
+    // On the executor the listener would give it: the io_context's own (Limits::one_thread).
+    gpunode::http::unix_proto::socket session_end(state->connection_executor(), gpunode::http::unix_proto(),
+                                                  fds[0]);
     REQUIRE(state->admit(peer.kind, {}));
     gpunode::http::detail::start_plain_session(state, peer, {},
                                                net::generic::stream_protocol::socket(std::move(session_end)));
