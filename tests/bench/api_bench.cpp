@@ -191,42 +191,73 @@ void expect(unsigned got, unsigned want, const std::string& what, const std::str
   if (got != want) die(fmt::format("{}: status {} (want {}): {}", what, got, want, body.substr(0, 400)));
 }
 
-int run_get(const Args& a) {
-  const auto port = static_cast<unsigned short>(a.num("port", 0));
-  const std::string path = a.str("path");
-  const std::string token = a.kv.contains("token-file") ? read_file(a.str("token-file")) : "";
-  const int warmup = a.num("warmup", 200), requests = a.num("requests", 2000);
-  const int conns = a.num("conns", 4), per_conn = a.num("per-conn", 2000);
-  const auto want = static_cast<unsigned>(a.num("status", 200));  // e.g. 304 for a long poll with wait=0s
-  auto ctx = make_tls(a.str("ca"));
+// The options of `get`.
+struct GetOptions {
+  unsigned short port = 0;
+  std::string path, token;
+  int warmup = 0, requests = 0, conns = 0, per_conn = 0;
+  unsigned want = 0;
+  std::optional<std::string> save_body;
+};
 
-  // 1. latency, one connection
-  std::string body, cipher;
-  std::vector<double> lat;
+GetOptions get_options(const Args& a) {
+  GetOptions g;
+  g.port = static_cast<unsigned short>(a.num("port", 0));
+  g.path = a.str("path");
+  g.token = a.kv.contains("token-file") ? read_file(a.str("token-file")) : "";
+  g.warmup = a.num("warmup", 200);
+  g.requests = a.num("requests", 2000);
+  g.conns = a.num("conns", 4);
+  g.per_conn = a.num("per-conn", 2000);
+  g.want = static_cast<unsigned>(a.num("status", 200));  // e.g. 304 for a long poll with wait=0s
+  if (a.kv.contains("save-body")) g.save_body = a.str("save-body");
+  return g;
+}
+
+// 1. latency, one connection
+struct OneConn {
+  std::string cipher;
   std::size_t body_bytes = 0;
-  {
-    Conn c(ctx, port);
-    cipher = c.cipher();
-    auto req = make_request(bhttp::verb::get, path, token);
-    req.prepare_payload();
-    for (int i = 0; i < warmup; ++i) expect(c.roundtrip(req, body), want, "GET " + path, body);
-    body_bytes = body.size();
-    if (a.kv.contains("save-body")) {  // what nginx serves beside it: the same bytes
-      std::ofstream out(a.str("save-body"), std::ios::binary);
-      out << body;
-      if (!out) die("cannot write " + a.str("save-body"));
-    }
-    lat.reserve(static_cast<std::size_t>(requests));
-    for (int i = 0; i < requests; ++i) {
-      auto t0 = Clock::now();
-      unsigned st = c.roundtrip(req, body);
-      lat.push_back(micros(Clock::now() - t0));
-      expect(st, want, "GET " + path, body);
-    }
-  }
-  const Summary one = summarize(lat);
+  Summary lat;
+};
 
-  // 2. throughput, `conns` connections at once
+OneConn get_one_conn(const GetOptions& g, ssl::context& ctx) {
+  OneConn r;
+  std::string body;
+  std::vector<double> lat;
+  Conn c(ctx, g.port);
+  r.cipher = c.cipher();
+  auto req = make_request(bhttp::verb::get, g.path, g.token);
+  req.prepare_payload();
+  for (int i = 0; i < g.warmup; ++i) expect(c.roundtrip(req, body), g.want, "GET " + g.path, body);
+  r.body_bytes = body.size();
+  if (g.save_body) {  // what nginx serves beside it: the same bytes
+    std::ofstream out(*g.save_body, std::ios::binary);
+    out << body;
+    if (!out) die("cannot write " + *g.save_body);
+  }
+  lat.reserve(static_cast<std::size_t>(g.requests));
+  for (int i = 0; i < g.requests; ++i) {
+    auto t0 = Clock::now();
+    unsigned st = c.roundtrip(req, body);
+    lat.push_back(micros(Clock::now() - t0));
+    expect(st, g.want, "GET " + g.path, body);
+  }
+  r.lat = summarize(lat);
+  return r;
+}
+
+// 2. throughput, `conns` connections at once
+struct Loaded {
+  Summary lat;
+  std::size_t requests_total = 0;
+  double seconds = 0;
+};
+
+Loaded get_loaded(const GetOptions& g, ssl::context& ctx) {
+  const int conns = g.conns, per_conn = g.per_conn;
+  const unsigned want = g.want;
+  const std::string& path = g.path;
   std::vector<std::vector<double>> per(static_cast<std::size_t>(conns));
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(conns));
   Clock::time_point start;
@@ -239,10 +270,10 @@ int run_get(const Args& a) {
       mine.reserve(static_cast<std::size_t>(per_conn));
       std::optional<Conn> c;
       std::string b;
-      auto req = make_request(bhttp::verb::get, path, token);
+      auto req = make_request(bhttp::verb::get, path, g.token);
       req.prepare_payload();
       try {
-        c.emplace(ctx, port);
+        c.emplace(ctx, g.port);
         for (int i = 0; i < 20; ++i) expect(c->roundtrip(req, b), want, "GET " + path, b);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "api_bench: connection %d: %s\n", t, e.what());
@@ -269,14 +300,21 @@ int run_get(const Args& a) {
   const auto end = *std::max_element(ends.begin(), ends.end());
   std::vector<double> all;
   for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
-  const Summary loaded = summarize(all);
-  const double secs = std::chrono::duration<double>(end - start).count();
-  const double rps = static_cast<double>(all.size()) / secs;
+  return {summarize(all), all.size(), std::chrono::duration<double>(end - start).count()};
+}
+
+int run_get(const Args& a) {
+  const GetOptions g = get_options(a);
+  auto ctx = make_tls(a.str("ca"));
+  const OneConn one = get_one_conn(g, ctx);
+  const Loaded loaded = get_loaded(g, ctx);
+  const double rps = static_cast<double>(loaded.requests_total) / loaded.seconds;
 
   fmt::print(
       R"({{"mode": "get", "path": "{}", "tls": "{}", "body_bytes": {}, "one_conn": {}, "conns": {}, "per_conn": {}, "requests_total": {}, "seconds": {:.3f}, "rps": {:.0f}, "loaded": {}}})"
       "\n",
-      path, cipher, body_bytes, json_of(one), conns, per_conn, all.size(), secs, rps, json_of(loaded));
+      g.path, one.cipher, one.body_bytes, json_of(one.lat), g.conns, g.per_conn, loaded.requests_total,
+      loaded.seconds, rps, json_of(loaded.lat));
   return 0;
 }
 

@@ -212,14 +212,16 @@ void usage() {
   std::exit(2);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   int iterations = 20;
   int domains = 64;
   std::string virsh = "virsh";
   bool per_process = false;
   bool steps = false;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -227,19 +229,29 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--iterations")
-      iterations = std::max(1, std::atoi(value().c_str()));
+      o.iterations = std::max(1, std::atoi(value().c_str()));
     else if (a == "--domains")
-      domains = std::clamp(std::atoi(value().c_str()), 1, 200);
+      o.domains = std::clamp(std::atoi(value().c_str()), 1, 200);
     else if (a == "--virsh")
-      virsh = value();
+      o.virsh = value();
     else if (a == "--per-process")
-      per_process = true;
+      o.per_process = true;
     else if (a == "--steps")
-      steps = true;
+      o.steps = true;
     else
       usage();
   }
+  return o;
+}
 
+// The node file in its temporary dir (bench_dir, removed on every exit), its URI, and the file
+// every virsh run's output goes to.
+struct Node {
+  std::string uri;
+  std::string capture;
+};
+
+Node make_node(int domains) {
   namespace fs = std::filesystem;
   std::string tmpl =
       (fs::is_directory("/dev/shm") && ::access("/dev/shm", W_OK) == 0 ? "/dev/shm"
@@ -255,177 +267,187 @@ int main(int argc, char** argv) {
     out << node_xml(domains);
     if (!out) die("cannot write " + xml_path);
   }
-  const std::string uri = "test://" + xml_path;
-  const std::string capture = (dir / "virsh.out").string();
+  return {"test://" + xml_path, (dir / "virsh.out").string()};
+}
 
-  const bool have_virsh = spawn({virsh, "-v"}, capture).status == 0;
-  fmt::print("node {}: {} running spot domains (one GPU each), grace 0, {} iterations each after a warm-up\n",
-             uri, domains, iterations);
-  if (have_virsh)
-    fmt::print("virsh {}", slurp(capture));
-  else
-    fmt::print("virsh: `{}` cannot run; no reference figures\n", virsh);
-
-  // Each iteration runs the agent, its steps and virsh one after the other, so that a burst of load
-  // on the machine falls on all of them rather than on whichever ran during it.
-
-  // ---- the agent ----
+// ---- the agent ----
+struct AgentTimes {
   std::vector<double> open_list_ms, list_ms, terminate_ms, after_ms;
-  int slept = 0;
-  const vm::Sleeper sleeper = [&](std::chrono::milliseconds) {
-    ++slept;
-    return true;
-  };
-  auto agent_round = [&](bool keep) {
-    auto t0 = Clock::now();
-    auto hv = vm::make_libvirt(uri);
-    auto listed = must_list(*hv);
-    const double open_list = since(t0);
-    t0 = Clock::now();
-    listed = must_list(*hv);
-    const double list = since(t0);
-    if (static_cast<int>(listed.size()) != domains) die(fmt::format("list gave {} domains", listed.size()));
-    std::vector<vm::TerminationJob> jobs;
-    jobs.reserve(listed.size());
-    for (const auto& d : listed) {
-      if (!d.active() || !d.label || d.label->tier != vm::Tier::spot || d.pci_addresses.size() != 1)
-        die(d.name + " is not a running spot domain with one GPU");
-      jobs.push_back(vm::TerminationJob{d, record_for(index_of(d.name)), std::chrono::seconds{0}});
-    }
-    t0 = Clock::now();
-    auto outcomes = vm::terminate_spot_all(*hv, jobs, sleeper);
-    const double terminate = since(t0);
-    for (const auto& o : outcomes) {
-      if (!o.result) die(o.uuid + ": " + o.result.error().detail);
-      if (!o.result->terminated) die(o.uuid + " not terminated: " + o.result->detail);
-    }
-    t0 = Clock::now();
-    check_after(*hv, domains);
-    const double after = since(t0);
-    if (!keep) return;
-    open_list_ms.push_back(open_list);
-    list_ms.push_back(list);
-    terminate_ms.push_back(terminate);
-    after_ms.push_back(after);
-  };
+};
 
-  // ---- the agent's calls one kind at a time (--steps) ----
+void agent_round(const Node& node, int domains, const vm::Sleeper& sleeper, AgentTimes& times, bool keep) {
+  auto t0 = Clock::now();
+  auto hv = vm::make_libvirt(node.uri);
+  auto listed = must_list(*hv);
+  const double open_list = since(t0);
+  t0 = Clock::now();
+  listed = must_list(*hv);
+  const double list = since(t0);
+  if (static_cast<int>(listed.size()) != domains) die(fmt::format("list gave {} domains", listed.size()));
+  std::vector<vm::TerminationJob> jobs;
+  jobs.reserve(listed.size());
+  for (const auto& d : listed) {
+    if (!d.active() || !d.label || d.label->tier != vm::Tier::spot || d.pci_addresses.size() != 1)
+      die(d.name + " is not a running spot domain with one GPU");
+    jobs.push_back(vm::TerminationJob{d, record_for(index_of(d.name)), std::chrono::seconds{0}});
+  }
+  t0 = Clock::now();
+  auto outcomes = vm::terminate_spot_all(*hv, jobs, sleeper);
+  const double terminate = since(t0);
+  for (const auto& o : outcomes) {
+    if (!o.result) die(o.uuid + ": " + o.result.error().detail);
+    if (!o.result->terminated) die(o.uuid + " not terminated: " + o.result->detail);
+  }
+  t0 = Clock::now();
+  check_after(*hv, domains);
+  const double after = since(t0);
+  if (!keep) return;
+  times.open_list_ms.push_back(open_list);
+  times.list_ms.push_back(list);
+  times.terminate_ms.push_back(terminate);
+  times.after_ms.push_back(after);
+}
+
+// ---- the agent's calls one kind at a time (--steps) ----
+struct StepTimes {
   std::vector<double> rec_ms, state1_ms, destroy_ms, state2_ms;
-  auto steps_round = [&](bool keep) {
-    auto hv = vm::make_libvirt(uri);
-    auto listed = must_list(*hv);
-    auto timed = [&](const std::function<void(const vm::Domain&)>& call) {
-      auto t0 = Clock::now();
-      for (const auto& d : listed) call(d);
-      return since(t0);
-    };
-    auto state = [&](const vm::Domain& d) {
-      if (!hv->state(d.uuid)) die("state failed");
-    };
-    const double rec = timed([&](const vm::Domain& d) {
-      if (!hv->record_termination(d.uuid, record_for(index_of(d.name)))) die("record_termination failed");
-    });
-    const double s1 = timed(state);
-    const double des = timed([&](const vm::Domain& d) {
-      if (!hv->destroy(d.uuid)) die("destroy failed");
-    });
-    const double s2 = timed(state);
-    check_after(*hv, domains);
-    if (!keep) return;
-    rec_ms.push_back(rec);
-    state1_ms.push_back(s1);
-    destroy_ms.push_back(des);
-    state2_ms.push_back(s2);
-  };
+};
 
-  // ---- virsh ----
-  std::vector<double> connect_ms, destroy_all_ms, meta_destroy_ms, loop_ms, destroy_cmd_ms, meta_cmd_ms,
-      meta_only_ms;
+void steps_round(const Node& node, int domains, StepTimes& times, bool keep) {
+  auto hv = vm::make_libvirt(node.uri);
+  auto listed = must_list(*hv);
+  auto timed = [&](const std::function<void(const vm::Domain&)>& call) {
+    auto t0 = Clock::now();
+    for (const auto& d : listed) call(d);
+    return since(t0);
+  };
+  auto state = [&](const vm::Domain& d) {
+    if (!hv->state(d.uuid)) die("state failed");
+  };
+  const double rec = timed([&](const vm::Domain& d) {
+    if (!hv->record_termination(d.uuid, record_for(index_of(d.name)))) die("record_termination failed");
+  });
+  const double s1 = timed(state);
+  const double des = timed([&](const vm::Domain& d) {
+    if (!hv->destroy(d.uuid)) die("destroy failed");
+  });
+  const double s2 = timed(state);
+  check_after(*hv, domains);
+  if (!keep) return;
+  times.rec_ms.push_back(rec);
+  times.state1_ms.push_back(s1);
+  times.destroy_ms.push_back(des);
+  times.state2_ms.push_back(s2);
+}
+
+// ---- virsh ----
+struct VirshScripts {
   std::string destroys;
   std::string meta_destroys;
   std::string check;  // after meta_destroys: every domain's state and record, as the agent's run is checked
+};
+
+VirshScripts virsh_scripts(int domains) {
+  VirshScripts s;
   for (int i = 0; i < domains; ++i) {
     const auto r = record_for(i);
-    destroys += fmt::format("destroy {}; ", domain_name(i));
+    s.destroys += fmt::format("destroy {}; ", domain_name(i));
     // virsh's own quoting: the element in single quotes, its attributes in double quotes.
-    meta_destroys += fmt::format(
+    s.meta_destroys += fmt::format(
         "metadata {} --uri {} --key {} --set '<termination reason=\"{}\" at=\"{}\" by=\"{}\" "
         "audit-id=\"{}\"/>' "
         "--live --config; destroy {}; ",
         domain_name(i), vm::termination_ns, vm::termination_prefix, r.reason, r.at, r.by, r.audit_id,
         domain_name(i));
-    check +=
+    s.check +=
         fmt::format("domstate {0}; metadata {0} --uri {1} --config; ", domain_name(i), vm::termination_ns);
   }
-  auto virsh_round = [&](bool keep) {
-    const auto c = virsh_once(virsh, uri, "uri", capture, {{uri, 1}});
-    const auto d = virsh_once(virsh, uri, destroys, capture, {{"destroyed", domains}});
-    const auto m = virsh_once(virsh, uri, meta_destroys, capture,
-                              {{"Metadata modified", domains}, {"destroyed", domains}});
-    // The metadata commands' share of m: the "(Time: ...)" after each "Metadata modified".
-    const std::string out = slurp(capture);
-    double meta_only = 0;
-    for (auto at = out.find("Metadata modified"); at != std::string::npos;
-         at = out.find("Metadata modified", at + 1)) {
-      const auto t = out.find("(Time: ", at);
-      if (t != std::string::npos) meta_only += std::strtod(out.c_str() + t + 7, nullptr);
-    }
-    double l = 0;
-    if (per_process) {
-      for (int i = 0; i < domains; ++i)
-        l += virsh_once(virsh, uri, "destroy " + domain_name(i), capture, {{"destroyed", 1}}).wall_ms;
-    }
-    if (!keep) return;
-    connect_ms.push_back(c.wall_ms);
-    destroy_all_ms.push_back(d.wall_ms);
-    meta_destroy_ms.push_back(m.wall_ms);
-    destroy_cmd_ms.push_back(d.commands_ms);
-    meta_cmd_ms.push_back(m.commands_ms);
-    meta_only_ms.push_back(meta_only);
-    if (per_process) loop_ms.push_back(l);
-  };
-  if (have_virsh) {
-    // Once, checked: every domain shut off with its record in the persistent definition.
-    virsh_once(virsh, uri, meta_destroys + check, capture, {{"destroyed", domains}, {"shut off", domains}});
-    const std::string out = slurp(capture);
-    for (int i = 0; i < domains; ++i) {
-      if (count(out, fmt::format("audit-id=\"{}\"", record_for(i).audit_id)) != 1)
-        die(domain_name(i) + " lacks its termination record after virsh");
-    }
-  }
+  return s;
+}
 
-  for (int it = -1; it < iterations; ++it) {  // -1: the warm-up
-    agent_round(it >= 0);
-    if (steps) steps_round(it >= 0);
-    if (have_virsh) virsh_round(it >= 0);
+// Once, checked: every domain shut off with its record in the persistent definition.
+void check_virsh_end_state(const Options& o, const Node& node, const VirshScripts& scripts) {
+  virsh_once(o.virsh, node.uri, scripts.meta_destroys + scripts.check, node.capture,
+             {{"destroyed", o.domains}, {"shut off", o.domains}});
+  const std::string out = slurp(node.capture);
+  for (int i = 0; i < o.domains; ++i) {
+    if (count(out, fmt::format("audit-id=\"{}\"", record_for(i).audit_id)) != 1)
+      die(domain_name(i) + " lacks its termination record after virsh");
   }
-  if (slept != 0) die("terminate_spot_all slept with grace 0");
+}
 
-  // ---- the table ----
-  const std::string n = std::to_string(domains);
+// The sum of the "(Time: ...)" after each "Metadata modified" in a virsh -t run's output.
+double metadata_only_ms(const std::string& out) {
+  double meta_only = 0;
+  for (auto at = out.find("Metadata modified"); at != std::string::npos;
+       at = out.find("Metadata modified", at + 1)) {
+    const auto t = out.find("(Time: ", at);
+    if (t != std::string::npos) meta_only += std::strtod(out.c_str() + t + 7, nullptr);
+  }
+  return meta_only;
+}
+
+struct VirshTimes {
+  std::vector<double> connect_ms, destroy_all_ms, meta_destroy_ms, loop_ms, destroy_cmd_ms, meta_cmd_ms,
+      meta_only_ms;
+};
+
+void virsh_round(const Options& o, const Node& node, const VirshScripts& scripts, VirshTimes& times,
+                 bool keep) {
+  const std::string& virsh = o.virsh;
+  const std::string& uri = node.uri;
+  const std::string& capture = node.capture;
+  const auto c = virsh_once(virsh, uri, "uri", capture, {{uri, 1}});
+  const auto d = virsh_once(virsh, uri, scripts.destroys, capture, {{"destroyed", o.domains}});
+  const auto m = virsh_once(virsh, uri, scripts.meta_destroys, capture,
+                            {{"Metadata modified", o.domains}, {"destroyed", o.domains}});
+  // The metadata commands' share of m: the "(Time: ...)" after each "Metadata modified".
+  const double meta_only = metadata_only_ms(slurp(capture));
+  double l = 0;
+  if (o.per_process) {
+    for (int i = 0; i < o.domains; ++i)
+      l += virsh_once(virsh, uri, "destroy " + domain_name(i), capture, {{"destroyed", 1}}).wall_ms;
+  }
+  if (!keep) return;
+  times.connect_ms.push_back(c.wall_ms);
+  times.destroy_all_ms.push_back(d.wall_ms);
+  times.meta_destroy_ms.push_back(m.wall_ms);
+  times.destroy_cmd_ms.push_back(d.commands_ms);
+  times.meta_cmd_ms.push_back(m.commands_ms);
+  times.meta_only_ms.push_back(meta_only);
+  if (o.per_process) times.loop_ms.push_back(l);
+}
+
+// ---- the table ----
+void print_agent_table(const Options& o, const AgentTimes& agent, const StepTimes& steps) {
+  const std::string n = std::to_string(o.domains);
   fmt::print("\n");
-  const Stats a_open = stats(open_list_ms), a_list = stats(list_ms), a_term = stats(terminate_ms),
-              a_after = stats(after_ms);
-  print("agent open+list(" + n + ")", a_open);
-  print("agent list(" + n + ")", a_list);
-  print("agent terminate_spot_all(" + n + ")", a_term);
-  print("agent list(" + n + ") after, checked", a_after);
-  if (steps) {
-    print("  record_termination x" + n, stats(rec_ms));
-    print("  state x" + n + " (running)", stats(state1_ms));
-    print("  destroy x" + n, stats(destroy_ms));
-    print("  state x" + n + " (shut off)", stats(state2_ms));
+  print("agent open+list(" + n + ")", stats(agent.open_list_ms));
+  print("agent list(" + n + ")", stats(agent.list_ms));
+  print("agent terminate_spot_all(" + n + ")", stats(agent.terminate_ms));
+  print("agent list(" + n + ") after, checked", stats(agent.after_ms));
+  if (o.steps) {
+    print("  record_termination x" + n, stats(steps.rec_ms));
+    print("  state x" + n + " (running)", stats(steps.state1_ms));
+    print("  destroy x" + n, stats(steps.destroy_ms));
+    print("  state x" + n + " (shut off)", stats(steps.state2_ms));
   }
-  if (!have_virsh) return 0;
-  const Stats v_conn = stats(connect_ms), v_des = stats(destroy_all_ms), v_meta = stats(meta_destroy_ms);
-  const Stats v_des_cmd = stats(destroy_cmd_ms), v_meta_cmd = stats(meta_cmd_ms);
+}
+
+void print_virsh_table(const Options& o, const AgentTimes& agent, const VirshTimes& virsh_times) {
+  const int domains = o.domains;
+  const std::string n = std::to_string(domains);
+  const Stats a_open = stats(agent.open_list_ms), a_term = stats(agent.terminate_ms);
+  const Stats v_conn = stats(virsh_times.connect_ms), v_des = stats(virsh_times.destroy_all_ms),
+              v_meta = stats(virsh_times.meta_destroy_ms);
+  const Stats v_des_cmd = stats(virsh_times.destroy_cmd_ms), v_meta_cmd = stats(virsh_times.meta_cmd_ms);
   print("virsh connect only (1 process)", v_conn);
   print("virsh " + n + " destroy (1 process)", v_des);
   print("virsh " + n + " metadata+destroy (1 process)", v_meta);
-  if (per_process) print("virsh " + n + " destroy (" + n + " processes)", stats(loop_ms));
+  if (o.per_process) print("virsh " + n + " destroy (" + n + " processes)", stats(virsh_times.loop_ms));
   print("virsh " + n + " destroy, commands only", v_des_cmd);
   print("virsh " + n + " metadata+destroy, commands only", v_meta_cmd);
-  print("  metadata --live --config x" + n, stats(meta_only_ms));
+  print("  metadata --live --config x" + n, stats(virsh_times.meta_only_ms));
   fmt::print("(commands only: the sum of virsh -t's per-command times, without process start and connect)\n");
   fmt::print(
       "\nratio agent terminate / virsh metadata+destroy (p50): {:.2f}x whole process, {:.2f}x commands "
@@ -448,5 +470,43 @@ int main(int argc, char** argv) {
       R"j(SUMMARY {{"figure": "terminate {} spot VMs (test driver): open, list, terminate", "gpunode": "{:.1f} ms", "anchor": "virsh metadata+destroy, one process: {:.1f} ms", "ratio": {:.3f}, "target": "≤ 0.51 (hold)", "met": {}}})j"
       "\n",
       domains, whole, v_meta.p50_ms, r, r <= 0.51 ? "true" : "false");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_options(argc, argv);
+  const Node node = make_node(o.domains);
+
+  const bool have_virsh = spawn({o.virsh, "-v"}, node.capture).status == 0;
+  fmt::print("node {}: {} running spot domains (one GPU each), grace 0, {} iterations each after a warm-up\n",
+             node.uri, o.domains, o.iterations);
+  if (have_virsh)
+    fmt::print("virsh {}", slurp(node.capture));
+  else
+    fmt::print("virsh: `{}` cannot run; no reference figures\n", o.virsh);
+
+  // Each iteration runs the agent, its steps and virsh one after the other, so that a burst of load
+  // on the machine falls on all of them rather than on whichever ran during it.
+  AgentTimes agent_times;
+  StepTimes step_times;
+  VirshTimes virsh_times;
+  int slept = 0;
+  const vm::Sleeper sleeper = [&](std::chrono::milliseconds) {
+    ++slept;
+    return true;
+  };
+  const VirshScripts scripts = virsh_scripts(o.domains);
+  if (have_virsh) check_virsh_end_state(o, node, scripts);
+
+  for (int it = -1; it < o.iterations; ++it) {  // -1: the warm-up
+    agent_round(node, o.domains, sleeper, agent_times, it >= 0);
+    if (o.steps) steps_round(node, o.domains, step_times, it >= 0);
+    if (have_virsh) virsh_round(o, node, scripts, virsh_times, it >= 0);
+  }
+  if (slept != 0) die("terminate_spot_all slept with grace 0");
+
+  print_agent_table(o, agent_times, step_times);
+  if (have_virsh) print_virsh_table(o, agent_times, virsh_times);
   return 0;
 }
