@@ -19,15 +19,4 @@ bool state_active(std::string_view state) {
          state == "pmsuspended";
 }
 
-std::string_view vm_error_kind(const error::Error& e) {
-  switch (e.code) {
-    case error::Errc::unavailable:
-      return "unavailable";
-    case error::Errc::not_found:
-      return "not-found";
-    default:
-      return "failed";
-  }
-}
-
 }  // namespace gpunode::vmctl

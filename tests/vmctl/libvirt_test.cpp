@@ -139,7 +139,6 @@ TEST_CASE("libvirt test driver: terminate with grace 0 destroys and the record s
   REQUIRE_FALSE(live.has_value());
   CHECK(live.error().code == Errc::invalid);
   CHECK(live.error().native == VIR_ERR_OPERATION_INVALID);
-  CHECK(vm_error_kind(live.error()) == "failed");
 
   // Everything else is as it was.
   auto all = by_name(*hv);
@@ -210,7 +209,6 @@ TEST_CASE("libvirt test driver: unknown domains are not_found") {
   auto s = hv->state(ghost);
   REQUIRE_FALSE(s.has_value());
   CHECK(s.error().code == Errc::not_found);
-  CHECK(vm_error_kind(s.error()) == "not-found");
   // libvirt's own code, kept.
   CHECK(s.error().native == VIR_ERR_NO_DOMAIN);
   CHECK(s.error().origin == Native::libvirt);
@@ -229,7 +227,6 @@ TEST_CASE("libvirt test driver: unknown domains are not_found") {
   CHECK(d.error().code == Errc::invalid);
   CHECK(d.error().native == VIR_ERR_OPERATION_INVALID);
   CHECK(d.error().origin == Native::libvirt);
-  CHECK(vm_error_kind(d.error()) == "failed");
   CHECK(d.error().detail.find("not running") != std::string::npos);
   CHECK(hv->connected());
 }
@@ -244,7 +241,6 @@ TEST_CASE("libvirt: a URI that cannot be opened is unavailable; the next call re
   auto first = hv->list();
   REQUIRE_FALSE(first.has_value());
   CHECK(first.error().code == Errc::unavailable);
-  CHECK(vm_error_kind(first.error()) == "unavailable");
   // Whatever libvirt's code for it (kept), a connection that cannot be opened is unavailable.
   CHECK(first.error().origin == Native::libvirt);
   CHECK(first.error().native != 0);

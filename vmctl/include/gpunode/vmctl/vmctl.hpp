@@ -77,9 +77,6 @@ using VmError = error::Error;
 error::Errc libvirt_code(int code);
 // An Error of libvirt's `code` (native `code`, origin libvirt; none for code 0) with `detail` whole.
 error::Error from_libvirt(int code, std::string detail);
-// The words the hypervisor's errors were told apart by: "unavailable", "not-found", and "failed"
-// for every other code.
-std::string_view vm_error_kind(const error::Error& e);
 
 // Which definition of a domain to read.
 enum class Definition { live, persistent };
