@@ -475,7 +475,8 @@ error::Result<void> open_node(Daemon::Parts& p, const std::shared_ptr<const auth
                              cfg.state.dir,
                              p.opt.version,
                              std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace),
-                             cfg.enforcement.mode};
+                             cfg.enforcement.mode,
+                             {cfg.health.enabled, cfg.health.interval, health_settings_from(cfg)}};
   service::Clock clock = p.opt.clock ? p.opt.clock : [] { return std::chrono::system_clock::now(); };
   auto opened = service::NodeService::open(so, verifier, p.names ? &*p.names : nullptr, clock, p.log_sink());
   if (!opened)

@@ -20,4 +20,10 @@ discovery::Policy policy_from(const config::Config& config) {
   return policy;
 }
 
+health::Settings health_settings_from(const config::Config& config) {
+  return health::Settings{config.health.nonfatal_threshold,
+                          std::chrono::duration_cast<std::chrono::seconds>(config.health.recovery),
+                          config.health.ignore};
+}
+
 }  // namespace gpunode::daemon
