@@ -50,6 +50,7 @@ Request workloads_request(std::string_view node);
 Request metrics_request();
 Request unentitled_request();  // GET /v1/admin/unentitled (CONTRACT §9)
 Request rescan_request();
+Request checkpoint_request();  // POST /v1/admin/audit/checkpoint (CONTRACT §12)
 Request capacity_request(std::string_view node, std::string_view org);
 Request reservation_request(std::string_view node, std::string_view id);
 // One page of a list: `limit` per page and the previous page's nextPageToken.
