@@ -1,7 +1,5 @@
 // gpunode-agent-proof.so: `gpunodectl audit verify`'s check (command_line.hpp, kVerifyEntry), so
 // that gpunodectl maps OpenSSL only when it verifies.
-#include <fmt/format.h>
-
 #include "command_line.hpp"
 #include "gpunode/proof/checkpoint.hpp"
 
@@ -19,14 +17,7 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_audit_verify_v1(std::string_view lin
           message = v.error().detail;
           return 1;
         }
-        if (v->records == 0) {
-          message = fmt::format("whole: no records, {} checkpoints", v->checkpoints);
-          return 0;
-        }
-        message =
-            fmt::format("whole: {} records ({} to {}{}), {} checkpoints, head {} {}", v->records, v->first_id,
-                        v->head_id, v->from_genesis ? "" : ", the first's prevHash as given", v->checkpoints,
-                        v->head_id, v->head_hash);
+        message = gpunode::proof::describe(*v);
         return 0;
       },
       1);

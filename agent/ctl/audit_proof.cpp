@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/json/serialize.hpp>
+#include <charconv>
 
 #include "gpunode/config/file.hpp"
 #include "gpunode/text/printable.hpp"
@@ -24,10 +25,36 @@ Result failed(const Failure& f) {
   return Result{f.exit_code, {}, f.message};
 }
 
-// Every page of one list, its entries appended to `lines`, one JSON object a line.
-std::expected<void, Failure> append_list(
+Failure usage(std::string message) {
+  return Failure{kExitUsage, fmt::format("gpunodectl: {}\n", text::printable(message)), {}};
+}
+
+// aud_N's N (from 1).
+std::optional<std::int64_t> audit_seq(std::string_view id) {
+  if (!id.starts_with("aud_") || id.size() == 4 || id[4] == '0') return std::nullopt;
+  std::int64_t n = 0;
+  const auto* end = id.data() + id.size();
+  const auto [p, ec] = std::from_chars(id.data() + 4, end, n);
+  if (ec != std::errc{} || p != end || n < 1) return std::nullopt;
+  return n;
+}
+
+// A list entry's place in the chain: a record's aud_N, a checkpoint's seq.
+std::optional<std::int64_t> seq_of(const json::value& entry) {
+  const auto* o = entry.if_object();
+  if (o == nullptr) return std::nullopt;
+  if (const auto* seq = o->if_contains("seq"); seq != nullptr && seq->is_int64()) return seq->get_int64();
+  if (const auto* id = o->if_contains("id"); id != nullptr && id->is_string())
+    return audit_seq(id->get_string());
+  return std::nullopt;
+}
+
+// Every page of one list; its entries up to seq `upto` (the signed head) appended to `lines`, one
+// JSON object a line. Entries past it are later than the export's checkpoint: the next export's.
+std::expected<std::vector<std::int64_t>, Failure> append_list(
     const ProofCall& call, std::string_view key,
-    const std::function<Request(const std::optional<std::string>&, std::size_t)>& page, std::string& lines) {
+    const std::function<Request(const std::optional<std::string>&, std::size_t)>& page, std::int64_t upto,
+    std::string& lines) {
   auto all = collect_pages(
       key, std::nullopt,
       [&](const std::optional<std::string>& token, std::size_t limit) { return call(page(token, limit)); });
@@ -35,36 +62,67 @@ std::expected<void, Failure> append_list(
   const auto* list = all->doc.if_contains(key);
   if (list == nullptr || !list->is_array())
     return std::unexpected(failure(fmt::format("bad-answer: no \"{}\" list", key)));
+  std::vector<std::int64_t> seqs;
   for (const auto& entry : list->get_array()) {
+    const auto seq = seq_of(entry);
+    if (!seq) return std::unexpected(failure(fmt::format("bad-answer: a {} entry without its seq", key)));
+    if (*seq > upto) continue;
+    seqs.push_back(*seq);
     lines += json::serialize(entry);
     lines += '\n';
   }
-  return {};
+  return seqs;
 }
 
-// The export's text. The checkpoints are read first: the chain only grows, so the records read
-// after them reach every checkpoint's head. Written records first, then checkpoints.
+// The agent signs the head first (POST /v1/admin/audit/checkpoint): its seq, what the export reads
+// up to, so that it ends signed.
+std::expected<std::int64_t, Failure> sign_head(const ProofCall& call) {
+  auto answer = call(checkpoint_request());
+  if (!answer) return std::unexpected(answer.error());
+  const auto seq = seq_of(answer->doc);
+  if (!seq || *seq < 1)
+    return std::unexpected(failure("bad-answer: POST /v1/admin/audit/checkpoint answered no checkpoint seq"));
+  return *seq;
+}
+
+// The export's text: the records up to the signed head (after `after` when given), then the
+// checkpoints up to it (from the one at `after`, which anchors the records after it).
 std::expected<std::string, Failure> export_text(const ProofCall& call, const std::string& node,
                                                 const std::string& after) {
-  std::optional<std::string> after_id, after_seq;
+  std::optional<std::int64_t> from;
   if (!after.empty()) {
-    after_id = after;
-    after_seq = after.starts_with("aud_") ? after.substr(4) : after;  // the agent says when it is not aud_N
+    from = audit_seq(after);
+    if (!from)
+      return std::unexpected(usage(fmt::format("audit export: --after {}: not an audit id (aud_N)", after)));
   }
+  auto head = sign_head(call);
+  if (!head) return std::unexpected(head.error());
+  if (from && *from >= *head)
+    return std::unexpected(
+        failure(fmt::format("audit export: nothing after {}: the chain's head is aud_{}", after, *head)));
+  const std::optional<std::string> cp_after =
+      from ? std::optional<std::string>(std::to_string(*from - 1)) : std::nullopt;
+  const std::optional<std::string> rec_after = from ? std::optional<std::string>(after) : std::nullopt;
   std::string records, checkpoints;
   auto c = append_list(
       call, "checkpoints",
       [&](const std::optional<std::string>& token, std::size_t limit) {
-        return checkpoints_page(node, after_seq, limit, token);
+        return checkpoints_page(node, cp_after, limit, token);
       },
-      checkpoints);
+      *head, checkpoints);
   if (!c) return std::unexpected(c.error());
+  if (from && (c->empty() || c->front() != *from)) {
+    return std::unexpected(failure(fmt::format(
+        "audit export: no checkpoint signs {}, so the records after it could not be proven; export from the "
+        "start, or --after a signed record (the next is aud_{})",
+        after, c->empty() ? *head : c->front())));
+  }
   auto r = append_list(
       call, "records",
       [&](const std::optional<std::string>& token, std::size_t limit) {
-        return audit_page(node, after_id, limit, token);
+        return audit_page(node, rec_after, limit, token);
       },
-      records);
+      *head, records);
   if (!r) return std::unexpected(r.error());
   return records + checkpoints;
 }
@@ -98,7 +156,8 @@ std::expected<std::string, Failure> read_input(const std::string& path, std::siz
 void proof_arguments(CLI::App& audit, ProofArgs& a) {
   audit.require_subcommand(0, 1);
   auto* ex = audit.add_subcommand("export", "The records, then the signed checkpoints, as JSON lines");
-  ex->add_option("--after", a.after, "Records after this one (aud_N), and the checkpoints after it");
+  ex->add_option("--after", a.after,
+                 "Records after this one (aud_N, a signed record), and the checkpoints from it on");
   ex->add_option("--output", a.output, "Write FILE (atomically, mode 0600) instead of stdout");
   auto* ve = audit.add_subcommand(
       "verify", "Recompute the chain and check its signed checkpoints: an export, else the live agent's");

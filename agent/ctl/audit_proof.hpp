@@ -29,10 +29,14 @@ void proof_arguments(CLI::App& audit, ProofArgs& a);
 // One call to the agent, its answer parsed (Session::call).
 using ProofCall = std::function<std::expected<Page, Failure>(const Request&)>;
 
-// export: every record (GET audit, --after), then every checkpoint (GET audit/checkpoints), one
-// JSON object a line, each as the route gave it; to stdout or, atomically, to --output.
+// export: asks the agent to sign its head (POST /v1/admin/audit/checkpoint), then writes every
+// record up to that head (GET audit, after --after), then every checkpoint up to it (GET
+// audit/checkpoints, from the one at --after, which must exist: it anchors the records after it),
+// one JSON object a line, each as the route gave it; to stdout or, atomically, to --output. An
+// export always ends signed (CONTRACT §12).
 Result audit_export(const ProofCall& call, const std::string& node, const ProofArgs& a);
-// verify: --file and --key offline; else the live chain and the key the agent shows (auditKey).
+// verify: --file and --key offline; else the live chain, read as export reads it (the head signed
+// first), and the key the agent shows (auditKey).
 Result audit_verify(const ProofCall& call, const std::string& node, const ProofArgs& a, const Env& env);
 
 }  // namespace gpunode::ctl

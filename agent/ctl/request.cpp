@@ -183,6 +183,12 @@ Request unentitled_request() {
   return get("/v1/admin/unentitled");
 }
 
+Request checkpoint_request() {
+  Request r = post("/v1/admin/audit/checkpoint", json::object{});
+  r.body.clear();
+  return r;
+}
+
 Request rescan_request() {
   // A scan of a large host takes a while; it is the agent's, not a request's, cost.
   Request r = post("/v1/admin/rescan", json::object{});

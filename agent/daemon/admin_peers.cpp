@@ -3,6 +3,7 @@
 #include <grp.h>
 
 #include <algorithm>
+#include <cerrno>
 
 namespace gpunode::daemon {
 
@@ -33,6 +34,13 @@ std::optional<gid_t> AdminPeers::resolve() {
            buf.size() < (1U << 20))
       buf.resize(buf.size() * 2);
     if (rc == 0 && found != nullptr) found_gid = found->gr_gid;
+    if (rc != 0 && rc != ENOENT && rc != ESRCH) {
+      // The lookup failed (an LDAP or NSS outage), which is not "no such group": the gid known
+      // before stays, so that the group's open admin connections are not closed by a reload or a
+      // rescan that could not ask.
+      std::lock_guard lock{mu_};
+      return name == group_name_ ? gid_ : std::nullopt;
+    }
   }
   std::lock_guard lock{mu_};
   if (name == group_name_) gid_ = found_gid;  // unless configure() changed the name meanwhile

@@ -20,6 +20,7 @@ error::Result<std::shared_ptr<const proof::NodeKey>> load_audit_key(const config
 }
 
 void AuditCheckpoints::start() {
+  checkpoint("at start");
   arm();
 }
 
@@ -31,26 +32,27 @@ void AuditCheckpoints::stop() {
 
 void AuditCheckpoints::arm() {
   if (stopped_) return;
-  timer_.expires_after(interval_);
+  timer_.expires_after(signed_since_start_ ? interval_ : first_within_);
   timer_.async_wait([this](const boost::system::error_code& e) {
     if (e || stopped_) return;
-    checkpoint("periodic");
+    if (checkpoint(signed_since_start_ ? "periodic" : "first since start")) signed_since_start_ = true;
     arm();
   });
 }
 
-void AuditCheckpoints::checkpoint(const char* when) {
+bool AuditCheckpoints::checkpoint(const char* when) {
   auto made = node_.checkpoint_audit();
   if (!made) {
     say_(config::LogLevel::error,
          fmt::format("audit checkpoint ({}) not stored: {}", when, made.error().detail));
-    return;
+    return false;
   }
-  if (!*made) return;  // the chain has not grown
+  if (!*made) return false;  // the chain has not grown
   const auto* seq = (*made)->if_contains("seq");
   say_(config::LogLevel::info, fmt::format("audit checkpoint ({}): aud_{} signed", when,
                                            seq != nullptr && seq->is_int64() ? seq->get_int64() : 0));
   if (stored_) stored_();
+  return true;
 }
 
 }  // namespace gpunode::daemon

@@ -401,6 +401,11 @@ struct Daemon::Parts {
     log.configure(fresh_config.log.level, fresh_config.log.format);
     peers->configure(fresh_config.admin);
     peers->resolve();
+    // Open connections lose what the reload took away, before anything more is answered on them
+    // (CONTRACT §10): admin-socket peers no longer admitted, HTTPS clients whose certificate the
+    // client CA now in force does not accept. The reload's own answer is queued after this.
+    server->recheck_access();
+    admin_server->recheck_access();
     say(LogLevel::info, token_keys_line(**v));
     asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units,
                       mode = fresh_config.enforcement.mode]() mutable {
@@ -512,6 +517,9 @@ error::Result<void> start_driver(Daemon::Parts& p) {
     raw->revision = revision;
     raw->arm_terms();
     if (raw->reporter) raw->reporter->notify();  // a change is a commit, and every event is one
+  };
+  dopt.on_event = [raw] {
+    if (raw->reporter) raw->reporter->notify();
   };
   p.driver.emplace(p.core, *p.node, p.hypervisor, std::move(dopt), p.log_sink());
   p.hypervisor->watch([raw] { raw->driver->workloads_event(); });
@@ -635,7 +643,7 @@ error::Result<std::unique_ptr<Daemon>> Daemon::start(DaemonOptions options) {
       [raw = p.get()] {
         if (raw->reporter) raw->reporter->notify();
       },
-      p->log_sink());
+      p->log_sink(), p->opt.first_checkpoint_within);
   if (auto ok = start_driver(*p); !ok) return std::unexpected(std::move(ok.error()));
   if (auto ok = bind_servers(*p, *tls); !ok) return std::unexpected(std::move(ok.error()));
   if (auto ok = start_reporter(*p, *central); !ok) return std::unexpected(std::move(ok.error()));

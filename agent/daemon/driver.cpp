@@ -78,6 +78,7 @@ Driver::Driver(asio::io_context& core, service::NodeService& node,
       opt_(std::move(options)),
       log_(std::move(log)),
       announced_(node.revision()),
+      announced_event_(node.event_seq()),
       retry_timer_(core),
       event_refresh_(core.get_executor(), opt_.event_delay, Debounce::Mode::after_first,
                      [this] {
@@ -241,7 +242,11 @@ void Driver::park(ApiRequest request, std::shared_ptr<Answer> answer,
 
 void Driver::changed() {
   const auto revision = node_.revision();
-  if (revision == announced_) return;
+  const auto event = std::exchange(announced_event_, node_.event_seq());
+  if (revision == announced_) {
+    if (event != announced_event_ && opt_.on_event) opt_.on_event();
+    return;
+  }
   announced_ = revision;
   if (opt_.on_revision) opt_.on_revision(revision);
   auto woken = std::exchange(parked_, {});

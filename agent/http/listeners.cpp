@@ -348,7 +348,7 @@ void ServerState::on_unix_accept(UnixListener* l, error_code ec, unix_proto::soc
   peer.address = l->path;
   if (peer_allowed(*l, socket.native_handle(), peer) && admit(Peer::Kind::unix_socket, {})) {
     start_plain_session(shared_from_this(), std::move(peer), std::string(),
-                        net::generic::stream_protocol::socket(std::move(socket)));
+                        net::generic::stream_protocol::socket(std::move(socket)), l->filter);
   } else {
     error_code cec;
     socket.close(cec);

@@ -57,6 +57,11 @@ std::vector<std::shared_ptr<SessionBase>> ServerState::live() {
   return out;
 }
 
+std::shared_ptr<ssl::context> ServerState::current_tls() const {
+  std::lock_guard lock(mu);
+  return tls;
+}
+
 }  // namespace detail
 
 Server::Server(net::io_context& io, Limits limits, Handler handler, std::function<void(std::string_view)> log,
@@ -74,6 +79,12 @@ void Server::set_tls_context(std::shared_ptr<ssl::context> tls) {
   if (!tls) return;
   std::lock_guard lock(state_->mu);
   state_->tls = std::move(tls);
+}
+
+void Server::recheck_access() {
+  state_->access_generation.fetch_add(1, std::memory_order_acq_rel);
+  auto live = state_->live();
+  for (auto& s : live) s->recheck();
 }
 
 std::uint16_t Server::tls_port() const {

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -42,6 +43,7 @@ class SessionBase {
   virtual ~SessionBase() = default;
   virtual void drain() = 0;        // any thread: finish the request in flight, then close
   virtual void force_close() = 0;  // any thread: close now
+  virtual void recheck() = 0;      // any thread: close now if the peer is no longer admitted
 };
 
 struct UnixListener {
@@ -67,6 +69,12 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   const Handler handler;
   const LogFn log_fn;
   const Observer observer;
+
+  // Open connections' access (CONTRACT §10 "A reload takes away what it takes away"): moved by
+  // Server::recheck_access. A session checks its peer again when this is past the generation it
+  // last checked at: before it dispatches a request, before it writes an answer, and at once when
+  // recheck() reaches it. Any thread.
+  std::atomic<std::uint64_t> access_generation{0};
 
   // Guards everything below, and every call on an acceptor (initiating an accept, closing it).
   mutable std::mutex mu;
@@ -97,6 +105,8 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
   void remove(std::uint64_t id);
   // The live sessions. Call without holding mu; drop the result without holding it too.
   std::vector<std::shared_ptr<SessionBase>> live();
+  // The context new TLS connections get; it says whether client certificates are required now.
+  std::shared_ptr<ssl::context> current_tls() const;
 
   // listeners.cpp: the listeners, the accept loops and the connection budgets.
   void stop_accepting();
@@ -118,10 +128,17 @@ struct ServerState : std::enable_shared_from_this<ServerState> {
 // the TLS budget counted it under (empty otherwise). The socket's executor is the connection's
 // strand. Plain: the admin socket and listen_plain's TCP, both as a generic stream socket (one
 // instantiation of the session's code for the two). TLS: keeps `ctx` for the connection's life.
+// `filter`: the admin socket's PeerFilter, asked again for the peer when access is rechecked (none
+// for metrics.listen's plain TCP).
 void start_plain_session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
-                         net::generic::stream_protocol::socket socket);
+                         net::generic::stream_protocol::socket socket, PeerFilter filter = {});
 void start_tls_session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
                        std::shared_ptr<ssl::context> ctx, tcp::socket socket);
+
+// tls.cpp: whether the client of `ssl` (its handshake done) presented a certificate that `current`
+// accepts now: its chain verified against current's client CA as a handshake would. True when
+// current requires no client certificate; else false and `why` says what was missing or wrong.
+bool client_certificate_accepted(SSL* ssl, SSL_CTX* current, std::string& why);
 
 }  // namespace detail
 }  // namespace gpunode::http

@@ -50,11 +50,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
  public:
   // Only for a connection ServerState::admit() took: the session gives the place back when it goes.
   template <class... Args>
-  Session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
+  Session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address, PeerFilter filter,
           std::shared_ptr<ssl::context> ctx, Args&&... stream_args)
       : st_(std::move(st)),
         peer_(std::move(peer)),
         budget_address_(std::move(budget_address)),
+        filter_(std::move(filter)),
+        access_checked_(st_->access_generation.load(std::memory_order_acquire)),
         ctx_(std::move(ctx)),
         stream_(std::forward<Args>(stream_args)...),
         ex_(stream_.get_executor()),
@@ -93,6 +95,14 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     net::post(ex_, [self = this->shared_from_this()] { self->close_now(); });
   }
 
+  void recheck() override {
+    net::post(ex_, [self = this->shared_from_this()] {
+      // A TLS client is judged once its handshake is done: at its first request.
+      if (self->closed_ || self->phase_ == Phase::start || self->phase_ == Phase::handshake) return;
+      self->still_admitted();
+    });
+  }
+
  private:
   const Limits& limits() const { return st_->limits; }
   auto& lowest() { return beast::get_lowest_layer(stream_); }
@@ -107,6 +117,40 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     phase_ = Phase::closing;
     answer_wait_.cancel();
     lowest().close();
+  }
+
+  // Whether the peer may still be served; when access was rechecked since this connection last
+  // looked (Server::recheck_access), its peer is judged again, and one no longer admitted is closed
+  // (logged) before anything more is read or answered.
+  bool still_admitted() {
+    const auto now = st_->access_generation.load(std::memory_order_acquire);
+    if (closed_) return false;
+    if (now == access_checked_) return true;
+    access_checked_ = now;
+    std::string why;
+    if (admitted(why)) return true;
+    st_->log(fmt::format("http: {}: {}: connection closed", peer_.address, why));
+    close_now();
+    return false;
+  }
+
+  bool admitted(std::string& why) {
+    if constexpr (kTls) {
+      auto current = st_->current_tls();
+      return !current || client_certificate_accepted(stream_.native_handle(), current->native_handle(), why);
+    } else {
+      bool ok = true;
+      try {
+        ok = !filter_ || filter_(peer_);
+      } catch (...) {
+        ok = false;
+      }
+      if (!ok)
+        why =
+            fmt::format("peer uid={} no longer admitted after a reload of the admin socket's uids and group",
+                        peer_.uid ? static_cast<long long>(*peer_.uid) : -1LL);
+      return ok;
+    }
   }
 
   void do_handshake() {
@@ -274,6 +318,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         parser_->get().body().size() > limits().body) {
       return reject(too_large(), true);  // a chunked body over `body` on another path
     }
+    if (!still_admitted()) return;
     started_ = std::chrono::steady_clock::now();
     phase_ = Phase::handling;
     auto msg = parser_->release();
@@ -327,7 +372,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void send(Response r) {
-    if (closed_) return;
+    if (!still_admitted()) return;
     answer_wait_.cancel();
     unsigned status = r.status;
     if (status < 200 || status > 599) {
@@ -403,7 +448,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   std::shared_ptr<ServerState> st_;
   Peer peer_;
-  std::string budget_address_;  // the client IP its TLS budget place is counted under (empty otherwise)
+  std::string budget_address_;    // the client IP its TLS budget place is counted under (empty otherwise)
+  PeerFilter filter_;             // the admin socket's, asked again by still_admitted (plain sessions)
+  std::uint64_t access_checked_;  // the access generation the peer was last judged at
   std::shared_ptr<ssl::context> ctx_;  // keeps the context this connection started with
   Stream stream_;
   const net::any_io_executor ex_;  // its strand, or the io_context's executor (Limits::one_thread)
@@ -433,9 +480,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 }  // namespace
 
 void start_plain_session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
-                         net::generic::stream_protocol::socket socket) {
-  std::make_shared<Session<PlainStream>>(std::move(st), std::move(peer), std::move(budget_address), nullptr,
-                                         std::move(socket))
+                         net::generic::stream_protocol::socket socket, PeerFilter filter) {
+  std::make_shared<Session<PlainStream>>(std::move(st), std::move(peer), std::move(budget_address),
+                                         std::move(filter), nullptr, std::move(socket))
       ->start();
 }
 
@@ -443,7 +490,7 @@ void start_tls_session(std::shared_ptr<ServerState> st, Peer peer, std::string b
                        std::shared_ptr<ssl::context> ctx, tcp::socket socket) {
   auto& context = *ctx;
   std::make_shared<Session<TlsStream>>(std::move(st), std::move(peer), std::move(budget_address),
-                                       std::move(ctx), std::move(socket), context)
+                                       PeerFilter{}, std::move(ctx), std::move(socket), context)
       ->start();
 }
 

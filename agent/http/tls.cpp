@@ -3,16 +3,19 @@
 #include <fmt/format.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "gpunode/http/client_tls.hpp"
 #include "gpunode/http/server.hpp"
 #include "gpunode/http/tls_files.hpp"
+#include "server_state.hpp"
 
 namespace gpunode::http {
 namespace {
@@ -171,5 +174,38 @@ error::Result<void> check_key_pair(const std::string& cert, const std::string& k
   }
   return {};
 }
+
+namespace detail {
+
+bool client_certificate_accepted(SSL* ssl, SSL_CTX* current, std::string& why) {
+  if ((SSL_CTX_get_verify_mode(current) & SSL_VERIFY_PEER) == 0) return true;  // no client CA now
+  X509* leaf = SSL_get0_peer_certificate(ssl);
+  if (leaf == nullptr) {
+    why = "the client presented no certificate, and api.tls.client_ca now requires one";
+    return false;
+  }
+  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> check(X509_STORE_CTX_new(),
+                                                                        &X509_STORE_CTX_free);
+  // As the handshake verifies a client: the context's CA store and parameters, the SSL client
+  // purpose, the chain the client sent (SSL_get_peer_cert_chain: without the leaf on a server).
+  const bool ready =
+      check &&
+      X509_STORE_CTX_init(check.get(), SSL_CTX_get_cert_store(current), leaf, SSL_get_peer_cert_chain(ssl)) ==
+          1 &&
+      X509_STORE_CTX_set_default(check.get(), "ssl_client") == 1 &&
+      X509_VERIFY_PARAM_set1(X509_STORE_CTX_get0_param(check.get()), SSL_CTX_get0_param(current)) == 1;
+  if (!ready) {
+    why = "the client certificate could not be checked against api.tls.client_ca: " + ssl_reason();
+    return false;
+  }
+  const bool ok = X509_verify_cert(check.get()) == 1;
+  if (!ok)
+    why = fmt::format("the client certificate is not accepted by api.tls.client_ca now: {}",
+                      X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get())));
+  ERR_clear_error();
+  return ok;
+}
+
+}  // namespace detail
 
 }  // namespace gpunode::http

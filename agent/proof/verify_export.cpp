@@ -1,11 +1,14 @@
-// The check of an export (see checkpoint.hpp): the chain by store::verify_chain (the agent's own
-// hash), then each checkpoint against the records and the key.
+// The check of an export (see checkpoint.hpp). It fails closed: "whole" needs records, the ids one
+// after another from where an export must start (aud_1, or the record after a signed anchor), the
+// chain recomputed (store::verify_chain, the agent's own hash), every checkpoint's record and
+// signature, and a checkpoint at the last record. Whatever is missing is the refusal, by name.
 #include <fmt/format.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 
-#include <map>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "gpunode/auth/jwk.hpp"
@@ -16,6 +19,7 @@
 namespace gpunode::proof {
 namespace {
 namespace json = boost::json;
+using store::format_audit_id;
 
 struct Lines {
   std::vector<json::object> records, checkpoints;
@@ -24,6 +28,10 @@ struct Lines {
 // An export or key that is not what it must be (not JSON lines, not one Ed25519 key): invalid.
 std::unexpected<error::Error> malformed(std::string why) {
   return error::fail(error::Errc::invalid, std::move(why));
+}
+// What was written is not whole: corrupt.
+std::unexpected<error::Error> broken(std::string why) {
+  return error::fail(error::Errc::corrupt, std::move(why));
 }
 
 // The export's lines, records and checkpoints apart (records first, then checkpoints).
@@ -85,37 +93,83 @@ bool signature_verifies(const auth::PublicKey& key, std::string_view signature, 
   return ok;
 }
 
-// One checkpoint against the records (by seq) and the key; the break's text, if any.
-std::optional<std::string> check_checkpoint(const json::object& cp, std::size_t n,
-                                            const std::map<std::int64_t, const json::object*>& by_seq,
-                                            const auth::PublicKey& key, std::int64_t& last_seq) {
-  const auto* seq_v = cp.if_contains("seq");
-  const auto seq = seq_v != nullptr && seq_v->is_int64() ? seq_v->get_int64() : std::int64_t{0};
-  if (seq < 1) return fmt::format("checkpoint {}: \"seq\" is not an integer from 1", n);
-  const auto where = fmt::format("checkpoint seq {}", seq);
-  const auto hash = string_at(cp, "hash"), at = string_at(cp, "at");
-  const auto key_id = string_at(cp, "keyId"), sig = string_at(cp, "signature");
-  if (hash.empty() || at.empty() || key_id.empty() || sig.empty())
-    return fmt::format("{}: \"hash\", \"at\", \"keyId\" and \"signature\" must be non-empty strings", where);
-  if (seq <= last_seq) return fmt::format("{}: not after checkpoint seq {}", where, last_seq);
-  last_seq = seq;
-  const auto record = by_seq.find(seq);
-  if (record == by_seq.end())
-    return fmt::format("{}: no record {} in the export", where,
-                       store::format_audit_id(static_cast<std::uint64_t>(seq)));
-  const auto record_hash = string_at(*record->second, "hash");
-  if (hash != record_hash) {
-    return fmt::format("{}: hash differs from {}'s: checkpoint {}, record {}", where,
-                       store::format_audit_id(static_cast<std::uint64_t>(seq)), short_hash(hash),
-                       short_hash(record_hash));
+// A checkpoint line's fields (views into the line).
+struct Checkpoint {
+  std::int64_t seq = 0;
+  std::string_view hash, at, key_id, signature;
+  std::string where() const { return fmt::format("checkpoint seq {}", seq); }
+};
+
+// The checkpoints as given, each with its fields, seqs strictly ascending.
+error::Result<std::vector<Checkpoint>> read_checkpoints(const std::vector<json::object>& lines) {
+  std::vector<Checkpoint> out;
+  for (std::size_t n = 1; n <= lines.size(); ++n) {
+    const auto& o = lines[n - 1];
+    const auto* seq = o.if_contains("seq");
+    Checkpoint cp{seq != nullptr && seq->is_int64() ? seq->get_int64() : std::int64_t{0},
+                  string_at(o, "hash"), string_at(o, "at"), string_at(o, "keyId"), string_at(o, "signature")};
+    if (cp.seq < 1) return broken(fmt::format("checkpoint {}: \"seq\" is not an integer from 1", n));
+    if (cp.hash.empty() || cp.at.empty() || cp.key_id.empty() || cp.signature.empty())
+      return broken(fmt::format("{}: \"hash\", \"at\", \"keyId\" and \"signature\" must be non-empty strings",
+                                cp.where()));
+    if (!out.empty() && cp.seq <= out.back().seq)
+      return broken(fmt::format("{}: not after checkpoint seq {}", cp.where(), out.back().seq));
+    out.push_back(cp);
   }
-  if (key_id != key.thumbprint)
-    return fmt::format("{}: signed by key {}, not by the given key {}", where, key_id, key.thumbprint);
-  const auto raw = auth::from_base64url(sig);
-  const auto message = checkpoint_message(string_at(*record->second, "nodeId"), seq, hash, at);
+  return out;
+}
+
+// Whether `cp` is signed by `key` over NODE_ID\nSEQ\nHASH\nAT; the break's text, if not.
+std::optional<std::string> unsigned_by(const Checkpoint& cp, std::string_view node_id,
+                                       const auth::PublicKey& key) {
+  if (cp.key_id != key.thumbprint)
+    return fmt::format("{}: signed by key {}, not by the given key {}", cp.where(), cp.key_id,
+                       key.thumbprint);
+  const auto raw = auth::from_base64url(cp.signature);
+  const auto message = checkpoint_message(node_id, cp.seq, cp.hash, cp.at);
   if (!raw || raw->size() != 64 || !signature_verifies(key, *raw, message))
-    return fmt::format("{}: signature does not verify with key {}", where, key.thumbprint);
+    return fmt::format("{}: signature does not verify with key {}", cp.where(), key.thumbprint);
   return std::nullopt;
+}
+
+// Where the records must start: aud_1 after 64 zeros, or (an export made with --after ID) the record
+// after ID, after the hash a checkpoint at ID signed. The prevHash the first record must carry.
+error::Result<std::string> start_of(std::uint64_t first, const std::vector<Checkpoint>& cps,
+                                    std::string_view node_id, const auth::PublicKey& key, Verified& out) {
+  if (first == 1) return std::string(store::kGenesisPrevHash);
+  const auto anchor = static_cast<std::int64_t>(first - 1);
+  const auto at =
+      std::find_if(cps.begin(), cps.end(), [&](const Checkpoint& cp) { return cp.seq == anchor; });
+  if (at == cps.end()) {
+    return broken(fmt::format(
+        "the export does not start at aud_1 (its first record is {}), and no signed checkpoint at {} anchors "
+        "it: an export made with --after starts after a checkpoint's record, and carries that checkpoint",
+        format_audit_id(first), format_audit_id(first - 1)));
+  }
+  if (auto why = unsigned_by(*at, node_id, key)) return broken(std::move(*why));
+  out.anchor = first - 1;
+  return std::string(at->hash);
+}
+
+// Each checkpoint (but the anchor, checked by start_of) against the record at its seq and the key.
+error::Result<void> check_checkpoints(const std::vector<Checkpoint>& cps,
+                                      const std::vector<json::object>& records, std::uint64_t first,
+                                      std::string_view node_id, const auth::PublicKey& key,
+                                      const Verified& out) {
+  const auto last = first + records.size() - 1;
+  for (const auto& cp : cps) {
+    const auto seq = static_cast<std::uint64_t>(cp.seq);
+    if (out.anchor && seq == *out.anchor) continue;
+    if (seq < first || seq > last)
+      return broken(fmt::format("{}: no record {} in the export", cp.where(), format_audit_id(seq)));
+    const auto record_hash = string_at(records[seq - first], "hash");
+    if (cp.hash != record_hash) {
+      return broken(fmt::format("{}: hash differs from {}'s: checkpoint {}, record {}", cp.where(),
+                                format_audit_id(seq), short_hash(cp.hash), short_hash(record_hash)));
+    }
+    if (auto why = unsigned_by(cp, node_id, key)) return broken(std::move(*why));
+  }
+  return {};
 }
 
 }  // namespace
@@ -126,39 +180,54 @@ error::Result<Verified> verify_export(std::string_view text, std::string_view pu
   if (!key) return std::unexpected(std::move(key.error()));
   auto lines = split(text);
   if (!lines) return std::unexpected(std::move(lines.error()));
+  const auto& records = lines->records;
+  if (records.empty())
+    return broken(lines->checkpoints.empty() ? "no records: the export is empty"
+                                             : "no records: the export holds only checkpoints");
   Verified out;
-  out.records = lines->records.size();
+  out.records = records.size();
   out.checkpoints = lines->checkpoints.size();
-  std::string first_prev(store::kGenesisPrevHash);
-  if (!lines->records.empty()) {
-    out.first_id = string_at(lines->records.front(), "id");
-    out.from_genesis = out.first_id == "aud_1";
-    // A slice (export --after): the chain is checked from its first record's prevHash, as given.
-    if (!out.from_genesis) first_prev = string_at(lines->records.front(), "prevHash");
-  }
-  if (auto whole = store::verify_chain(lines->records, first_prev); !whole) {
+  out.key_id = key->thumbprint;
+  out.first_id = string_at(records.front(), "id");
+  const auto first = store::parse_audit_id(out.first_id);
+  if (!first) return broken(fmt::format("record 1: {}", first.error().detail));
+  // The node id every signature is over: the records'. Each record's own is part of its hash, so the
+  // chain, once proven, says it is theirs.
+  const auto node_id = string_at(records.front(), "nodeId");
+  auto cps = read_checkpoints(lines->checkpoints);
+  if (!cps) return std::unexpected(std::move(cps.error()));
+  auto first_prev = start_of(*first, *cps, node_id, *key, out);
+  if (!first_prev) return std::unexpected(std::move(first_prev.error()));
+  if (auto whole = store::verify_chain(records, *first_prev); !whole) {
     const auto& b = whole.error();
-    return error::fail(
-        error::Errc::corrupt,
-        fmt::format("{}: {}", b.record_id.empty() ? fmt::format("record {}", b.index + 1) : b.record_id,
-                    b.reason));
+    return broken(fmt::format(
+        "{}: {}", b.record_id.empty() ? fmt::format("record {}", b.index + 1) : b.record_id, b.reason));
   }
-  std::map<std::int64_t, const json::object*> by_seq;
-  for (const auto& r : lines->records) {
-    if (auto seq = store::parse_audit_id(string_at(r, "id")))
-      by_seq.emplace(static_cast<std::int64_t>(*seq), &r);
+  if (auto ok = check_checkpoints(*cps, records, *first, node_id, *key, out); !ok)
+    return std::unexpected(std::move(ok.error()));
+  const auto last = *first + records.size() - 1;
+  const auto signed_to = cps->empty() ? std::uint64_t{0} : static_cast<std::uint64_t>(cps->back().seq);
+  if (signed_to < last) {
+    return broken(
+        fmt::format("no checkpoint covers {}..{}: nothing signed says they were written by the agent",
+                    format_audit_id(std::max(signed_to + 1, *first)), format_audit_id(last)));
   }
-  if (!lines->records.empty()) {
-    out.head_id = string_at(lines->records.back(), "id");
-    out.head_hash = string_at(lines->records.back(), "hash");
-  }
-  std::int64_t last_seq = 0;
-  std::size_t n = 0;
-  for (const auto& cp : lines->checkpoints) {
-    if (auto broken = check_checkpoint(cp, ++n, by_seq, *key, last_seq))
-      return error::fail(error::Errc::corrupt, std::move(*broken));
-  }
+  out.head_id = string_at(records.back(), "id");
+  out.head_hash = string_at(records.back(), "hash");
   return out;
+}
+
+std::string describe(const Verified& v) {
+  const auto from = v.anchor ? fmt::format(
+                                   "after the signed checkpoint at {} (the records up to it are not in this "
+                                   "export and were not checked here)",
+                                   format_audit_id(*v.anchor))
+                             : std::string("from the chain's first record");
+  return fmt::format(
+      "whole: {} record{}, {} to {} {}, every hash recomputed and linked; {} checkpoint{} "
+      "verified with key {}, the last at the head {} {}",
+      v.records, v.records == 1 ? "" : "s", v.first_id, v.head_id, from, v.checkpoints,
+      v.checkpoints == 1 ? "" : "s", v.key_id, v.head_id, v.head_hash);
 }
 
 }  // namespace gpunode::proof

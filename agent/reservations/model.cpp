@@ -98,6 +98,29 @@ bool Reservation::holds_unit(std::string_view unit_id) const {
   return std::find(unit_ids.begin(), unit_ids.end(), unit_id) != unit_ids.end();
 }
 
+OrgIndex::Relations OrgIndex::of(std::string_view org) const {
+  const auto at = counts_.find(org);
+  if (at == counts_.end()) return {};
+  return {at->second.managing > 0, at->second.audience > 0};
+}
+
+void OrgIndex::add(const Reservation& x) {
+  if (x.ended()) return;
+  for (const auto& org : x.managing_org_ids) ++counts_[org].managing;
+  for (const auto& org : x.audience_org_ids) ++counts_[org].audience;
+}
+
+void OrgIndex::remove(const Reservation& x) {
+  if (x.ended()) return;
+  const auto drop = [this](const std::string& org, std::size_t Counts::*field) {
+    auto at = counts_.find(org);
+    if (at == counts_.end() || at->second.*field == 0) return;  // never counted: nothing to take back
+    if (--(at->second.*field) == 0 && at->second == Counts{}) counts_.erase(at);
+  };
+  for (const auto& org : x.managing_org_ids) drop(org, &Counts::managing);
+  for (const auto& org : x.audience_org_ids) drop(org, &Counts::audience);
+}
+
 bool Caller::admin() const {
   return std::find(roles.begin(), roles.end(), "platform-admin") != roles.end();
 }

@@ -25,15 +25,22 @@ Relations relations_of(const Caller& c, const Subject& s, bool through_reservati
   r.admin = c.admin();
   r.operator_role = c.operator_role();
   r.owner = is_owner(c, s.node);
-  // A relation through the node's reservations matters only to a caller without a stronger one:
-  // the scan (O(reservations)) is skipped for an admin and the owner, who pass every rule that
-  // looks through them (an operator does not: terminate-spot asks whether it manages one).
+  // A relation through the node's reservations matters only to a caller without a stronger one: it
+  // is not looked for for an admin and the owner, who pass every rule that looks through them (an
+  // operator does not: terminate-spot asks whether it manages one). The list's OrgIndex answers
+  // it when the list has one (the service's table); else a scan of the list does.
   if (through_reservations && !(r.admin || r.owner) && c.org) {
-    for (const auto& x : s.reservations) {
-      if (x.ended()) continue;
-      r.manager_of_any = r.manager_of_any || manages(c, x);
-      r.audience_of_any = r.audience_of_any || in_audience(c, x);
-      if (r.manager_of_any && r.audience_of_any) break;
+    if (const auto* index = s.reservations.orgs()) {  // one lookup, the same for every org
+      const auto found = index->of(*c.org);
+      r.manager_of_any = found.manager;
+      r.audience_of_any = found.audience;
+    } else {
+      for (const auto& x : s.reservations) {
+        if (x.ended()) continue;
+        r.manager_of_any = r.manager_of_any || manages(c, x);
+        r.audience_of_any = r.audience_of_any || in_audience(c, x);
+        if (r.manager_of_any && r.audience_of_any) break;
+      }
     }
   }
   if (s.reservation != nullptr) {

@@ -2,6 +2,7 @@
 // Change records as its actor.
 #pragma once
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
 #include <optional>
@@ -26,6 +27,16 @@ struct Caller {
     return a;
   }
   std::string by() const { return who.org ? *who.org : who.sub; }
+  // The caller as one value, for what is kept per caller (Idempotency-Keys; CONTRACT §10 "Callers
+  // are tuples"): (via, sub, org, roles sorted) as a JSON array. Each claim is quoted and escaped,
+  // not joined with a separator it may hold: two distinct callers never have the same key.
+  std::string key() const {
+    auto roles = who.roles;
+    std::sort(roles.begin(), roles.end());
+    return boost::json::serialize(boost::json::array{
+        boost::json::value(who.via), boost::json::value(who.sub),
+        who.org ? boost::json::value(*who.org) : boost::json::value(nullptr), strings_json(roles)});
+  }
 };
 
 }  // namespace gpunode::service::detail

@@ -18,6 +18,17 @@ std::expected<std::int64_t, DbError> StateStore::last_checkpoint_seq() {
   return seq;
 }
 
+std::expected<std::optional<std::pair<std::int64_t, std::string>>, DbError> StateStore::last_checkpoint() {
+  auto st = cached("SELECT seq, checkpoint FROM checkpoints ORDER BY seq DESC LIMIT 1");
+  if (!st) return std::unexpected(st.error());
+  auto step = (*st)->step();
+  if (!step) return std::unexpected(step.error());
+  std::optional<std::pair<std::int64_t, std::string>> out;
+  if (*step == store::Statement::Step::row) out.emplace((*st)->column_int64(0), (*st)->column_text(1));
+  (*st)->reset();
+  return out;
+}
+
 std::expected<void, DbError> StateStore::commit_checkpoint(const json::object& checkpoint,
                                                            std::string_view at,
                                                            std::chrono::system_clock::time_point wall) {

@@ -16,20 +16,56 @@ void NodeService::set_audit_key(std::shared_ptr<const proof::NodeKey> key) {
 }
 
 error::Result<std::optional<boost::json::object>> NodeService::checkpoint_audit() {
-  auto& s = impl_->store;
-  if (!impl_->audit_key) return std::nullopt;
-  const auto [seq, hash] = s.audit_head();
-  if (seq == 0) return std::nullopt;  // no record yet
-  auto last = s.last_checkpoint_seq();
+  if (!impl_->audit_key || impl_->store.audit_head().first == 0) return std::nullopt;  // no key, no record
+  auto made = impl_->checkpoint_head();
+  if (!made) return std::unexpected(std::move(made.error()));
+  if (!made->second) return std::nullopt;  // the chain has not grown since the last one
+  return std::move(made->first);
+}
+
+std::int64_t NodeService::event_seq() const {
+  return impl_->store.event_seq();
+}
+
+// The checkpoint of the head (there is a record and a key): the last one stored when it is at the
+// head, else a new one, signed and stored with its event; and whether it is new.
+error::Result<std::pair<json::object, bool>> NodeService::Impl::checkpoint_head() {
+  const auto [seq, hash] = store.audit_head();
+  auto last = store.last_checkpoint();
   if (!last) return std::unexpected(error::with_kind(std::move(last.error())));
-  if (*last >= seq) return std::nullopt;  // the chain has not grown since
-  const auto wall = impl_->clock();
+  if (*last && (*last)->first >= seq) {
+    boost::system::error_code ec;
+    auto kept = json::parse((*last)->second, ec);
+    if (ec || !kept.is_object())
+      return error::fail(error::Errc::corrupt, fmt::format("audit checkpoint {} is not a JSON object", seq));
+    return std::pair{std::move(kept.get_object()), false};
+  }
+  const auto wall = clock();
   const auto at = r::format_time(detail::to_time(wall));
-  auto cp = proof::make_checkpoint(*impl_->audit_key, impl_->opt.node_id, seq, hash, at);
+  auto cp = proof::make_checkpoint(*audit_key, opt.node_id, seq, hash, at);
   if (!cp) return std::unexpected(std::move(cp.error()));
-  if (auto stored = s.commit_checkpoint(*cp, at, wall); !stored)
+  if (auto stored = store.commit_checkpoint(*cp, at, wall); !stored)
     return std::unexpected(error::with_kind(std::move(stored.error())));
-  return std::move(*cp);
+  return std::pair{std::move(*cp), true};
+}
+
+// POST /v1/admin/audit/checkpoint (admin socket only): the checkpoint of the chain's head, made now
+// when the head moved since the last one, else the last one. gpunodectl's export and live verify ask
+// first, so that what they read ends signed. Not audited: an audit record would move the head.
+ApiResponse NodeService::Impl::checkpoint_route(const ApiRequest& q) {
+  if (q.method != "POST") return method_not_allowed("POST");
+  if (!audit_key) return problem(503, "audit-signing-unavailable", "this agent has no audit signing key");
+  if (store.audit_head().first == 0)
+    return problem(409, "audit-empty", "the audit chain has no records yet: there is nothing to sign");
+  auto made = checkpoint_head();
+  if (!made) {
+    say(LogLevel::error, "audit checkpoint (asked for): " + made.error().to_string());
+    return problem(503, "audit-signing-unavailable",
+                   fmt::format("the head could not be signed: {}", made.error().kind()));
+  }
+  if (made->second)
+    say(LogLevel::info, fmt::format("audit checkpoint (asked for): aud_{} signed", store.audit_head().first));
+  return json_response(std::move(made->first));
 }
 
 // {"checkpoints": [...], "nextPageToken", "auditKey"}: oldest first, after=SEQ and pageToken (the

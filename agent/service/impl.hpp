@@ -175,7 +175,6 @@ struct NodeService::Impl {
 
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
-  static std::string caller_key(const Caller& c);
   ApiResponse commit_response(Change& c, ApiResponse resp);
   void purge_idempotency();
   r::Time last_purge{};
@@ -250,6 +249,8 @@ struct NodeService::Impl {
   // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
   std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start
   ApiResponse audit_checkpoints(const ApiRequest& q, const Caller& c);
+  ApiResponse checkpoint_route(const ApiRequest& q);
+  error::Result<std::pair<json::object, bool>> checkpoint_head();
 };
 
 // The reads a route may make beyond its facts (decision.hpp), for one request.

@@ -202,10 +202,6 @@ std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequ
   return std::move(*who);
 }
 
-std::string NodeService::Impl::caller_key(const Caller& c) {
-  return fmt::format("{}|{}|{}", c.who.via, c.who.sub, c.who.org.value_or(""));
-}
-
 // ---- what a route may ask (decision.hpp's Lookups) ----------------------------------------------
 // Idempotency-Key: the draft to store with the change, or the answer to give now (a replay, a 409
 // while the first call runs, a 422 for another request under the same key).
@@ -217,7 +213,7 @@ std::expected<std::optional<IdempotencyDraft>, ApiResponse> NodeService::Impl::A
     return std::unexpected(problem(400, "invalid-request", "Idempotency-Key must be 1 to 256 characters",
                                    {{"Idempotency-Key", "must be 1 to 256 characters"}}));
   auto fp = store::sha256_hex(q.method + " " + q.path + "\n" + q.body);
-  IdempotencyDraft d{caller_key(c), std::string(*key), fp.value_or(""), {}};
+  IdempotencyDraft d{c.key(), std::string(*key), fp.value_or(""), {}};
   // A call with this key still running (terminations waiting out their grace): its answer is not
   // stored yet, and a second call must neither start again nor overwrite it.
   if (impl_.terminations.running_key(d.caller, d.key)) {

@@ -25,26 +25,6 @@ namespace {
 constexpr std::size_t kDefaultLimit = 100;
 constexpr std::size_t kMaxLimit = 500;
 
-// The rules look at the caller's org, roles and transport: callers alike there get the same
-// answer, so one rendering serves them all.
-// Asked on every read the snapshot answers: built by appending, and the roles sorted only when
-// there are several.
-std::string class_key(std::string_view route, const r::Caller& who) {
-  std::string key;
-  key.reserve(route.size() + who.via.size() + 64);
-  ((((key += route) += '\x1f') += who.via) += '\x1f') += who.org ? std::string_view(*who.org) : "";
-  key += '\x1f';
-  const auto add = [&key](std::string_view role) { (key += role) += '\x1e'; };
-  if (who.roles.size() < 2) {
-    for (const auto& role : who.roles) add(role);
-  } else {
-    auto roles = who.roles;
-    std::sort(roles.begin(), roles.end());
-    for (const auto& role : roles) add(role);
-  }
-  return key;
-}
-
 ApiResponse with_etag(ApiResponse resp) {
   if (resp.status == 200 && !resp.header("ETag")) resp.headers.emplace_back("ETag", strong_etag(resp.body));
   return resp;
@@ -85,6 +65,27 @@ std::expected<StatePoll, ApiResponse> state_poll(const ApiRequest& q) {
 
 }  // namespace
 
+// The rules look at the caller's org, roles and transport: callers alike there get the same
+// answer, so one rendering serves them all. Asked on every read the snapshot answers: it copies
+// nothing, and sorts the roles only when there are several out of order.
+AnswerClass AnswerClass::of(std::string_view route, const r::Caller& who, std::vector<std::string>& sorted) {
+  std::span<const std::string> roles = who.roles;
+  if (!std::is_sorted(roles.begin(), roles.end())) {
+    sorted = who.roles;
+    std::sort(sorted.begin(), sorted.end());
+    roles = sorted;
+  }
+  return {route, who.via, who.org ? std::optional<std::string_view>(*who.org) : std::nullopt, roles};
+}
+
+std::strong_ordering compare(const AnswerClass& a, const AnswerClass& b) {
+  if (auto c = a.route <=> b.route; c != 0) return c;
+  if (auto c = a.via <=> b.via; c != 0) return c;
+  if (auto c = a.org <=> b.org; c != 0) return c;
+  return std::lexicographical_compare_three_way(a.roles.begin(), a.roles.end(), b.roles.begin(),
+                                                b.roles.end());
+}
+
 json::object unit_json(const r::NodeView& node, const ReservationTable& reservations,
                        const discovery::Unit& u, const r::Caller& who) {
   return discovery::unit_to_json(u, r::visible_reservation_ids(who, node, reservations.all(), u.id));
@@ -113,7 +114,8 @@ json::array units_json(const r::NodeView& node, const ReservationTable& reservat
 // see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
 ApiResponse units_answer(const Snapshot& s, const r::Caller& who) {
   if (!r::may(r::Action::list_units, who, on_node(s))) return problem(404, "not-found", "no such resource");
-  return *s.answer(class_key("units", who), [&] {
+  std::vector<std::string> sorted;
+  return *s.answer(AnswerClass::of("units", who, sorted), [&] {
     return with_etag(json_response(json::object{
         {"nodeId", s.node.node_id}, {"units", units_json(s.node, s.reservations, s.inventory, who)}}));
   });
@@ -136,7 +138,8 @@ std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest
     not_modified.headers.emplace_back("ETag", etag);
     return not_modified;
   }
-  return *s.answer(class_key("state", who), [&] {
+  std::vector<std::string> sorted;
+  return *s.answer(AnswerClass::of("state", who, sorted), [&] {
     json::array rs;
     for (const auto& x : s.reservations) rs.emplace_back(to_json(x));
     auto resp = json_response(json::object{{"nodeId", s.node.node_id},

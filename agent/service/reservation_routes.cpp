@@ -45,6 +45,7 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     if (q.method != "GET") return method_not_allowed("GET");
     return unentitled_route();
   }
+  if (q.path == "/v1/admin/audit/checkpoint" && q.via_admin_socket()) return checkpoint_route(q);
   if (q.path == "/v1/admin/domain-admission" && q.via_admin_socket()) {
     if (q.method != "POST") return method_not_allowed("POST");
     return domain_admission(q);
@@ -66,7 +67,10 @@ ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
 
 Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
                                       const std::vector<std::string>& seg) {
-  if (seg[2] != opt.node_id || !allowed(r::Action::see_node, c)) return not_found();
+  // Asked whatever the node id (one lookup): a node id that is not this node costs what this node's
+  // does to a caller that does not see it (CONTRACT §10 "Hiding includes time").
+  const bool sees = allowed(r::Action::see_node, c);
+  if (seg[2] != opt.node_id || !sees) return not_found();
   const std::size_t n = seg.size();
   const Asks asks(*this, q);
   auto decide = [&](std::string_view method, auto&& route, auto&&... args) -> Outcome {
@@ -139,16 +143,25 @@ ApiResponse NodeService::Impl::stored_reservations(const ApiRequest& q, const Ca
   return page.answer();
 }
 
+// Found the same way whether it is live, ended, hidden from the caller or not there at all: the
+// store is asked every time (it holds every reservation), then the live copy is taken when there is
+// one (CONTRACT §10 "Hiding includes time": a live one must not answer sooner than a missing id).
 const r::Reservation* NodeService::Impl::find_reservation(std::string_view id,
                                                           std::optional<r::Reservation>& kept) {
-  if (const auto* x = reservations.find(id)) return x;
-  auto stored = store.reservation(id);
+  auto stored = store.reservation_row(id);
   if (!stored) {
     say(LogLevel::error, "reservation read: " + stored.error().to_string());
     return nullptr;
   }
-  kept = std::move(*stored);
-  return kept ? &*kept : nullptr;
+  if (const auto* x = reservations.find(id)) return x;
+  if (!*stored) return nullptr;
+  auto parsed = store.parse_reservation(std::string(id), **stored);
+  if (!parsed) {
+    say(LogLevel::error, "reservation read: " + parsed.error().to_string());
+    return nullptr;
+  }
+  kept = std::move(*parsed);
+  return &*kept;
 }
 
 ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {

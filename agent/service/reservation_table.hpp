@@ -3,7 +3,7 @@
 // grows with what is live, not with history (CONTRACT §11). A sorted vector of shared, immutable
 // reservations: the rules read it as a list (reservations::ReservationsView), a snapshot copies its
 // pointers and shares the reservations themselves, and a change replaces one pointer (a new id is
-// the newest, so a create appends).
+// the newest, so a create appends). Its OrgIndex answers "which orgs see the node" by lookup.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@ class ReservationTable {
   using List = std::vector<reservations::SharedReservation>;
   using const_iterator = reservations::ReservationsView::iterator;
 
-  [[nodiscard]] reservations::ReservationsView all() const { return list_; }
+  [[nodiscard]] reservations::ReservationsView all() const { return {list_, &orgs_}; }
   [[nodiscard]] const_iterator begin() const { return all().begin(); }
   [[nodiscard]] const_iterator end() const { return all().end(); }
   [[nodiscard]] std::size_t size() const { return list_.size(); }
@@ -45,19 +45,27 @@ class ReservationTable {
   void put(const reservations::Reservation& x) {
     auto shared = std::make_shared<const reservations::Reservation>(x);
     auto at = lower(x.id);
-    if (at != list_.end() && (*at)->id == x.id)
+    orgs_.add(x);
+    if (at != list_.end() && (*at)->id == x.id) {
+      orgs_.remove(**at);
       list_[static_cast<std::size_t>(at - list_.begin())] = std::move(shared);
-    else
+    } else {
       list_.insert(at, std::move(shared));
+    }
   }
   // Drops the reservation with this id (it ended); whether it was here.
   bool erase(std::string_view id) {
     auto at = lower(id);
     if (at == list_.end() || (*at)->id != id) return false;
+    orgs_.remove(**at);
     list_.erase(at);
     return true;
   }
-  void assign(List sorted) { list_ = std::move(sorted); }
+  void assign(List sorted) {
+    list_ = std::move(sorted);
+    orgs_ = {};
+    for (const auto& x : list_) orgs_.add(*x);
+  }
 
  private:
   [[nodiscard]] List::const_iterator lower(std::string_view id) const {
@@ -65,6 +73,7 @@ class ReservationTable {
                             [](const auto& x, std::string_view v) { return x->id < v; });
   }
   List list_;
+  reservations::OrgIndex orgs_;  // of list_, kept by put, erase and assign
 };
 
 }  // namespace gpunode::service::detail

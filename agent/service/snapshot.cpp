@@ -39,9 +39,10 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
   if (!caller) return std::nullopt;
   const r::Caller& who = caller->who;
   const auto seg = q.segments();
-  if (seg.size() < 4 || seg.size() > 5 || seg[2] != s->node.node_id ||
-      !r::may(r::Action::see_node, who, r::Subject{s->node, s->reservations.all(), nullptr, {}}))
-    return std::nullopt;
+  // Asked whatever the node id: one lookup (the table's OrgIndex), so a node id that is not this
+  // node costs what this node's does to a caller that does not see it (CONTRACT §10).
+  const bool sees = r::may(r::Action::see_node, who, r::Subject{s->node, s->reservations.all(), nullptr, {}});
+  if (seg.size() < 4 || seg.size() > 5 || seg[2] != s->node.node_id || !sees) return std::nullopt;
   std::optional<ApiResponse> answer;
   if (seg.size() == 4 && seg[3] == "units") {
     answer = units_answer(*s, who);

@@ -9,6 +9,7 @@
 
 #include <boost/json.hpp>
 #include <chrono>
+#include <compare>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -29,6 +31,39 @@
 #include "reservation_table.hpp"
 
 namespace gpunode::service::detail {
+
+// A route and a class of callers the read rules cannot tell apart (their transport, org and roles):
+// what a rendering is kept under. A tuple compared as values (CONTRACT §10 "Callers are tuples"),
+// never joined into one string a claim could forge another class's with. The view a read looks up
+// by (it allocates nothing); AnswerKey owns one.
+struct AnswerClass {
+  std::string_view route;
+  std::string_view via;
+  std::optional<std::string_view> org;
+  std::span<const std::string> roles;  // sorted
+  // `sorted` holds the roles sorted when who's are not (two or more, out of order); it must live
+  // as long as the class.
+  static AnswerClass of(std::string_view route, const reservations::Caller& who,
+                        std::vector<std::string>& sorted);
+};
+std::strong_ordering compare(const AnswerClass& a, const AnswerClass& b);
+struct AnswerKey {
+  explicit AnswerKey(const AnswerClass& c)
+      : route(c.route), via(c.via), org(c.org), roles(c.roles.begin(), c.roles.end()) {}
+  AnswerClass view() const { return {route, via, org, roles}; }
+  std::string route, via;
+  std::optional<std::string> org;
+  std::vector<std::string> roles;
+};
+struct AnswerLess {
+  using is_transparent = void;
+  static AnswerClass view(const AnswerClass& c) { return c; }
+  static AnswerClass view(const AnswerKey& k) { return k.view(); }
+  template <class A, class B>
+  bool operator()(const A& a, const B& b) const {
+    return compare(view(a), view(b)) < 0;
+  }
+};
 
 struct Snapshot {
   std::uint64_t generation = 0;  // the core's generation it was built at
@@ -45,7 +80,7 @@ struct Snapshot {
   // The answer for `key` (a route and a class of caller), rendered by `render` the first time.
   // Any thread; at most kMaxAnswers kept (then the table starts again).
   template <class Render>
-  std::shared_ptr<const ApiResponse> answer(const std::string& key, Render&& render) const {
+  std::shared_ptr<const ApiResponse> answer(const AnswerClass& key, Render&& render) const {
     {
       std::lock_guard lock(mu_);
       if (auto hit = answers_.find(key); hit != answers_.end()) return hit->second;
@@ -53,13 +88,13 @@ struct Snapshot {
     auto made = std::make_shared<const ApiResponse>(render());
     std::lock_guard lock(mu_);
     if (answers_.size() >= kMaxAnswers) answers_.clear();
-    return answers_.emplace(key, std::move(made)).first->second;
+    return answers_.emplace(AnswerKey(key), std::move(made)).first->second;
   }
   static constexpr std::size_t kMaxAnswers = 64;
 
  private:
   mutable std::mutex mu_;
-  mutable std::map<std::string, std::shared_ptr<const ApiResponse>, std::less<>> answers_;  // guarded by mu_
+  mutable std::map<AnswerKey, std::shared_ptr<const ApiResponse>, AnswerLess> answers_;  // guarded by mu_
 };
 
 // The read routes, as functions of a snapshot and a caller: the same code answers on the core

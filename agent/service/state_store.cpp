@@ -221,16 +221,23 @@ std::expected<void, DbError> StateStore::read(std::string_view sql, Row row, con
 
 std::expected<std::optional<reservations::Reservation>, DbError> StateStore::reservation(
     std::string_view id) {
-  std::optional<reservations::Reservation> out;
+  auto row = reservation_row(id);
+  if (!row) return std::unexpected(row.error());
+  if (!*row) return std::nullopt;
+  auto x = parse_reservation(std::string(id), **row);
+  if (!x) return std::unexpected(x.error());
+  return std::move(*x);
+}
+
+std::expected<std::optional<std::string>, DbError> StateStore::reservation_row(std::string_view id) {
+  std::optional<std::string> out;
   auto done = read(
       "SELECT doc FROM reservations WHERE id = ?1",
       [&](store::Statement& row) -> std::expected<void, DbError> {
-        auto x = parse_reservation(std::string(id), row.column_text(0));
-        if (!x) return std::unexpected(x.error());
-        out = std::move(*x);
+        out = row.column_text(0);
         return {};
       },
-      std::string(id));
+      id);
   if (!done) return std::unexpected(done.error());
   return out;
 }

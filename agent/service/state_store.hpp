@@ -160,6 +160,9 @@ class StateStore {
   std::expected<void, store::DbError> bump_revision();
 
   std::int64_t revision() const { return revision_; }
+  // The seq of the last event stored in the outbox (0 before the first): it moves with every commit
+  // that stores an event, also one that does not move the revision (an audit checkpoint).
+  std::int64_t event_seq() const { return event_seq_; }
   // Called each time the revision moves, after the transaction committed and before commit()
   // or bump_revision() returns.
   void on_revision_moved(std::function<void()> f) { on_moved_ = std::move(f); }
@@ -179,6 +182,10 @@ class StateStore {
 
   // One stored reservation, ended or not (ended ones are not in memory: CONTRACT §11).
   std::expected<std::optional<reservations::Reservation>, store::DbError> reservation(std::string_view id);
+  // One stored reservation's document as stored, unparsed (parse_reservation reads it).
+  std::expected<std::optional<std::string>, store::DbError> reservation_row(std::string_view id);
+  std::expected<reservations::Reservation, store::DbError> parse_reservation(const std::string& id,
+                                                                             const std::string& doc) const;
   // Up to `q.limit` stored reservations (see StoredRows).
   std::expected<std::vector<reservations::Reservation>, store::DbError> reservations_after(
       const StoredRows& q);
@@ -192,6 +199,8 @@ class StateStore {
   std::pair<std::int64_t, std::string> audit_head() const { return {audit_seq_, audit_last_hash_}; }
   // The head seq of the last checkpoint stored; 0 when there is none.
   std::expected<std::int64_t, store::DbError> last_checkpoint_seq();
+  // The last checkpoint stored, as (seq, stored JSON text); nothing when there is none.
+  std::expected<std::optional<std::pair<std::int64_t, std::string>>, store::DbError> last_checkpoint();
   // Stores `checkpoint` (its "seq" is its key) and its audit.checkpoint event, stamped `at`, in one
   // transaction. Not a change of the node's state: the revision does not move.
   std::expected<void, store::DbError> commit_checkpoint(const boost::json::object& checkpoint,
@@ -204,8 +213,6 @@ class StateStore {
  private:
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
   std::expected<void, store::DbError> load();
-  std::expected<reservations::Reservation, store::DbError> parse_reservation(const std::string& id,
-                                                                             const std::string& doc) const;
   // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
   std::expected<store::Statement*, store::DbError> cached(std::string_view sql);
   template <class... Args>

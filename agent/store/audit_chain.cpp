@@ -97,8 +97,8 @@ std::expected<void, ChainBreak> verify_chain(const std::vector<boost::json::obje
       brk.reason = std::move(seq.error().detail);
       return std::unexpected(std::move(brk));
     }
-    if (i > 0 && *seq <= prev_seq) {
-      brk.reason = fmt::format("id not ascending: {} after {}", brk.record_id, format_audit_id(prev_seq));
+    if (i > 0 && *seq != prev_seq + 1) {
+      brk.reason = fmt::format("ids jump from {} to {}", format_audit_id(prev_seq), brk.record_id);
       return std::unexpected(std::move(brk));
     }
     const auto* stored = r.if_contains("hash");

@@ -5,6 +5,8 @@
 //   api_bench post   --port P --ca FILE --path PATH --token-file F --unit ID [--warmup N] [--requests N]
 //                    [--kind later|now] [--offset HOURS]
 //   api_bench commit --dir DIR [--warmup N] [--transactions N]
+//   api_bench pairs  --port P --ca FILE --token-file F --path-a A --path-b B [--pairs N] [--warmup N]
+//                    [--status S]
 //
 // get     GET PATH over TLS to 127.0.0.1:P with keep-alive: latency of `requests` sequential
 //         requests on one connection after `warmup`, then throughput of `conns` connections
@@ -18,6 +20,10 @@
 // commit  the reference for post: a bare SQLite database in DIR (journal_mode=WAL,
 //         synchronous=FULL, as the agent's), `transactions` transactions inserting one ~1 KiB
 //         row each, then as many inserting three (the agent's reservation + audit + outbox).
+// pairs   A and B asked alternately on one keep-alive connection, `pairs` times after `warmup` pairs,
+//         which of the two goes first in a pair drawn at random: each one's latencies, the median
+//         of the paired differences (A - B) and how often A was the slower. Every answer must be
+//         `status` (default 404): CONTRACT §10 "Hiding includes time" (hiding_bench.py).
 //
 // Each prints one JSON object on stdout (latencies in microseconds); the driver makes the table.
 // The client pins TLS 1.3 with TLS_AES_128_GCM_SHA256 so every server is measured with the same
@@ -520,9 +526,60 @@ int run_commit(const Args& a) {
 
 }  // namespace
 
+// ---- paired requests -------------------------------------------------------------------------
+
+int run_pairs(const Args& a) {
+  ssl::context ctx = make_tls(a.str("ca"));
+  const auto token = read_file(a.str("token-file"));
+  const auto want = static_cast<unsigned>(a.num("status", 404));
+  const int warmup = a.num("warmup", 200), pairs = a.num("pairs", 2000);
+  auto req_a = make_request(bhttp::verb::get, a.str("path-a"), token);
+  auto req_b = make_request(bhttp::verb::get, a.str("path-b"), token);
+  req_a.prepare_payload();
+  req_b.prepare_payload();
+  Conn c(ctx, static_cast<unsigned short>(a.num("port", 0)));
+  std::mt19937 coin(20261207);
+  std::vector<double> la, lb, diff;
+  std::size_t a_slower = 0;
+  std::string body;
+  const auto timed = [&](bhttp::request<bhttp::string_body>& req) {
+    const auto t0 = Clock::now();
+    const unsigned st = c.roundtrip(req, body);
+    const double us = micros(Clock::now() - t0);
+    expect(st, want, std::string(req.target()), body);
+    return us;
+  };
+  for (int i = 0; i < warmup + pairs; ++i) {
+    double ta = 0, tb = 0;
+    if ((coin() & 1U) != 0) {
+      ta = timed(req_a);
+      tb = timed(req_b);
+    } else {
+      tb = timed(req_b);
+      ta = timed(req_a);
+    }
+    if (i < warmup) continue;
+    la.push_back(ta);
+    lb.push_back(tb);
+    diff.push_back(ta - tb);
+    if (ta > tb) ++a_slower;
+  }
+  std::sort(diff.begin(), diff.end());
+  const double diff_p50 = diff.empty() ? 0 : diff[diff.size() / 2];
+  std::printf(
+      "%s\n",
+      fmt::format(R"({{"mode": "pairs", "path_a": "{}", "path_b": "{}", "pairs": {}, "a": {}, "b": {}, )"
+                  R"("diff_p50_us": {:.2f}, "a_slower": {:.3f}}})",
+                  std::string(req_a.target()), std::string(req_b.target()), la.size(), json_of(summarize(la)),
+                  json_of(summarize(lb)), diff_p50,
+                  la.empty() ? 0.0 : static_cast<double>(a_slower) / static_cast<double>(la.size()))
+          .c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: api_bench get|post|commit --option value ...\n");
+    std::fprintf(stderr, "usage: api_bench get|post|commit|pairs --option value ...\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -536,6 +593,7 @@ int main(int argc, char** argv) {
     if (mode == "get") return run_get(a);
     if (mode == "post") return run_post(a);
     if (mode == "commit") return run_commit(a);
+    if (mode == "pairs") return run_pairs(a);
   } catch (const std::exception& e) {
     die(e.what());
   }

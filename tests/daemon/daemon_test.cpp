@@ -63,6 +63,24 @@ TEST_CASE("daemon: the admin socket's group is admin.allowed_group when it exist
   CHECK((st.st_mode & 0777) == 0660);
 }
 
+TEST_CASE("daemon: the first record after start is signed soon, not an audit.checkpoint_interval later") {
+  Node n;
+  n.first_checkpoint_within_ = 300ms;  // 30 s in a real agent; the interval stays the default 1 h
+  n.start();
+  n.create(U1);
+  const auto head = [&] {
+    auto records = Node::body(n.call("GET", Node::path("/audit"), n.admin())).at("records").as_array();
+    return records.empty() ? std::string() : std::string(records.back().at("id").as_string());
+  };
+  const auto signed_head = [&] {
+    auto cps =
+        Node::body(n.call("GET", Node::path("/audit/checkpoints"), n.admin())).at("checkpoints").as_array();
+    return cps.empty() ? std::string() : fmt::format("aud_{}", cps.back().at("seq").as_int64());
+  };
+  REQUIRE_FALSE(head().empty());
+  CHECK(eventually([&] { return signed_head() == head(); }, 10s));
+}
+
 TEST_CASE("daemon: a second agent on the same state directory refuses to start, naming it and the holder") {
   Node n;
   n.start();

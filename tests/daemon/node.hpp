@@ -135,7 +135,10 @@ log:
   }
 
   gpunode::error::Result<std::unique_ptr<Daemon>> make() {
-    return Daemon::start({(dir_ / "agent.yaml").string(), "/nonexistent/pci.ids", "test", hv_, clock_});
+    gpunode::daemon::DaemonOptions o{(dir_ / "agent.yaml").string(), "/nonexistent/pci.ids", "test", hv_,
+                                     clock_};
+    o.first_checkpoint_within = first_checkpoint_within_;
+    return Daemon::start(std::move(o));
   }
   void start() {
     auto d = make();
@@ -223,6 +226,7 @@ log:
 
   std::string log_level_ = "error";
   gpunode::service::Clock clock_;  // empty: the system's
+  std::chrono::milliseconds first_checkpoint_within_ = gpunode::daemon::AuditCheckpoints::kFirstWithin;
   gpunode::testing::Tree tree_;
   gpunode::auth::testing::TestKey key_;
   fs::path dir_;

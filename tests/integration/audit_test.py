@@ -11,13 +11,20 @@ central API over real mTLS:
     file with the key and live, and the export recomputes independently here (hashlib + json.dumps
     per §4, the signatures with `openssl pkeyutl -verify -rawin`, keyId per RFC 7638);
   - tampering is caught and named, exit 1: a changed field, a dropped record, a reordered pair, a
-    forged checkpoint (hash, signature), another key.
+    forged checkpoint (hash, signature), another key; and issue 37's forgeries, which need the
+    verifier to fail closed: a chain rewritten whole without its checkpoints, a record fabricated,
+    the head cut off, a record rewritten or appended after the last checkpoint, an empty file, ids
+    with gaps;
+  - the export ends signed (POST /v1/admin/audit/checkpoint first), also one second after start;
+    an export --after a signed record is anchored by its checkpoint, and refused after one that is
+    not signed.
 
     audit_test.py PATH/TO/gpunode-agent   (gpunodectl beside it)"""
 import base64
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -72,6 +79,8 @@ def independent(c, lab, lines, pub):
             bad.append(cp)
     c.check(f"independent: {len(cps)} checkpoints hold their record's hash, keyId {kid}, and verify with openssl",
             cps and not bad, bad[:2])
+    c.check("independent: a checkpoint covers the last record (the export ends signed)",
+            recs and cps and max(cp["seq"] for cp in cps) == int(recs[-1]["id"][4:]), (recs[-1:], cps[-1:]))
 
 
 def tampered(c, lab, lines, pub, label, edit, want):
@@ -88,6 +97,112 @@ def edit_record(lines, idx, key, value):
     r[key] = value
     lines[idx] = json.dumps(r, separators=(",", ":"), ensure_ascii=False)
     return lines
+
+
+def sealed(records, first=0):
+    """The records from index `first` sealed again after the one before: a forger's chain that holds."""
+    for i in range(first, len(records)):
+        records[i]["prevHash"] = records[i - 1]["hash"] if i else "0" * 64
+        records[i]["hash"] = L.audit_hash(records[i])
+    return records
+
+
+def dumps(objs):
+    return [json.dumps(o, separators=(",", ":"), ensure_ascii=False) for o in objs]
+
+
+def forgeries(c, lab, lines, pub):
+    """Issue 37's table: exports an attacker with the node's public key makes, each of which the
+    verifier once passed. Each exits 1 now, naming what is missing or broken (the message printed)."""
+    recs = [json.loads(x) for x in lines if '"signature"' not in x]
+    cps = [json.loads(x) for x in lines if '"signature"' in x]
+    n = len(recs)
+    head_cp = [cp for cp in cps if cp["seq"] == n]
+    c.check(f"the export ends signed: its last checkpoint is at its last record aud_{n}", head_cp, cps[-2:])
+    rogue = os.path.join(lab.dir, "rogue.pub")
+    nobody = {"sub": "mallory", "org": None, "roles": ["platform-admin"], "via": "https"}
+
+    edited = [dict(r) for r in recs]
+    edited[1].update(actor=nobody, detail="edited")
+    sealed(edited, 1)
+    fabricated = sealed([{"id": "aud_1", "at": L.rfc3339(time.time()), "actor": nobody, "action": "reservation.end",
+                          "nodeId": L.NODE, "reservationId": "rsv_x", "unitIds": [], "vmIds": [], "result": "ok",
+                          "detail": "", "requestId": None}])
+    before_head = [cp for cp in cps if cp["seq"] < n]
+    last_signed = before_head[-1]["seq"] if before_head else 0
+    rewritten = [dict(r) for r in recs]
+    rewritten[-1]["detail"] = "rewritten after the last checkpoint"
+    sealed(rewritten, n - 1)
+    appended = sealed([dict(r) for r in recs] + [dict(recs[-1], id=f"aud_{n + 1}", detail="appended")], n)
+    gaps = sealed([dict(r) for r in recs[:3]])
+    gaps[1]["id"], gaps[2]["id"] = "aud_5", "aud_9"
+    sealed(gaps, 1)
+    rows = [
+        ("a record edited (actor and detail), every hash recomputed, the checkpoint lines deleted", dumps(edited), pub,
+         f"no checkpoint covers aud_1..aud_{n}"),
+        ("one record fabricated from nothing, no checkpoint", dumps(fabricated), pub, "no checkpoint covers aud_1..aud_1"),
+        ("the same, verified with an unrelated Ed25519 key", dumps(fabricated), rogue, "no checkpoint covers aud_1..aud_1"),
+        ("the head cut off (aud_1..aud_3 dropped), the genuine checkpoint kept", dumps(recs[3:] + head_cp), pub,
+         "the export does not start at aud_1 (its first record is aud_4), and no signed checkpoint at aud_3"),
+        ("a record rewritten after the last checkpoint", dumps(rewritten + before_head), pub,
+         f"no checkpoint covers aud_{last_signed + 1}..aud_{n}"),
+        ("a record appended after the last checkpoint", dumps(appended + cps), pub,
+         f"no checkpoint covers aud_{n + 1}..aud_{n + 1}"),
+        ("an empty file", [], pub, "no records"),
+        ("ids aud_1, aud_5, aud_9", dumps(gaps), pub, "aud_5: ids jump from aud_1 to aud_5"),
+    ]
+    for label, forged, key, want in rows:
+        tampered(c, lab, forged, key, label, lambda ls: ls, want)
+
+
+def fresh_export(c, lab, cfg):
+    """A genuine export made one second after start-up, with one record: whole (the export asks the
+    agent to sign its head first)."""
+    lab.stop()
+    shutil.rmtree(lab.state)
+    lab.write_config(cfg.replace("checkpoint_interval: 1s", "checkpoint_interval: 1h"))
+    lab.start()
+    s = time.time() + 86400 * 60
+    lab.create(None, unitIds=[U81], audienceOrgIds=["org-a"], startsAt=L.rfc3339(s), endsAt=L.rfc3339(s + 3600))
+    time.sleep(1)
+    out = os.path.join(lab.dir, "fresh.jsonl")
+    p = ctl(lab, "audit", "export", "--output", out)
+    c.eq("one second after start, one record: audit export exit 0", (p.returncode, p.stderr), (0, ""))
+    key = os.path.join(lab.state, "audit-signing.key")
+    pub = os.path.join(lab.dir, "fresh.pub")
+    subprocess.run(["openssl", "pkey", "-in", key, "-pubout", "-out", pub], check=True)
+    p = ctl(lab, "audit", "verify", "--file", out, "--key", pub)
+    c.check(f"... and it verifies whole, exit 0 ({p.stdout.strip()})",
+            p.returncode == 0 and p.stdout.startswith("audit verify: whole: 1 record, aud_1 to aud_1"),
+            (p.returncode, p.stdout, p.stderr))
+    independent(c, lab, open(out).read().splitlines(), pub)
+
+
+def after_exports(c, lab, lines, pub):
+    """export --after ID: anchored at the signed checkpoint of ID, and refused where none signs ID."""
+    cps = [json.loads(x) for x in lines if '"signature"' in x]
+    recs = [json.loads(x) for x in lines if '"signature"' not in x]
+    anchor = cps[0]["seq"]
+    out = os.path.join(lab.dir, "after.jsonl")
+    p = ctl(lab, "audit", "export", "--after", f"aud_{anchor}", "--output", out)
+    c.eq(f"audit export --after aud_{anchor} (a signed record): exit 0", (p.returncode, p.stderr), (0, ""))
+    sliced = open(out).read().splitlines()
+    c.eq("... its records start after it, its first checkpoint is the anchor's",
+         (json.loads(sliced[0])["id"], [json.loads(x)["seq"] for x in sliced if '"signature"' in x][:1]),
+         (f"aud_{anchor + 1}", [anchor]))
+    p = ctl(lab, "audit", "verify", "--file", out, "--key", pub)
+    c.check(f"... verifies whole, saying what it did not check ({p.stdout.strip()})",
+            p.returncode == 0 and f"after the signed checkpoint at aud_{anchor}" in p.stdout
+            and "not in this export and were not checked here" in p.stdout, (p.returncode, p.stdout, p.stderr))
+    signed = {cp["seq"] for cp in cps}
+    unsigned = [int(r["id"][4:]) for r in recs if int(r["id"][4:]) not in signed]
+    if unsigned:
+        p = ctl(lab, "audit", "export", "--after", f"aud_{unsigned[0]}")
+        c.check(f"audit export --after aud_{unsigned[0]} (no checkpoint signs it): exit 1, naming the next signed one"
+                f" ({p.stderr.strip()})", p.returncode == 1 and f"no checkpoint signs aud_{unsigned[0]}" in p.stderr,
+                (p.returncode, p.stderr))
+    p = ctl(lab, "audit", "export", "--after", "aud_x")
+    c.eq("audit export --after aud_x: a usage error", p.returncode, 2)
 
 
 def body(c, lab, fc):
@@ -188,8 +303,9 @@ def body(c, lab, fc):
     n_rec = kinds.count("rec")
     tampered(c, lab, lines, pub, "changed field", lambda ls: edit_record(ls, 2, "result", "failed"),
              "aud_3: hash mismatch")
-    tampered(c, lab, lines, pub, "dropped record", lambda ls: ls[:1] + ls[2:], "aud_3: prevHash")
-    tampered(c, lab, lines, pub, "reordered pair", lambda ls: ls[:1] + [ls[2], ls[1]] + ls[3:], "aud_3: prevHash")
+    tampered(c, lab, lines, pub, "dropped record", lambda ls: ls[:1] + ls[2:], "aud_3: ids jump from aud_1 to aud_3")
+    tampered(c, lab, lines, pub, "reordered pair", lambda ls: ls[:1] + [ls[2], ls[1]] + ls[3:],
+             "aud_3: ids jump from aud_1 to aud_3")
     cp0 = json.loads(lines[n_rec])
     tampered(c, lab, lines, pub, "forged checkpoint hash",
              lambda ls: edit_record(ls, n_rec, "hash", json.loads(ls[0])["hash"]), f"checkpoint seq {cp0['seq']}: hash")
@@ -200,6 +316,17 @@ def body(c, lab, fc):
     tampered(c, lab, lines, os.path.join(lab.dir, "rogue.pub"), "another key", lambda ls: ls,
              f"checkpoint seq {cp0['seq']}: signed by key")
     tampered(c, lab, lines, pub, "the head dropped", lambda ls: ls[:n_rec - 1] + ls[n_rec:], "no record")
+    forgeries(c, lab, lines, pub)
+    after_exports(c, lab, lines, pub)
+
+    r = lab.call("POST", "/v1/admin/audit/checkpoint", unix=True)
+    head = len(lab.audit_all())
+    c.check(f"POST /v1/admin/audit/checkpoint: the head's checkpoint (aud_{head})",
+            r.status == 200 and r.json["seq"] == head, r)
+    c.eq("... the same one when asked again with no record since",
+         lab.call("POST", "/v1/admin/audit/checkpoint", unix=True).json, r.json)
+    c.status("... not a route of HTTPS", lab.call("POST", "/v1/admin/audit/checkpoint", token=lab.admin()), 404)
+    fresh_export(c, lab, cfg)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
 - `gpunode-agent reload` and `POST /v1/admin/reload` on the admin socket: 0 / 200 with
   `restartNeeded` when it took, 1 / 422 `reload-refused` with every problem when the new config (or a
   file it names) is refused and the running one is kept, 3 when nobody answers; not a route of HTTPS;
+- a reload that narrows access closes the connections already open that lost it (CONTRACT §10):
+  uid 65534 of a removed admin.allowed_group, HTTPS clients without a certificate a new client CA
+  accepts; the connections still admitted are kept;
 - `check-config --files`: each file the config names that the calling user cannot use, as
   `FILE:LINE:COLUMN: PATH: why` at the value's own position (missing, permission, a directory, not a
   PEM of the right kind, a key of another certificate, a state.dir it cannot write); the agent's
@@ -11,11 +14,16 @@
 
 Usage: reload_test.py PATH/TO/gpunode-agent
 """
+import grp
+import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab as L  # noqa: E402
@@ -181,6 +189,128 @@ def check_files(c, lab):
     os.chmod(f"{d}/tls.key", 0o600)
 
 
+class Held:
+    """One HTTP/1.1 connection kept open across a reload, with requests written on it by hand."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sock.settimeout(10)
+        self.buf = b""
+
+    def ask(self, method, target, body=None, token=None):
+        """The status of the answer on this connection, or None when the agent closed it instead."""
+        data = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {target} HTTP/1.1\r\nHost: node\r\nContent-Length: {len(data)}\r\n"
+        if data:
+            head += "Content-Type: application/json\r\n"
+        if token:
+            head += f"Authorization: Bearer {token}\r\n"
+        try:
+            self.sock.sendall(head.encode() + b"\r\n" + data)
+            while b"\r\n\r\n" not in self.buf:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return None
+                self.buf += chunk
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            length = int(m.group(1)) if m else 0
+            while len(rest) < length:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return None
+                rest += chunk
+            self.buf = rest[length:]
+            return int(head.split(b" ", 2)[1])
+        except (ConnectionError, ssl.SSLError, OSError):
+            return None
+
+    def close(self):
+        self.sock.close()
+
+
+def connect_as(uid, gid, path):
+    """A connection to the admin socket made by a process of uid:gid (no supplementary groups), handed
+    to this one: SO_PEERCRED names its maker."""
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            socket.send_fds(child, [b"x"], [s.fileno()])
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+    _, fds, _, _ = socket.recv_fds(parent, 1, 1)
+    parent.close()
+    child.close()
+    return Held(socket.socket(fileno=fds[0]))
+
+
+def open_connections(c, lab):
+    """CONTRACT §10 "A reload takes away what it takes away": on connections already open."""
+    if os.geteuid() != 0:
+        c.check("SKIP: the admin socket's peers need root (a connection made as uid 65534)", True)
+        return
+    os.chmod(lab.dir, 0o711)  # uid 65534 reaches the admin socket through the lab's directory
+    nogroup = grp.getgrnam("nogroup").gr_gid
+    with_group = lab.config_text().replace("admin:\n", "admin:\n  allowed_group: nogroup\n")
+    lab.write_config(with_group)
+    lab.start()
+    rsv = lab.npath("/reservations")
+    held = connect_as(65534, nogroup, lab.sock)
+    c.eq("uid 65534 of admin.allowed_group nogroup: GET reservations on its connection -> 200",
+         held.ask("GET", rsv), 200)
+    lab.write_config(lab.config_text())  # the group removed
+    r = lab.call("POST", "/v1/admin/reload", unix=True, body={})
+    c.status("POST /v1/admin/reload (admin.allowed_group removed) -> 200", r, 200)
+    start = time.time() + 86400 * 40
+    c.eq("the same connection, after the reload: GET reservations is not answered (closed)", held.ask("GET", rsv), None)
+    created = held.ask("POST", rsv, body={"unitIds": [L.RESERVABLE[0]], "audienceOrgIds": ["org-a"],
+                                          "startsAt": L.rfc3339(start), "endsAt": L.rfc3339(start + 3600)})
+    c.eq("... nor a POST reservations (nothing created by local:65534)", created, None)
+    c.check("... and no reservation of local:65534 exists",
+            not [x for x in lab.audit_all() if x["actor"]["sub"] == "local:65534"], lab.audit_all()[-2:])
+    held.close()
+    c.check("the agent logs the connection it closed", lab.log_line("no longer admitted after a reload"), lab.tail())
+    again = connect_as(65534, nogroup, lab.sock)
+    c.eq("a new connection of uid 65534 is refused too", again.ask("GET", rsv), None)
+    again.close()
+    root = connect_as(os.getuid(), os.getgid(), lab.sock)
+    lab.call("POST", "/v1/admin/reload", unix=True, body={})
+    c.eq("root's connection, open across a second reload: still answered", root.ask("GET", rsv), 200)
+    root.close()
+
+    # HTTPS: a client CA added closes the connections whose client presented no certificate it accepts.
+    token = lab.admin()
+    bare = Held(lab.ctx.wrap_socket(socket.create_connection(("127.0.0.1", lab.port)), server_hostname="localhost"))
+    c.eq("HTTPS without a client certificate (no client CA yet): GET units -> 200", bare.ask("GET", lab.npath("/units"), token=token), 200)
+    lab.write_config(lab.config_text(client_ca=True))
+    r = lab.call("POST", "/v1/admin/reload", unix=True, body={})
+    c.status("POST /v1/admin/reload (api.tls.client_ca added) -> 200", r, 200)
+    c.eq("the same HTTPS connection, after the reload: not answered (closed)", bare.ask("GET", lab.npath("/units"), token=token), None)
+    bare.close()
+    cert_ctx = lab.client_context(cert=True)
+    with_cert = Held(cert_ctx.wrap_socket(socket.create_connection(("127.0.0.1", lab.port)), server_hostname="localhost"))
+    c.eq("a new HTTPS connection with the CA's client certificate -> 200", with_cert.ask("GET", lab.npath("/units"), token=token), 200)
+    r = lab.call("POST", "/v1/admin/reload", unix=True, body={})
+    c.eq("... kept across a reload that keeps the client CA", (r.status, with_cert.ask("GET", lab.npath("/units"), token=token)), (200, 200))
+    lab.make_ca("other-ca", "another client CA")
+    lab.write_config(lab.config_text(client_ca=True).replace(f"{lab.dir}/ca.crt", f"{lab.dir}/other-ca.crt"))
+    r = lab.call("POST", "/v1/admin/reload", unix=True, body={})
+    c.eq("... closed by a reload to another client CA", (r.status, with_cert.ask("GET", lab.npath("/units"), token=token)), (200, None))
+    with_cert.close()
+    rc, _ = lab.stop()
+    c.eq("SIGTERM after the reloads: exit 0", rc, 0)
+    lab.write_config(lab.config_text())
+
+
 def main(c, agent):
     with L.Lab(agent) as lab:
         lab.start()
@@ -188,6 +318,7 @@ def main(c, agent):
         rc, _ = lab.stop()
         c.eq("SIGTERM after the reloads: exit 0", rc, 0)
         check_files(c, lab)
+        open_connections(c, lab)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <openssl/pem.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <fstream>
 #include <sstream>
@@ -194,11 +195,11 @@ struct Chain {
   }
 };
 
-// Five records; checkpoints at aud_3 and aud_5.
-Chain chain_of(const NodeKey& key) {
+// `n` records; a checkpoint at each of `signed_at`.
+Chain chain_of(const NodeKey& key, std::uint64_t n = 5, std::vector<std::uint64_t> signed_at = {3, 5}) {
   Chain c;
   std::string prev(gpunode::store::kGenesisPrevHash);
-  for (std::uint64_t i = 1; i <= 5; ++i) {
+  for (std::uint64_t i = 1; i <= n; ++i) {
     json::object r{{"id", gpunode::store::format_audit_id(i)},
                    {"at", "2027-01-31T00:00:00Z"},
                    {"action", "reservation.create"},
@@ -207,7 +208,7 @@ Chain chain_of(const NodeKey& key) {
     REQUIRE(gpunode::store::seal_audit_record(r, prev).has_value());
     prev = std::string(r.at("hash").as_string());
     c.records.push_back(r);
-    if (i == 3 || i == 5) {
+    if (std::find(signed_at.begin(), signed_at.end(), i) != signed_at.end()) {
       auto cp = gpunode::proof::make_checkpoint(key, "node-1", static_cast<std::int64_t>(i), prev,
                                                 "2027-01-31T01:00:00Z");
       REQUIRE(cp.has_value());
@@ -215,6 +216,16 @@ Chain chain_of(const NodeKey& key) {
     }
   }
   return c;
+}
+
+// Every record from `from` (an index) sealed again after the one before it: what a forger who
+// rewrites records does so that the chain itself holds.
+void reseal(Chain& c, std::size_t from = 0) {
+  for (std::size_t i = from; i < c.records.size(); ++i) {
+    const std::string prev = i == 0 ? std::string(gpunode::store::kGenesisPrevHash)
+                                    : std::string(c.records[i - 1].at("hash").as_string());
+    REQUIRE(gpunode::store::seal_audit_record(c.records[i], prev).has_value());
+  }
 }
 
 std::string verdict(const Chain& c, const NodeKey& key) {
@@ -238,12 +249,15 @@ TEST_CASE("verify_export: a whole export, and each kind of tampering caught and 
 
   c = whole;
   c.records.erase(c.records.begin() + 1);
-  CHECK(verdict(c, *key).starts_with("aud_3: prevHash "));
-  CHECK(verdict(c, *key).find("does not link to aud_1") != std::string::npos);
+  CHECK(verdict(c, *key) == "aud_3: ids jump from aud_1 to aud_3");
 
   c = whole;
   std::swap(c.records[1], c.records[2]);
-  CHECK(verdict(c, *key).starts_with("aud_3: prevHash "));
+  CHECK(verdict(c, *key) == "aud_3: ids jump from aud_1 to aud_3");
+
+  c = whole;
+  c.records[1]["prevHash"] = std::string(64, 'a');
+  CHECK(verdict(c, *key).starts_with("aud_2: prevHash aaaaaaaaaaaaaaaa... does not link to aud_1"));
 
   c = whole;
   c.checkpoints[0]["hash"] = std::string(64, 'f');
@@ -274,6 +288,10 @@ TEST_CASE("verify_export: a whole export, and each kind of tampering caught and 
   c.records.pop_back();  // the head dropped: its checkpoint names a record that is not there
   CHECK(verdict(c, *key) == "checkpoint seq 5: no record aud_5 in the export");
 
+  c = whole;
+  c.checkpoints.insert(c.checkpoints.begin() + 1, c.checkpoints[1]);  // a checkpoint twice
+  CHECK(verdict(c, *key) == "checkpoint seq 5: not after checkpoint seq 5");
+
   const auto not_json = gpunode::proof::verify_export("{\"id\":1}\nnot json\n", key->public_pem(), "k");
   REQUIRE_FALSE(not_json);
   CHECK(not_json.error().detail.starts_with("line 2: not JSON"));
@@ -282,4 +300,117 @@ TEST_CASE("verify_export: a whole export, and each kind of tampering caught and 
   REQUIRE_FALSE(junk_key);
   CHECK(junk_key.error().detail.starts_with("k.pub: "));
   CHECK(junk_key.error().code == gpunode::error::Errc::invalid);
+}
+
+// The forgeries of issue 37, each of which an earlier verifier passed: every one is refused now,
+// naming what is missing. Each is made as an attacker with the node's public key would make it.
+TEST_CASE("verify_export fails closed: what is not signed, not whole or not there is refused by name") {
+  auto key = NodeKey::generate();
+  auto other = NodeKey::generate();
+  REQUIRE(key.has_value());
+  REQUIRE(other.has_value());
+  const Chain whole = chain_of(*key, 6, {3, 6});
+
+  SUBCASE("a record edited (actor and detail), every hash recomputed, the checkpoints deleted") {
+    Chain c = whole;
+    c.records[2]["actor"] = json::object{{"sub", "someone-else"}};
+    c.records[2]["detail"] = "rewritten";
+    reseal(c, 2);
+    CHECK(verdict(c, *key).starts_with("checkpoint seq 3: hash differs from aud_3's"));
+    c.checkpoints.clear();
+    CHECK(verdict(c, *key) ==
+          "no checkpoint covers aud_1..aud_6: nothing signed says they were written by the agent");
+  }
+  SUBCASE("one record fabricated from nothing, no checkpoint; and verified with an unrelated key") {
+    Chain c = chain_of(*key, 1, {});
+    CHECK(verdict(c, *key) ==
+          "no checkpoint covers aud_1..aud_1: nothing signed says they were written by the agent");
+    CHECK(verdict(c, *other) ==
+          "no checkpoint covers aud_1..aud_1: nothing signed says they were written by the agent");
+    // ... and with a checkpoint the forger signed with a key of their own.
+    c = chain_of(*other, 1, {1});
+    CHECK(verdict(c, *key) == fmt::format("checkpoint seq 1: signed by key {}, not by the given key {}",
+                                          other->key_id(), key->key_id()));
+  }
+  SUBCASE("the head cut off (aud_1..aud_3 dropped), the genuine checkpoint of aud_6 kept") {
+    Chain c = whole;
+    c.records.erase(c.records.begin(), c.records.begin() + 3);
+    c.checkpoints.erase(c.checkpoints.begin());
+    CHECK(verdict(c, *key) ==
+          "the export does not start at aud_1 (its first record is aud_4), and no signed checkpoint at aud_3 "
+          "anchors it: an export made with --after starts after a checkpoint's record, and carries that "
+          "checkpoint");
+  }
+  SUBCASE("a record rewritten after the last checkpoint, or one appended") {
+    Chain c = chain_of(*key, 6, {3, 5});
+    c.records[5]["detail"] = "rewritten";
+    reseal(c, 5);
+    CHECK(verdict(c, *key) ==
+          "no checkpoint covers aud_6..aud_6: nothing signed says they were written by the agent");
+    c = whole;
+    c.records.push_back(json::object{{"id", "aud_7"}, {"nodeId", "node-1"}, {"detail", "appended"}});
+    reseal(c, 6);
+    CHECK(verdict(c, *key) ==
+          "no checkpoint covers aud_7..aud_7: nothing signed says they were written by the agent");
+  }
+  SUBCASE("an empty file, and one with checkpoints only") {
+    CHECK(verdict(Chain{}, *key) == "no records: the export is empty");
+    Chain c = whole;
+    c.records.clear();
+    CHECK(verdict(c, *key) == "no records: the export holds only checkpoints");
+  }
+  SUBCASE("ids aud_1, aud_5, aud_9, every hash recomputed and the last one signed") {
+    Chain c = chain_of(*key, 3, {});
+    c.records[1]["id"] = "aud_5";
+    c.records[2]["id"] = "aud_9";
+    reseal(c, 1);
+    c.checkpoints.push_back(*gpunode::proof::make_checkpoint(
+        *key, "node-1", 9, std::string(c.records[2].at("hash").as_string()), "2027-01-31T01:00:00Z"));
+    CHECK(verdict(c, *key) == "aud_5: ids jump from aud_1 to aud_5");
+  }
+  SUBCASE("a checkpoint past the last record") {
+    Chain c = whole;
+    c.checkpoints.push_back(
+        *gpunode::proof::make_checkpoint(*key, "node-1", 7, std::string(64, 'e'), "2027-01-31T01:00:00Z"));
+    CHECK(verdict(c, *key) == "checkpoint seq 7: no record aud_7 in the export");
+  }
+}
+
+TEST_CASE("verify_export: an export after a signed record (--after) is anchored by its checkpoint") {
+  auto key = NodeKey::generate();
+  REQUIRE(key.has_value());
+  const Chain whole = chain_of(*key, 6, {3, 6});
+  Chain slice = whole;
+  slice.records.erase(slice.records.begin(), slice.records.begin() + 3);  // aud_4..aud_6, both checkpoints
+  auto v = gpunode::proof::verify_export(slice.text(), key->public_pem(), "node.pub");
+  REQUIRE_MESSAGE(v.has_value(), (v ? "" : v.error().detail));
+  CHECK(v->anchor == 3u);
+  CHECK(v->first_id == "aud_4");
+  CHECK(
+      gpunode::proof::describe(*v) ==
+      fmt::format("whole: 3 records, aud_4 to aud_6 after the signed checkpoint at aud_3 (the records up to "
+                  "it are not in this export and were not checked here), every hash recomputed and linked; "
+                  "2 checkpoints verified with key {}, the last at the head aud_6 {}",
+                  key->key_id(), std::string(whole.records[5].at("hash").as_string())));
+
+  Chain c = slice;  // the first record after a prevHash the anchor did not sign, the rest resealed
+  REQUIRE(gpunode::store::seal_audit_record(c.records[0], std::string(64, 'b')).has_value());
+  reseal(c, 1);
+  CHECK(
+      verdict(c, *key).starts_with("aud_4: prevHash bbbbbbbbbbbbbbbb... is not the previous record's hash"));
+
+  c = slice;
+  auto sig = std::string(c.checkpoints[0].at("signature").as_string());
+  sig[5] = sig[5] == 'A' ? 'B' : 'A';
+  c.checkpoints[0]["signature"] = sig;
+  CHECK(verdict(c, *key) ==
+        fmt::format("checkpoint seq 3: signature does not verify with key {}", key->key_id()));
+
+  const auto from_start = gpunode::proof::verify_export(whole.text(), key->public_pem(), "node.pub");
+  REQUIRE(from_start.has_value());
+  CHECK_FALSE(from_start->anchor.has_value());
+  CHECK(gpunode::proof::describe(*from_start)
+            .starts_with("whole: 6 records, aud_1 to aud_6 from the chain's first record, every hash "
+                         "recomputed and linked; 2 "
+                         "checkpoints verified with key "));
 }

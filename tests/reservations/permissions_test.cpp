@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -128,4 +131,69 @@ TEST_CASE(
   const Caller operator_only{"oo", "org-other", {"platform-operator"}, "https"};
   CHECK(may(Action::terminate_spot, operator_manager, Subject{kNode, all, nullptr, ""}));
   CHECK(!may(Action::terminate_spot, operator_only, Subject{kNode, all, nullptr, ""}));
+}
+
+namespace {
+
+// A list of shared reservations and its OrgIndex, as the service's table keeps them.
+struct Indexed {
+  std::vector<SharedReservation> list;
+  OrgIndex orgs;
+  void add(Reservation x) {
+    orgs.add(x);
+    list.push_back(std::make_shared<const Reservation>(std::move(x)));
+  }
+  ReservationsView view() const { return {std::span<const SharedReservation>(list), &orgs}; }
+  ReservationsView scanned() const { return std::span<const SharedReservation>(list); }
+};
+
+}  // namespace
+
+TEST_CASE("may(): a list's OrgIndex answers the relations through reservations as the scan does") {
+  Indexed two;
+  two.add(rsv("rsv_live", {"org-aud"}, {"org-mgr"}, State::active));
+  two.add(rsv("rsv_old", {"org-old-aud"}, {"org-old-mgr"}, State::ended));
+  const Reservation& live = *two.list[0];
+  for (const auto& row : kTable) {
+    for (const auto& [name, caller] : kCallers) {
+      const bool expected = std::find(row.allowed.begin(), row.allowed.end(), name) != row.allowed.end();
+      CHECK_MESSAGE(may(row.action, caller, Subject{kNode, two.view(), &live, "org-aud"}) == expected,
+                    fmt::format("{} by {} (indexed)", to_string(row.action), name));
+    }
+  }
+
+  // Random lists, changed by adds and removes: the index stays the list's, and may() agrees with a
+  // scan for every action and caller.
+  std::mt19937 rng(7);
+  const std::vector<std::string> orgs = {"a", "b", "c", "d", "a|b", ""};
+  const auto pick = [&](std::size_t n) {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < n; ++i) out.push_back(orgs[rng() % orgs.size()]);
+    return out;
+  };
+  for (int round = 0; round < 200; ++round) {
+    Indexed t;
+    for (int i = 0; i < 6; ++i) {
+      t.add(rsv(fmt::format("rsv_{}", i), pick(rng() % 3), pick(rng() % 3),
+                rng() % 4 == 0 ? State::ended : State::active));
+    }
+    for (int i = 0; i < 3; ++i) {  // a change: one replaced by another, as put() does
+      const auto at = rng() % t.list.size();
+      auto next = rsv(t.list[at]->id, pick(rng() % 3), pick(rng() % 3),
+                      rng() % 3 == 0 ? State::ended : State::active);
+      t.orgs.add(next);
+      t.orgs.remove(*t.list[at]);
+      t.list[at] = std::make_shared<const Reservation>(std::move(next));
+    }
+    OrgIndex rebuilt;
+    for (const auto& x : t.list) rebuilt.add(*x);
+    REQUIRE(t.orgs == rebuilt);
+    for (const auto& org : orgs) {
+      const Caller c{"s", org, {}, "https"};
+      for (const auto& row : kTable) {
+        CHECK(may(row.action, c, Subject{kNode, t.view(), nullptr, {}}) ==
+              may(row.action, c, Subject{kNode, t.scanned(), nullptr, {}}));
+      }
+    }
+  }
 }

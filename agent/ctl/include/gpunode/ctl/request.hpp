@@ -54,6 +54,7 @@ Request rescan_request();
 // /v1/admin/units/{unitId}/health), and the operator's clear of a unit (POST .../health/clear).
 Request health_request(std::optional<std::string_view> unit);
 Request health_clear_request(std::string_view unit, std::string_view reason);
+Request checkpoint_request();  // POST /v1/admin/audit/checkpoint (CONTRACT §12)
 Request capacity_request(std::string_view node, std::string_view org);
 Request reservation_request(std::string_view node, std::string_view id);
 // One page of a list: `limit` per page and the previous page's nextPageToken.

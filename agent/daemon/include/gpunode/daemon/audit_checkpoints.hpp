@@ -1,9 +1,13 @@
 // gpunode/daemon/audit_checkpoints.hpp: the signed audit checkpoints' timer (CONTRACT §12), on the
-// core thread like the daemon's other timers: every audit.checkpoint_interval, and once at stop,
-// NodeService::checkpoint_audit() signs and stores the chain's head when it has grown. The signing
-// and the commit run there, never on a network thread.
+// core thread like the daemon's other timers: at start (a head an earlier run left unsigned, say
+// by a crash), every `first_within` until the first record written since start is signed (so the
+// chain is never unsigned for an hour after a start: "within a minute"), then every
+// audit.checkpoint_interval, and once at stop, NodeService::checkpoint_audit() signs and stores the
+// chain's head when it has grown. A look that finds nothing new is an in-memory compare and one
+// indexed read. The signing and the commit run there, never on a network thread.
 #pragma once
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -28,9 +32,16 @@ class AuditCheckpoints {
  public:
   using Say = std::function<void(config::LogLevel, const std::string&)>;
   // `stored` runs after each checkpoint stored (the daemon wakes the reporter: its event waits).
+  static constexpr std::chrono::milliseconds kFirstWithin{std::chrono::seconds(30)};
   AuditCheckpoints(boost::asio::io_context& core, service::NodeService& node,
-                   std::chrono::milliseconds interval, std::function<void()> stored, Say say)
-      : timer_(core), node_(node), interval_(interval), stored_(std::move(stored)), say_(std::move(say)) {}
+                   std::chrono::milliseconds interval, std::function<void()> stored, Say say,
+                   std::chrono::milliseconds first_within = kFirstWithin)
+      : timer_(core),
+        node_(node),
+        interval_(interval),
+        first_within_(std::min(first_within, interval)),
+        stored_(std::move(stored)),
+        say_(std::move(say)) {}
 
   // Core thread. start() arms the timer; stop() cancels it and makes the stop's checkpoint.
   void start();
@@ -38,10 +49,12 @@ class AuditCheckpoints {
 
  private:
   void arm();
-  void checkpoint(const char* when);
+  bool checkpoint(const char* when);  // whether one was made
   boost::asio::steady_timer timer_;
   service::NodeService& node_;
   std::chrono::milliseconds interval_;
+  std::chrono::milliseconds first_within_;
+  bool signed_since_start_ = false;  // a record written since start has been signed
   std::function<void()> stored_;
   Say say_;
   bool stopped_ = false;

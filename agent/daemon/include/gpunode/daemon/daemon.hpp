@@ -23,6 +23,7 @@
 // it is that request's 500, never the end of the process.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <expected>
 #include <memory>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "gpunode/config/config.hpp"
+#include "gpunode/daemon/audit_checkpoints.hpp"
 #include "gpunode/daemon/driver.hpp"
 #include "gpunode/error/error.hpp"
 #include "gpunode/report/reporter.hpp"
@@ -47,6 +49,9 @@ struct DaemonOptions {
   // (called from the core and the network threads).
   std::shared_ptr<vmctl::Hypervisor> hypervisor;
   service::Clock clock;
+  // How soon after start the first record written since is signed (AuditCheckpoints; CONTRACT §12
+  // "within a minute"). Tests shorten it.
+  std::chrono::milliseconds first_checkpoint_within = AuditCheckpoints::kFirstWithin;
 };
 
 // What a reload did (CONTRACT §11 "Reload says whether it took": POST /v1/admin/reload, SIGHUP).

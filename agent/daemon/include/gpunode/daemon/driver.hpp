@@ -46,6 +46,9 @@ class Driver {
     // On the state thread, each time changed() sees the revision move (after the commit that
     // moved it): the daemon publishes the revision and wakes the reporter. Must be quick.
     std::function<void(std::int64_t revision)> on_revision;
+    // On the state thread, each time changed() sees an event stored that moved no revision (an
+    // audit checkpoint): the daemon wakes the reporter. Must be quick.
+    std::function<void()> on_event;
   };
 
   // `hypervisor` may be null: the service then answers 503 hypervisor-unavailable itself.
@@ -94,6 +97,7 @@ class Driver {
   std::map<std::uint64_t, std::unique_ptr<Parked>> parked_;
   std::uint64_t next_parked_ = 1;
   std::int64_t announced_ = 0;
+  std::int64_t announced_event_ = 0;  // the outbox's last event seq changed() has seen
   bool stopping_ = false;
   boost::asio::steady_timer retry_timer_;
   std::chrono::milliseconds retry_delay_{1000};

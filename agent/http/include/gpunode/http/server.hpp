@@ -173,8 +173,17 @@ class Server {
   // whose queue keeps new connections for the next agent; an adopted admin socket is never unlinked.
   error::Result<void> adopt_tls(int fd, std::shared_ptr<boost::asio::ssl::context> tls);
   error::Result<void> adopt_unix(int fd, PeerFilter filter);
-  // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs.
+  // SIGHUP reload: connections accepted from now on use this context; open ones keep theirs (until
+  // recheck_access, which judges their client certificates by it).
   void set_tls_context(std::shared_ptr<boost::asio::ssl::context> tls);
+  // A reload that may have narrowed access (CONTRACT §10): every open connection's peer is checked
+  // again, and closed, with a log line, when it is no longer admitted, before anything more is
+  // answered on it (a request in flight gets no answer): an admin-socket peer by its listener's
+  // PeerFilter (which reads the new admin.allowed_uids and allowed_group), a TLS client by the
+  // certificate it presented, against the client CA of the current context (set_tls_context first);
+  // a context that requires none admits every TLS client. A handshake in progress is judged when
+  // its first request comes.
+  void recheck_access();
   std::uint16_t tls_port() const;  // the port the first listen_tls bound (0 if none)
 
   // Phase 1 of a graceful shutdown: close the listeners (and unlink the admin socket we made).

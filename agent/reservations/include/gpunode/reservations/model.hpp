@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -64,9 +65,35 @@ struct Reservation {
 // replaces the value; nothing edits one in place.
 using SharedReservation = std::shared_ptr<const Reservation>;
 
+// Which orgs manage, or are in the audience of, a reservation not ended of a list: what "sees the
+// node" asks of every request (CONTRACT §4 Relations), answered by one lookup rather than a scan of
+// the reservations, so that it costs the same for an org that sees the node, one that does not and
+// a node id that is not this node (CONTRACT §10 "Hiding includes time"). Kept in step with its list
+// by the list's owner (add before a reservation joins, remove before it leaves or changes).
+class OrgIndex {
+ public:
+  struct Relations {
+    bool manager = false;
+    bool audience = false;
+  };
+  [[nodiscard]] Relations of(std::string_view org) const;
+  void add(const Reservation& x);     // counts x's orgs, unless x has ended
+  void remove(const Reservation& x);  // what add(x) counted
+  [[nodiscard]] std::size_t orgs() const { return counts_.size(); }
+  bool operator==(const OrgIndex&) const = default;
+
+ private:
+  struct Counts {
+    std::size_t managing = 0, audience = 0;
+    bool operator==(const Counts&) const = default;
+  };
+  std::map<std::string, Counts, std::less<>> counts_;
+};
+
 // A list of reservations as the rules read it, without a copy: a contiguous run of reservations
 // (a vector, as the tests build them) or of shared ones (the service's table), iterated in order
-// as `const Reservation&`. It lasts as long as what it views.
+// as `const Reservation&`, and the OrgIndex of the whole list when its owner keeps one. It lasts as
+// long as what it views.
 class ReservationsView {
  public:
   class iterator {
@@ -109,6 +136,11 @@ class ReservationsView {
       : shared_(shared.data()), size_(shared.size()) {}
   ReservationsView(const std::vector<SharedReservation>& shared)
       : ReservationsView(std::span<const SharedReservation>(shared)) {}
+  ReservationsView(std::span<const SharedReservation> shared, const OrgIndex* orgs)
+      : shared_(shared.data()), size_(shared.size()), orgs_(orgs) {}
+
+  // The index of exactly these reservations, or nullptr (a part of a list, a list without one).
+  [[nodiscard]] const OrgIndex* orgs() const { return orgs_; }
 
   [[nodiscard]] iterator begin() const { return at(0); }
   [[nodiscard]] iterator end() const { return at(size_); }
@@ -123,6 +155,7 @@ class ReservationsView {
   const Reservation* plain_ = nullptr;
   const SharedReservation* shared_ = nullptr;
   std::size_t size_ = 0;
+  const OrgIndex* orgs_ = nullptr;
 };
 
 // Who is calling, as the token (or the admin socket) says.

@@ -173,6 +173,9 @@ class NodeService {
   // does not move: the daemon wakes the reporter). Nothing when it has not grown; else the store's
   // error (its detail to_string(): the kind in front) or the signing's.
   error::Result<std::optional<boost::json::object>> checkpoint_audit();
+  // The seq of the last event stored in the outbox: it moves with every stored event, a
+  // checkpoint's too (which does not move the revision); the daemon wakes the reporter when it does.
+  [[nodiscard]] std::int64_t event_seq() const;
 
   [[nodiscard]] std::int64_t revision() const;
   // Any thread (the only member another thread may use): the answer to a GET of units, state,

@@ -2,7 +2,8 @@
 //
 //   hash = lowercase hex SHA-256 of canonical_json(record without its "hash" key)
 //   the first record's prevHash is kGenesisPrevHash (64 zeros), every later one's is the hash of the
-//   record before it; ids are "aud_N" (N decimal from 1, no leading zeros), strictly ascending.
+//   record before it; ids are "aud_N" (N decimal from 1, no leading zeros), each the one after the
+//   record before it (aud_N, aud_N+1, ...): the agent numbers them so, and a gap is a record gone.
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -43,8 +44,10 @@ struct ChainBreak {
 
 // Checks records in order, starting from `first_prev_hash` (kGenesisPrevHash for the whole chain;
 // the hash of the record before the first given one for a slice). Reports the first bad record:
-// no string id / not aud_N / not ascending, no "hash" or "prevHash" string, prevHash not the
-// previous record's hash, hash not the record's hash. An empty list is a valid chain.
+// no string id / not aud_N / not the id after the one before ("ids jump from aud_3 to aud_5"), no
+// "hash" or "prevHash" string, prevHash not the previous record's hash, hash not the record's hash.
+// Where the chain must start (aud_1, or a signed anchor) is the caller's rule (proof::verify_export).
+// An empty list is a valid chain.
 std::expected<void, ChainBreak> verify_chain(const std::vector<boost::json::object>& records,
                                              std::string_view first_prev_hash = kGenesisPrevHash);
 
