@@ -311,7 +311,7 @@ void apply_health(Unit& unit, UnitHealth health) {
   for (std::string_view code : kHealthFailingCodes) {
     std::vector<std::string> details;
     for (const auto& h : health.reasons) {
-      if (h.failing && h.code == code) details.push_back(h.detail);
+      if (h.failing && h.code == code) details.push_back(fmt::format("{}: {}", h.pci_address, h.detail));
     }
     if (!details.empty())
       unit.reasons.push_back({std::string(code), fmt::format("{}", fmt::join(details, "; "))});

@@ -58,7 +58,8 @@ TEST_CASE("a unit's health (CONTRACT §13): its failing codes join the reasons; 
   CHECK_FALSE(u.reservable);
   REQUIRE(u.reasons.size() == 2);
   CHECK(u.reasons[1].code == "link-degraded");
-  CHECK(u.reasons[1].message == "link x4, widest seen x16; link x8, widest seen x16");
+  CHECK(u.reasons[1].message ==
+        "0000:40:01.1: link x4, widest seen x16; 0000:41:00.0: link x8, widest seen x16");
   CHECK(boost::json::serialize(health_to_json(u.health)) ==
         R"({"state":"failing","reasons":[{"code":"link-degraded","pciAddress":"0000:40:01.1",)"
         R"("detail":"link x4, widest seen x16","since":"2027-01-31T00:00:00Z"},{"code":"aer-not-monitored",)"

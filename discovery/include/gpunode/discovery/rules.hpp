@@ -35,7 +35,8 @@ inline constexpr std::array<std::string_view, 4> kHealthFailingCodes = {
 bool is_health_code(std::string_view code);
 
 // Gives `unit` its judged health: the failing reasons (those of `health` marked failing) replace
-// the health codes among its reasons, one entry per code with the details joined, and sellable
+// the health codes among its reasons, one entry per code with each device's address and detail
+// joined ("0000:41:00.0: fatal PCIe errors rose from 0 to 1 (aer_dev_fatal)"), and sellable
 // and reservable follow (CONTRACT §3 with §13's codes added). Idempotent.
 void apply_health(Unit& unit, UnitHealth health);
 
