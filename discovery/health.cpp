@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -98,47 +99,69 @@ std::vector<Target> targets_of(const Unit& unit,
 
 namespace {
 
-// One attribute's bytes (at most a page, as sysfs shows), or the errno of its failure.
-struct Bytes {
-  std::string text;
+// One attribute's text, read into a buffer of the caller's (a page: what sysfs shows at most), or
+// the errno of its failure. One read: sysfs gives an attribute whole, and a poll's cost is its
+// system calls (open, read, close: no read more to see the end, no allocation).
+struct Attr {
+  char buf[4096];
+  std::size_t len = 0;
   int error = 0;
+  [[nodiscard]] std::string_view text() const { return {buf, len}; }
 };
 
-Bytes read_attr(int dir_fd, const char* name, std::size_t max = 4096) {
-  Bytes out;
+void read_attr(int dir_fd, const char* name, Attr& out, std::size_t max = sizeof(Attr::buf)) {
+  out.len = 0;
+  out.error = 0;
   const int fd = ::openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     out.error = errno;
-    return out;
+    return;
   }
-  char buf[4096];
-  const std::size_t want = std::min(max, sizeof buf);
-  std::size_t got = 0;
-  while (got < want) {
-    const ssize_t n = ::read(fd, buf + got, want - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      out.error = errno == EAGAIN ? EIO : errno;  // a FIFO without a writer: no answer
-      break;
-    }
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
+  ssize_t n = 0;
+  do {
+    n = ::read(fd, out.buf, std::min(max, sizeof out.buf));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) out.error = errno == EAGAIN ? EIO : errno;  // a FIFO with a silent writer: no answer
   ::close(fd);
-  if (out.error == 0) out.text.assign(buf, got);
-  return out;
+  if (n > 0) out.len = static_cast<std::size_t>(n);
 }
 
 bool has(int dir_fd, const char* name) {
   return ::faccessat(dir_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+// The AER files are read at every poll of every function: they are held open and read again from
+// offset 0 (sysfs shows an attribute afresh at each read from 0), one system call instead of three.
+// At most this many are held (the agent's own files have a budget: daemon/startup's open-file
+// check); past it they are opened for each read.
+constexpr std::size_t kMaxHeldAerFiles = 96;
+constexpr const char* kAerFiles[] = {"aer_dev_fatal", "aer_dev_nonfatal", "aer_dev_correctable"};
+
 struct Watched {
   Target target;
   int fd = -1;  // the function's directory (O_PATH), -1 when it could not be opened
   bool aer = false, power_state = false;
-  std::optional<int> max_width;  // read once, in D0
+  std::optional<int> max_width;            // read once, in D0
+  std::array<int, 3> aer_fds{-1, -1, -1};  // kAerFiles, held open (or -1)
 };
+
+// Attribute `index` of kAerFiles: from its held descriptor (pread at 0), else opened for this read.
+// A held one that fails (the function was removed, and maybe added again at the same address) is
+// opened again for the next poll: this read is unknown, as any failed read is.
+void read_aer_file(Watched& w, std::size_t index, Attr& out) {
+  int& fd = w.aer_fds[index];
+  if (fd < 0) return read_attr(w.fd, kAerFiles[index], out);
+  out.len = 0;
+  ssize_t n = 0;
+  do {
+    n = ::pread(fd, out.buf, sizeof out.buf, 0);
+  } while (n < 0 && errno == EINTR);
+  out.error = n < 0 ? errno : 0;
+  if (n > 0) out.len = static_cast<std::size_t>(n);
+  if (n >= 0) return;
+  ::close(fd);
+  fd = ::openat(w.fd, kAerFiles[index], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+}
 
 }  // namespace
 
@@ -150,12 +173,15 @@ struct Reader::Impl {
   void close_all() {
     for (auto& w : watched) {
       if (w.fd >= 0) ::close(w.fd);
+      for (int fd : w.aer_fds) {
+        if (fd >= 0) ::close(fd);
+      }
     }
     watched.clear();
   }
-  void read_aer(Watched& w, Reading& r) const;
-  void read_link(Watched& w, Reading& r) const;
-  void read_config(const Watched& w, Reading& r) const;
+  void read_aer(Watched& w, Reading& r, Attr& a) const;
+  void read_link(Watched& w, Reading& r, Attr& a) const;
+  void read_config(const Watched& w, Reading& r, Attr& a) const;
   Reading read_one(Watched& w, bool counts_only) const;
 };
 
@@ -184,6 +210,7 @@ std::optional<PciAddress> Reader::parent_of(const PciAddress& address) const {
 void Reader::watch(std::vector<Target> targets) {
   impl_->close_all();
   impl_->targets = std::move(targets);
+  std::size_t held = 0;
   for (const auto& t : impl_->targets) {
     Watched w;
     w.target = t;
@@ -192,6 +219,10 @@ void Reader::watch(std::vector<Target> targets) {
     if (w.fd >= 0) {
       w.aer = has(w.fd, "aer_dev_fatal") || has(w.fd, "aer_dev_nonfatal") || has(w.fd, "aer_dev_correctable");
       w.power_state = has(w.fd, "power_state");
+    }
+    for (std::size_t i = 0; w.aer && i < w.aer_fds.size() && held < kMaxHeldAerFiles; ++i) {
+      w.aer_fds[i] = ::openat(w.fd, kAerFiles[i], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      if (w.aer_fds[i] >= 0) ++held;
     }
     impl_->watched.push_back(w);
   }
@@ -223,70 +254,82 @@ Reading Reader::Impl::read_one(Watched& w, bool counts_only) const {
     r.unknown.push_back({"", "the function's sysfs directory cannot be opened"});
     return r;
   }
-  read_aer(w, r);
-  if (counts_only) return r;
+  Attr a;
+  read_aer(w, r, a);
+  // The power state matters only to what link and config are read for (a GPU and its port).
+  if (counts_only || !(w.target.link_judged || w.target.gpu)) return r;
   if (!w.power_state) {
     r.power = Power::d0;  // no power_state file (a kernel before 4.20): judged as CONTRACT §13 says
-  } else if (auto p = read_attr(w.fd, "power_state", 64); p.error != 0) {
-    r.unknown.push_back({"power_state", std::strerror(p.error)});
+  } else if (read_attr(w.fd, "power_state", a, 64); a.error != 0) {
+    r.unknown.push_back({"power_state", std::strerror(a.error)});
   } else {
-    r.power = parse_power_state(p.text);
-    r.power_text = sysfs::sysfs_text(trim(p.text));
+    r.power = parse_power_state(a.text());
+    r.power_text = sysfs::sysfs_text(trim(a.text()));
     if (r.power == Power::unknown) r.unknown.push_back({"power_state", "\"" + r.power_text + "\""});
   }
   if (r.power != Power::d0) return r;  // never woken: no link, no config
-  if (w.target.link_judged) read_link(w, r);
-  if (w.target.gpu) read_config(w, r);
+  if (w.target.link_judged) read_link(w, r, a);
+  if (w.target.gpu) read_config(w, r, a);
   return r;
 }
 
-void Reader::Impl::read_aer(Watched& w, Reading& r) const {
+void Reader::Impl::read_aer(Watched& w, Reading& r, Attr& a) const {
   if (!w.aer) return;
-  struct File {
-    const char* name;
-    std::string_view label;
-    std::optional<std::uint64_t> Counts::*count;
-  };
-  static constexpr File kFiles[] = {{"aer_dev_fatal", "TOTAL_ERR_FATAL", &Counts::fatal},
-                                    {"aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", &Counts::nonfatal},
-                                    {"aer_dev_correctable", "TOTAL_ERR_COR", &Counts::correctable}};
-  for (const auto& f : kFiles) {
-    const auto b = read_attr(w.fd, f.name);
-    if (b.error != 0) {
-      r.unknown.push_back({f.name, std::strerror(b.error)});
+  static constexpr std::string_view kLabels[] = {"TOTAL_ERR_FATAL", "TOTAL_ERR_NONFATAL", "TOTAL_ERR_COR"};
+  static constexpr std::optional<std::uint64_t> Counts::*kCounts[] = {&Counts::fatal, &Counts::nonfatal,
+                                                                      &Counts::correctable};
+  for (std::size_t i = 0; i < 3; ++i) {
+    read_aer_file(w, i, a);
+    if (a.error != 0) {
+      r.unknown.push_back({kAerFiles[i], std::strerror(a.error)});
       continue;
     }
-    r.counts.*f.count = parse_aer_total(b.text, f.label);
-    if (!(r.counts.*f.count)) r.unknown.push_back({f.name, fmt::format("no readable {} line", f.label)});
+    r.counts.*kCounts[i] = parse_aer_total(a.text(), kLabels[i]);
+    if (!(r.counts.*kCounts[i]))
+      r.unknown.push_back({kAerFiles[i], fmt::format("no readable {} line", kLabels[i])});
   }
 }
 
-void Reader::Impl::read_link(Watched& w, Reading& r) const {
-  if (auto b = read_attr(w.fd, "current_link_width", 64); b.error != 0) {
-    r.unknown.push_back({"current_link_width", std::strerror(b.error)});
+// The width, against max_link_width (read once); the speed only when the link is narrower than it
+// can be (for the reason's words): it is shown, never judged, and Reader::speed reads it on demand.
+void Reader::Impl::read_link(Watched& w, Reading& r, Attr& a) const {
+  if (read_attr(w.fd, "current_link_width", a, 64); a.error != 0) {
+    r.unknown.push_back({"current_link_width", std::strerror(a.error)});
   } else {
-    r.width = parse_link_width(b.text);
-    if (!r.width) r.unknown.push_back({"current_link_width", "\"" + sysfs::sysfs_text(trim(b.text)) + "\""});
+    r.width = parse_link_width(a.text());
+    if (!r.width)
+      r.unknown.push_back({"current_link_width", "\"" + sysfs::sysfs_text(trim(a.text())) + "\""});
   }
   if (!w.max_width) {
-    if (auto b = read_attr(w.fd, "max_link_width", 64); b.error == 0) {
-      if (auto m = parse_link_width(b.text); m && *m > 0) w.max_width = m;
+    if (read_attr(w.fd, "max_link_width", a, 64); a.error == 0) {
+      if (auto m = parse_link_width(a.text()); m && *m > 0) w.max_width = m;
     }
   }
   r.max_width = w.max_width;
-  if (auto b = read_attr(w.fd, "current_link_speed", 64); b.error == 0)
-    r.speed = sysfs::sysfs_text(trim(b.text));
+  if (r.width && (!r.max_width || *r.width < *r.max_width)) {
+    if (read_attr(w.fd, "current_link_speed", a, 64); a.error == 0)
+      r.speed = sysfs::sysfs_text(trim(a.text()));
+  }
 }
 
-void Reader::Impl::read_config(const Watched& w, Reading& r) const {
-  const auto b = read_attr(w.fd, "config", 4);
-  if (b.error != 0) {
+void Reader::Impl::read_config(const Watched& w, Reading& r, Attr& a) const {
+  read_attr(w.fd, "config", a, 4);
+  if (a.error != 0) {
     r.config = ConfigAnswer::failed;
-    r.config_error = std::strerror(b.error);
+    r.config_error = std::strerror(a.error);
     return;
   }
-  r.config = parse_config_head(b.text);
-  if (r.config == ConfigAnswer::failed) r.config_error = fmt::format("{} bytes", b.text.size());
+  r.config = parse_config_head(a.text());
+  if (r.config == ConfigAnswer::failed) r.config_error = fmt::format("{} bytes", a.len);
+}
+
+std::optional<std::string> Reader::speed(const PciAddress& address) const {
+  for (const auto& w : impl_->watched) {
+    if (w.target.address != address || w.fd < 0 || !w.target.link_judged) continue;
+    Attr a;
+    if (read_attr(w.fd, "current_link_speed", a, 64); a.error == 0) return sysfs::sysfs_text(trim(a.text()));
+  }
+  return std::nullopt;
 }
 
 }  // namespace gpunode::discovery::health

@@ -46,9 +46,12 @@ json::value opt_count(const std::optional<std::uint64_t>& v) {
   return v ? json::value(*v) : json::value(nullptr);
 }
 
-std::string_view power_name(const dh::Reading& r) {
-  if (!r.power_text.empty()) return r.power_text;
-  return r.power == dh::Power::d0 ? "D0" : "unknown";
+// power_state as the last poll read it; nothing when it was not read (a function judged on neither
+// link nor config) or could not be.
+json::value power_json(const dh::Reading* r) {
+  if (r == nullptr) return nullptr;
+  if (!r->power_text.empty()) return json::value(r->power_text);
+  return r->power == dh::Power::d0 ? json::value("D0") : json::value(nullptr);
 }
 
 }  // namespace
@@ -168,11 +171,15 @@ json::object NodeService::Impl::unit_health_json(const discovery::Unit& u) const
                                      [&](const auto& m) { return m.device.address == t.address; });
     json::object d{{"pciAddress", t.address.to_string()},
                    {"role", member == u.devices.end() ? "upstream-port" : discovery::to_string(member->role)},
-                   {"powerState", r ? json::value(power_name(*r)) : json::value(nullptr)},
+                   {"powerState", power_json(r)},
                    {"linkWidth", r ? opt_int(r->width) : nullptr},
                    {"maxLinkWidth", r ? opt_int(r->max_width) : nullptr},
                    {"widestLinkWidth", kept == health.devices.end() ? nullptr : opt_int(kept->second.widest)},
-                   {"linkSpeed", r && !r->speed.empty() ? json::value(r->speed) : json::value(nullptr)}};
+                   {"linkSpeed", nullptr}};
+    // The speed is read now, for people: a poll reads it only for a narrow link (never judged).
+    if (r != nullptr && r->power == dh::Power::d0 && t.link_judged) {
+      if (auto speed = health.reader->speed(t.address)) d["linkSpeed"] = *speed;
+    }
     d["aer"] = r && r->aer_monitored
                    ? json::value(json::object{{"fatal", opt_count(r->counts.fatal)},
                                               {"nonfatal", opt_count(r->counts.nonfatal)},

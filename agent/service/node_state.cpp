@@ -79,6 +79,7 @@ void NodeService::Impl::scan(bool first) {
   for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
   auto fresh = discovery::build_units(snapshot, opt.policy);
   for (auto& u : fresh) discovery::apply_health(u, health.unit_health(u.id));  // as last judged (§13)
+  health.built_for.clear();  // a device may be back at the same address: its files are opened again
   last_scan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   auto next = inventory.scan(std::move(fresh), first ? store.present_unit_ids() : std::vector<std::string>{},
                              [this](const std::string& id) { return store.unit_doc(id); });

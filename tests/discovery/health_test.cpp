@@ -120,12 +120,26 @@ TEST_CASE("a unit is judged on its members and each member's upstream port") {
   CHECK(readings[0].power == Power::d0);
   CHECK(readings[0].width == 16);
   CHECK(readings[0].max_width == 16);
-  CHECK(readings[0].speed == "32.0 GT/s PCIe");
+  CHECK(readings[0].speed.empty());                        // at its widest: the speed is not read by a poll
+  CHECK(r.speed(targets[0].address) == "32.0 GT/s PCIe");  // ... but on demand
   CHECK(readings[0].config == ConfigAnswer::answers);
   CHECK(readings[0].counts == Counts{0, 0, 0});
   CHECK(readings[0].unknown.empty());
-  CHECK(readings[1].power == Power::d0);  // no power_state file: judged as D0, as CONTRACT §13 says
+  CHECK(readings[1].power == Power::unknown);  // judged on neither link nor config: not read
   CHECK(readings[1].config == ConfigAnswer::not_read);
+  CHECK(readings[2].power == Power::d0);
+  link(h.t, "0000:41:00.0", "D0", "8");  // narrower than it can be: the speed is read for the reason's words
+  CHECK(r.read()[0].speed == "32.0 GT/s PCIe");
+}
+
+TEST_CASE("no power_state file (a kernel before 4.20): judged as D0") {
+  Host h;
+  std::filesystem::remove(h.t.dev("0000:41:00.0") / "power_state");
+  Reader r(h.t.root());
+  const auto readings = h.read(r);
+  CHECK(readings[0].power == Power::d0);
+  CHECK(readings[0].width == 16);
+  CHECK(readings[0].config == ConfigAnswer::answers);
 }
 
 TEST_CASE("a sleeping GPU is never woken: no link, no config read") {
@@ -172,16 +186,37 @@ TEST_CASE("no AER files: not monitored, and nothing else is made of it") {
   CHECK(readings[1].aer_monitored);
 }
 
-TEST_CASE("a function gone since it was watched is unknown, and a counts-only look reads no power state") {
+TEST_CASE("a function gone since it was watched is unknown; watched again, it is read afresh") {
   Host h;
   Reader r(h.t.root());
   (void)h.read(r);
+  aer(h.t, "0000:41:00.0", 1, 0, 0);  // in place, as sysfs changes: the held AER files see it
+  CHECK(r.read()[0].counts == Counts{1, 0, 0});
   std::filesystem::remove_all(h.t.dev("0000:41:00.0"));
   auto readings = r.read();
+  // Its power state cannot be read: not judged on link or config. (sysfs fails a held file's read
+  // with ENODEV, which reopens it; tmpfs keeps the removed files readable, so counts are not checked.)
   CHECK(readings[0].power == Power::unknown);
-  CHECK(readings[0].counts == Counts{});
+  CHECK_FALSE(readings[0].width);
+  CHECK(readings[0].config == ConfigAnswer::not_read);
   CHECK_FALSE(readings[0].unknown.empty());
-  readings = r.read_counts();
-  CHECK(readings[2].power == Power::unknown);
-  CHECK(readings[2].counts == Counts{0, 0, 0});
+  // Back (re-enumerated: its counters start at 0); a scan watches the unit's functions again.
+  std::filesystem::remove(h.t.root() / "sys/bus/pci/devices/0000:41:00.0");
+  h.t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", -1);
+  aer(h.t, "0000:41:00.0", 0, 0, 0);
+  link(h.t, "0000:41:00.0", "D0", "16");
+  r.watch(r.targets());
+  CHECK(r.read()[0].counts == Counts{0, 0, 0});
+  CHECK(r.read()[0].power == Power::d0);
+}
+
+TEST_CASE("a counts-only look reads no power state, link or config") {
+  Host h;
+  Reader r(h.t.root());
+  (void)h.read(r);
+  const auto readings = r.read_counts();
+  CHECK(readings[0].power == Power::unknown);
+  CHECK_FALSE(readings[0].width);
+  CHECK(readings[0].config == ConfigAnswer::not_read);
+  CHECK(readings[0].counts == Counts{0, 0, 0});
 }

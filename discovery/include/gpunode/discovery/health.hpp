@@ -95,6 +95,9 @@ class Reader {
 
   // One poll: a Reading per target, in order. Never throws for anything the host tree holds.
   std::vector<Reading> read();
+  // current_link_speed of a watched GPU or GPU's port, read now, for people (a poll reads it only
+  // for a link narrower than it can be). The caller knows the function was in D0 at the last poll.
+  [[nodiscard]] std::optional<std::string> speed(const PciAddress& address) const;
   // The AER counts alone (no power_state, link or config: power reads unknown), for a look that
   // keeps nothing and so could judge nothing else: `discover`.
   std::vector<Reading> read_counts();
