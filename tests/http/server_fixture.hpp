@@ -23,8 +23,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json.hpp>
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>

@@ -159,6 +159,12 @@ def body(c, lab, fc):
     counts["workload.unentitled"] = outbox_types(lab).get("workload.unentitled", 0)
     if not counts["workload.unentitled"]:
         del counts["workload.unentitled"]
+    # Checkpoints: the stop's (counted above), the one the start after SIGKILL makes of the head the
+    # killed agent left unsigned, and any an agent made of its first records within 30 s of a start
+    # (CONTRACT §12); what the outbox holds, at least the first two.
+    signed = outbox_types(lab).get("audit.checkpoint", 0)
+    c.check(f"checkpoints: the stop's and the one after SIGKILL at least ({signed})", signed >= 2, signed)
+    counts["audit.checkpoint"] = signed
     total = sum(counts.values()) + 1
     c.check("nothing reached the central API while it was down", fc.acked() == 0 and not fc.events, fc.acked())
     beats_down = len(fc.heartbeats)

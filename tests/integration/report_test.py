@@ -13,7 +13,9 @@ central API of tests/central/fake_central.py, over real mTLS:
     client certificate takes effect (a bad file is refused and the old one kept).
 
     report_test.py PATH/TO/gpunode-agent"""
+import os
 import signal
+import sqlite3
 import sys
 import time
 
@@ -28,13 +30,19 @@ def body(c, lab, fc):
     n = [0]
 
     def change():
-        """One reservation in the future on a device-request unit: one event. Returns its seq."""
+        """One reservation in the future on a device-request unit: one event. Returns the outbox's last
+        seq after it: its event's, or an audit.checkpoint's stored since (the agent signs the first
+        record after start within 30 s, CONTRACT §12), which is delivered after it."""
         n[0] += 1
         starts = time.time() + day * (10 + n[0])
         r = lab.create(None, unitIds=[U81 if n[0] % 2 else UA1], audienceOrgIds=["org-a"],
                        startsAt=L.rfc3339(starts), endsAt=L.rfc3339(starts + 3600))
         assert r.status == 201, r
-        return n[0] + 1  # seq 1 is the inventory
+        db = sqlite3.connect(f"file:{os.path.join(lab.state, 'state.db')}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT value FROM meta WHERE key = 'event_seq'").fetchone()[0])
+        finally:
+            db.close()
 
     def delivered(seq, timeout):
         return fc.wait_for(lambda: fc.acked() >= seq, timeout)
