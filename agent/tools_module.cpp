@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/json/serialize.hpp>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -18,6 +19,7 @@
 #include "discover_table.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/policy.hpp"
+#include "gpunode/discovery/health.hpp"
 #include "gpunode/discovery/host_root.hpp"
 #include "gpunode/discovery/json.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
@@ -72,6 +74,16 @@ int cmd_discover(const std::string& config_file, const std::string& host_root_fl
   disc::HostSnapshot snapshot = reader.read();
   for (const auto& w : snapshot.warnings) fmt::print(stderr, "warning: {}\n", w);
   std::vector<disc::Unit> units = disc::build_units(snapshot, policy);
+  if (config.health.enabled) {  // CONTRACT §13: what a first look says (the AER files only: nothing kept)
+    disc::health::Reader health(host_root);
+    const auto now = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    for (auto& u : units) {
+      health.watch(
+          disc::health::targets_of(u, [&](const disc::PciAddress& a) { return health.parent_of(a); }));
+      disc::apply_health(u, gpunode::health::at_first_sight(health.targets(), health.read_counts(), now,
+                                                            gpunode::daemon::health_settings_from(config)));
+    }
+  }
 
   const std::string node_id = config.node.id.empty() ? host_name() : config.node.id;
   if (json) {

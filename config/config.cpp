@@ -389,6 +389,15 @@ void read_audit(const Section& root, Config::Audit& out) {
   read_string(s, "signing_key", values::optional_absolute_path, out.signing_key);
 }
 
+void read_health(const Section& root, Config::Health& out) {
+  const Section s = root.child("health", {"enabled", "interval", "recovery", "nonfatal_threshold", "ignore"});
+  read_value(s, "enabled", "true or false", values::boolean, out.enabled);
+  read_value(s, "interval", "a duration", values::health_interval, out.interval);
+  read_value(s, "recovery", "a duration", values::health_recovery, out.recovery);
+  read_value(s, "nonfatal_threshold", "a number", values::nonfatal_threshold, out.nonfatal_threshold);
+  read_list(s, "ignore", values::failing_code, out.ignore);
+}
+
 void read_state(const Section& root, Config::State& out, Files& files) {
   const Section s = root.child("state", {"dir"});
   read_string(s, "dir", values::absolute_path, out.dir);
@@ -404,7 +413,7 @@ void read_log(const Section& root, Config::Log& out) {
 void read_config(const YAML::Node& document, Purpose purpose, Problems& problems, Config& out, Files& files) {
   const Section root = Section::root(problems, document,
                                      {"node", "discovery", "api", "auth", "admin", "libvirt", "central",
-                                      "enforcement", "metrics", "audit", "state", "log"});
+                                      "enforcement", "metrics", "audit", "health", "state", "log"});
   read_node(root, purpose, out.node);
   read_discovery(root, out.discovery, files);
   read_api(root, purpose, out.api, files);
@@ -415,6 +424,7 @@ void read_config(const YAML::Node& document, Purpose purpose, Problems& problems
   read_enforcement(root, out.enforcement);
   read_metrics(root, out.metrics);
   read_audit(root, out.audit);
+  read_health(root, out.health);
   read_state(root, out.state, files);
   read_log(root, out.log);
 }

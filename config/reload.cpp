@@ -28,6 +28,11 @@ std::vector<std::string> keys_needing_restart(const Config& a, const Config& b) 
   check(a.metrics.allow_remote == b.metrics.allow_remote, "metrics.allow_remote");
   check(a.audit.checkpoint_interval == b.audit.checkpoint_interval, "audit.checkpoint_interval");
   check(a.audit.signing_key == b.audit.signing_key, "audit.signing_key");
+  check(a.health.enabled == b.health.enabled, "health.enabled");
+  check(a.health.interval == b.health.interval, "health.interval");
+  check(a.health.recovery == b.health.recovery, "health.recovery");
+  check(a.health.nonfatal_threshold == b.health.nonfatal_threshold, "health.nonfatal_threshold");
+  check(a.health.ignore == b.health.ignore, "health.ignore");
   check(a.state.dir == b.state.dir, "state.dir");
   return out;
 }

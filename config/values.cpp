@@ -386,6 +386,32 @@ Parsed<Duration> checkpoint_interval(std::string_view s) {
   return d;
 }
 
+Parsed<Duration> health_interval(std::string_view s) {
+  return heartbeat_interval(s);  // the same bounds: 1s to 1h
+}
+
+Parsed<Duration> health_recovery(std::string_view s) {
+  auto d = parse_duration(s);
+  if (d && *d > std::chrono::hours(24)) return invalid("must be from 0s to 24h");
+  return d;
+}
+
+Parsed<std::uint64_t> nonfatal_threshold(std::string_view s) {
+  const auto value = s.size() <= 7 ? decimal(s) : std::nullopt;
+  if (!value || *value < 1 || *value > 1000000)
+    return invalid("a threshold is a whole number from 1 to 1000000");
+  return *value;
+}
+
+Parsed<std::string> failing_code(std::string_view s) {
+  static constexpr std::array<std::string_view, 4> kFailing = {
+      "pcie-fatal-error", "pcie-uncorrectable-errors", "device-unresponsive", "link-degraded"};
+  if (std::find(kFailing.begin(), kFailing.end(), s) != kFailing.end()) return std::string(s);
+  return invalid(
+      "expected a failing code: pcie-fatal-error, pcie-uncorrectable-errors, device-unresponsive or "
+      "link-degraded");
+}
+
 Parsed<std::string> optional_absolute_path(std::string_view s) {
   if (s.empty()) return std::string();
   return absolute_path(s);

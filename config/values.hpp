@@ -57,6 +57,12 @@ Parsed<Duration> rescan_interval(std::string_view s);
 Parsed<Duration> heartbeat_interval(std::string_view s);
 // parse_duration, 1s to 24h (audit.checkpoint_interval).
 Parsed<Duration> checkpoint_interval(std::string_view s);
+// CONTRACT §13: health.interval (1s to 1h), health.recovery (0s to 24h), health.nonfatal_threshold (1 to
+// 1000000), an entry of health.ignore (one of the four failing codes).
+Parsed<Duration> health_interval(std::string_view s);
+Parsed<Duration> health_recovery(std::string_view s);
+Parsed<std::uint64_t> nonfatal_threshold(std::string_view s);
+Parsed<std::string> failing_code(std::string_view s);
 // Empty, or an absolute path.
 Parsed<std::string> optional_absolute_path(std::string_view s);
 // parse_duration, 0s to 300s.

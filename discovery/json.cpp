@@ -17,6 +17,15 @@ boost::json::value opt_hex4(const std::optional<std::uint16_t>& v) {
 
 }  // namespace
 
+boost::json::object health_to_json(const UnitHealth& health) {
+  boost::json::array reasons;
+  for (const auto& r : health.reasons) {
+    reasons.emplace_back(boost::json::object{
+        {"code", r.code}, {"pciAddress", r.pci_address}, {"detail", r.detail}, {"since", r.since}});
+  }
+  return boost::json::object{{"state", to_string(health.state())}, {"reasons", std::move(reasons)}};
+}
+
 std::string hex4(std::uint16_t value) {
   return fmt::format("{:04x}", value);
 }
@@ -68,6 +77,7 @@ boost::json::object unit_to_json(const Unit& unit, const std::vector<std::string
   boost::json::array ids;
   for (const auto& id : reservation_ids) ids.emplace_back(id);
   o["reservationIds"] = std::move(ids);
+  o["health"] = health_to_json(unit.health);
   return o;
 }
 

@@ -43,6 +43,25 @@ const Fault* DeviceRecord::fault(std::string_view attribute) const {
   return it == faults.end() ? nullptr : &*it;
 }
 
+std::string_view to_string(HealthState state) {
+  switch (state) {
+    case HealthState::warning:
+      return "warning";
+    case HealthState::failing:
+      return "failing";
+    case HealthState::ok:
+      break;
+  }
+  return "ok";
+}
+
+HealthState UnitHealth::state() const {
+  if (reasons.empty()) return HealthState::ok;
+  const bool failing =
+      std::any_of(reasons.begin(), reasons.end(), [](const HealthReason& r) { return r.failing; });
+  return failing ? HealthState::failing : HealthState::warning;
+}
+
 std::string_view to_string(Role role) {
   switch (role) {
     case Role::gpu:

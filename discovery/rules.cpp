@@ -62,6 +62,7 @@ class Reasons {
         "iommu-disabled",       "driver-unbound", "mixed-drivers", "foreign-device",
         "host-boot-display",    "sriov-enabled",  "vgpu-parent",   "acs-override",
         "class-not-reservable", "not-sellable",   "absent"};
+    // health's failing codes (apply_health) go after these, before `absent` in an absent unit's JSON
     std::vector<Reason> out;
     for (std::string_view code : kOrder) {
       auto it = details_.find(std::string(code));
@@ -271,6 +272,13 @@ void add_host_and_policy_reasons(const Unit& unit, const std::vector<const Devic
   add_unsellable_reasons(unit, gpus, policy, reasons);
 }
 
+// CONTRACT §3: reservable exactly when no reason applies; sellable when none but class-not-reservable.
+void decide_selling(Unit& unit) {
+  unit.reservable = unit.reasons.empty();
+  unit.sellable = std::all_of(unit.reasons.begin(), unit.reasons.end(),
+                              [](const Reason& r) { return r.code == "class-not-reservable"; });
+}
+
 Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<int> group,
                const HostSnapshot& host, const Policy& policy) {
   Unit unit;
@@ -288,13 +296,29 @@ Unit make_unit(const std::vector<const DeviceRecord*>& members, std::optional<in
   add_host_and_policy_reasons(unit, gpus, host, policy, reasons);
 
   unit.reasons = reasons.take();
-  unit.reservable = unit.reasons.empty();
-  unit.sellable = std::all_of(unit.reasons.begin(), unit.reasons.end(),
-                              [](const Reason& r) { return r.code == "class-not-reservable"; });
+  decide_selling(unit);
   return unit;
 }
 
 }  // namespace
+
+bool is_health_code(std::string_view code) {
+  return std::find(kHealthFailingCodes.begin(), kHealthFailingCodes.end(), code) != kHealthFailingCodes.end();
+}
+
+void apply_health(Unit& unit, UnitHealth health) {
+  std::erase_if(unit.reasons, [](const Reason& r) { return is_health_code(r.code); });
+  for (std::string_view code : kHealthFailingCodes) {
+    std::vector<std::string> details;
+    for (const auto& h : health.reasons) {
+      if (h.failing && h.code == code) details.push_back(fmt::format("{}: {}", h.pci_address, h.detail));
+    }
+    if (!details.empty())
+      unit.reasons.push_back({std::string(code), fmt::format("{}", fmt::join(details, "; "))});
+  }
+  unit.health = std::move(health);
+  decide_selling(unit);
+}
 
 bool is_gpu_class(std::uint32_t class_code) {
   const auto c = class16(class_code);

@@ -68,6 +68,8 @@ admin:
   allowed_uids: [$(id -u)]
 libvirt:
   uri: test://$top/tests/fixtures/libvirt/demo_node.xml
+health:
+  interval: 5s
 state:
   dir: $state
 YAML
@@ -99,7 +101,7 @@ terminal, from $top:
 
   # reserve two units for org-acme (which also manages the reservation) as the platform admin:
   # the spot VM on u-0000-23-00-0 is allowed (listed in spotWorkloads), org-acme's own VM on
-  # u-0000-43-00-0 too; u-0000-24-00-0 would be refused (409 unit-occupied: an unlabelled VM runs there)
+  # u-0000-43-00-0 too; u-0000-24-00-0 would be refused (409 unit-not-reservable: it is failing, below)
   api \$ADMIN -X POST \$N/reservations -H 'Content-Type: application/json' \\
       -d '{"unitIds": ["u-0000-23-00-0", "u-0000-43-00-0"], "audienceOrgIds": ["org-acme"], "managingOrgIds": ["org-acme"], "endsAt": "$ends"}'
 
@@ -132,5 +134,31 @@ terminal, from $top:
   ctl audit --limit 5
   ctl --json units | python3 -m json.tool | head -20
 
+  # unit health: a few seconds after start the demo makes u-0000-24-00-0's GPU throw a fatal PCIe
+  # error (its AER counter in build/demo/host rises): the unit is failing, no longer sold, and
+  # new starts on it are refused; its running VM (legacy-vm) is left alone
+  ctl health                                   # each unit's state, reasons and links
+  ctl units                                    # u-0000-24-00-0 is marked FAILING
+  ctl capacity org-acme                        # it is not offered
+  ctl health clear u-0000-24-00-0 --reason "reseated the GPU"   # audited; sold again
+  # another one, by hand: python3 -B -c 'import sys; sys.path.insert(0, "tests/fixtures"); import mkhost;
+  #   mkhost.write_aer("build/demo/host", "0000:23:00.0", fatal={5: 1})'
+
 TXT
+# Unit health (CONTRACT §13): once the agent answers (its first poll took the counters it found as
+# the baseline), the demo raises the fatal AER count of u-0000-24-00-0's GPU; the next poll (5 s)
+# finds it failing. The shell's pid becomes the agent's: when it is gone, so is this.
+inject_fatal_error() {
+  local i
+  for i in $(seq 150); do
+    kill -0 "$1" 2>/dev/null || return 0
+    if python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$demo/admin.sock"; then
+      python3 -B -c 'import sys; sys.path.insert(0, sys.argv[1]); import mkhost; mkhost.write_aer(sys.argv[2], "0000:24:00.0", fatal={5: 1})' \
+        "$top/tests/fixtures" "$demo/host"
+      return 0
+    fi
+    sleep 0.2
+  done
+}
+inject_fatal_error $$ </dev/null >/dev/null 2>&1 &
 exec "$agent" run --config "$demo/agent.yaml"

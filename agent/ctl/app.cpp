@@ -24,6 +24,7 @@
 #include "gpunode/ctl/socket_path.hpp"
 #include "gpunode/json/strict.hpp"
 #include "gpunode/text/printable.hpp"
+#include "health.hpp"
 
 namespace gpunode::ctl {
 namespace json = boost::json;
@@ -115,6 +116,15 @@ class Session {
     return Result{kExitOk, *text, {}};
   }
 
+  // A way to call the agent for the commands of other files (audit export and verify, health).
+  std::function<std::expected<Page, Failure>(const Request&)> caller() {
+    return [this](const Request& r) -> std::expected<Page, Failure> {
+      auto a = call(r);
+      if (!a) return std::unexpected(a.error());
+      return Page{std::move(a->doc), std::move(a->raw)};
+    };
+  }
+
   Result fail(const Failure& f) const {
     return Result{f.exit_code, json_ && !f.body.empty() ? f.body + "\n" : "", f.message};
   }
@@ -148,6 +158,7 @@ struct Options {
   bool terminate_spot = false;
   bool dry_run = false;  // reclaim, terminate-spot: --dry-run
   ProofArgs proof;       // audit export, audit verify
+  HealthArgs health;     // health, health clear
 };
 
 std::expected<std::string, Failure> reservation_text(Session& s, const json::value& body,
@@ -440,11 +451,7 @@ Result cmd_audit(Session& s, const Options& o, const CLI::App& cmd) {
       if (!n) return s.fail(n.error());
       node = *n;
     }
-    const ProofCall call = [&s](const Request& r) -> std::expected<Page, Failure> {
-      auto a = s.call(r);
-      if (!a) return std::unexpected(a.error());
-      return Page{std::move(a->doc), std::move(a->raw)};
-    };
+    const ProofCall call = s.caller();
     return cmd.got_subcommand("export") ? audit_export(call, node, o.proof)
                                         : audit_verify(call, node, o.proof, s.env());
   }
@@ -515,6 +522,14 @@ Result cmd_rescan(Session& s, const Options&, const CLI::App&) {
   });
 }
 
+void health_args(CLI::App& cmd, Options& o, Time) {
+  health_arguments(cmd, o.health);
+}
+
+Result cmd_health(Session& s, const Options& o, const CLI::App& cmd) {
+  return health_command(s.caller(), cmd, o.health, s.json_out(), s.style());
+}
+
 void timeline_arguments(CLI::App& cmd, Options& o, Time) {
   cmd.add_option("--weeks", o.weeks, "How many weeks (default 4)")->check(CLI::Range(1, 520));
 }
@@ -557,7 +572,7 @@ struct Command {
 };
 
 // In the order of the help.
-const std::array<Command, 15> kCommands{{
+const std::array<Command, 16> kCommands{{
     {"units",
      "The node's GPU units: a tree NUMA node -> unit -> devices, reservations "
      "and VMs (GET .../units with --json)",
@@ -584,6 +599,8 @@ const std::array<Command, 15> kCommands{{
      no_arguments, cmd_status},
     {"rescan", "Rescan the host's GPUs now (POST /v1/admin/rescan)", no_arguments, cmd_rescan},
     {"timeline", "The reservations per unit over the coming weeks, drawn", timeline_arguments, cmd_timeline},
+    {"health", "Each unit's health: state, reasons, each function's link; health clear UNIT --reason TEXT",
+     health_args, cmd_health},
 }};
 
 constexpr const char* kAbout =

@@ -77,6 +77,15 @@ class Fields {
     return out;
   }
 
+  // Calls f(value, "place.key") for the object at `key` (absent or null: not called).
+  template <class F>
+  void object(std::string_view key, F&& f) {
+    const auto* v = get(key);
+    if (v == nullptr || v->is_null()) return;
+    if (!v->is_object()) return fail(at(key), "not an object");
+    f(*v, at(key));
+  }
+
   // Calls f(element, "place[i]") for each element of the array at `key` (absent: none).
   template <class F>
   void each(std::string_view key, F&& f) {
@@ -110,6 +119,38 @@ std::string bad(std::string_view what, const std::string& error) {
   return fmt::format("the agent's {} is not what the contract says: {}", what, error);
 }
 
+Health read_health(const json::value& v, const std::string& place, std::string& error) {
+  Fields f(v, place, error);
+  Health h;
+  h.state = f.str("state");
+  f.each("reasons", [&](const json::value& x, const std::string& p) {
+    Fields r(x, p, error);
+    h.reasons.push_back(HealthReason{r.str("code"), r.str("pciAddress"), r.str("detail"), r.str("since")});
+  });
+  return h;
+}
+
+UnitHealthView read_unit_health(const json::value& v, const std::string& place, std::string& error) {
+  UnitHealthView u;
+  u.health = read_health(v, place, error);
+  Fields f(v, place, error);
+  u.unit_id = f.str("unitId");
+  f.each("devices", [&](const json::value& x, const std::string& p) {
+    Fields d(x, p, error);
+    HealthDevice hd{d.str("pciAddress"),          d.str("role"),
+                    d.opt_str("powerState"),      d.opt_str("linkSpeed"),
+                    d.opt_int("linkWidth"),       d.opt_int("maxLinkWidth"),
+                    d.opt_int("widestLinkWidth"), std::nullopt};
+    d.object("aer", [&](const json::value& a, const std::string& ap) {
+      Fields c(a, ap, error);
+      hd.aer = std::vector<std::optional<std::int64_t>>{c.opt_int("fatal"), c.opt_int("nonfatal"),
+                                                        c.opt_int("correctable")};
+    });
+    u.devices.push_back(std::move(hd));
+  });
+  return u;
+}
+
 Unit read_unit(const json::value& v, const std::string& place, std::string& error) {
   Fields f(v, place, error);
   Unit u;
@@ -134,6 +175,8 @@ Unit read_unit(const json::value& v, const std::string& place, std::string& erro
                                d.str("classCode"), d.opt_str("driver")});
   });
   u.reservation_ids = f.strings("reservationIds");
+  f.object("health",
+           [&](const json::value& x, const std::string& p) { u.health = read_health(x, p, error); });
   return u;
 }
 
@@ -195,6 +238,20 @@ error::Result<std::map<std::string, std::string>> decode_unentitled(const json::
     out[w.str("domainUuid")] = fmt::format("{}", fmt::join(why, ", "));
   });
   if (!error.empty()) return error::fail(error::Errc::protocol, bad("unentitled workloads", error));
+  return out;
+}
+
+error::Result<std::vector<UnitHealthView>> decode_health(const json::value& body) {
+  std::string error;
+  std::vector<UnitHealthView> out;
+  const auto* o = body.if_object();
+  if (o != nullptr && o->contains("units")) {
+    Fields f(body, "", error);
+    out = read_list<UnitHealthView>(f, "units", error, read_unit_health);
+  } else {
+    out.push_back(read_unit_health(body, "", error));
+  }
+  if (!error.empty()) return error::fail(error::Errc::protocol, bad("health", error));
   return out;
 }
 

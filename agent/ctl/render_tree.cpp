@@ -51,8 +51,11 @@ std::string unit_text(const Unit& u, const Style& style) {
     why = style.paint("31", fmt::format("not reservable: {}", fmt::join(codes, ", ")));
     if (u.sellable) why += " (sellable on demand)";
   }
-  return fmt::format("{}  {}  {} GPU{}  {}", style.paint("1", u.id), u.cls, u.gpu_count,
-                     u.gpu_count == 1 ? "" : "s", why);
+  std::string health;  // CONTRACT §8: a failing unit is marked
+  if (u.health.state == "failing") health = "  " + style.paint("1;31", "FAILING");
+  if (u.health.state == "warning") health = "  " + style.paint("33", "health warning");
+  return fmt::format("{}  {}  {} GPU{}{}  {}", style.paint("1", u.id), u.cls, u.gpu_count,
+                     u.gpu_count == 1 ? "" : "s", health, why);
 }
 
 std::string reservation_text(const Reservation& r, const std::string& unit_id, const Style& style) {

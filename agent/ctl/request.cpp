@@ -197,6 +197,16 @@ Request rescan_request() {
   return r;
 }
 
+Request health_request(std::optional<std::string_view> unit) {
+  if (!unit) return get("/v1/admin/health");
+  return get("/v1/admin/units/" + encode_component(*unit) + "/health");
+}
+
+Request health_clear_request(std::string_view unit, std::string_view reason) {
+  return post("/v1/admin/units/" + encode_component(unit) + "/health/clear",
+              json::object{{"reason", reason}});
+}
+
 Request capacity_request(std::string_view node, std::string_view org) {
   return get(node_path(node, "/capacity?org=" + encode_component(org)));
 }

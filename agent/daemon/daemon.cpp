@@ -473,14 +473,7 @@ error::Result<void> open_node(Daemon::Parts& p, const std::shared_ptr<const auth
   else
     p.say(LogLevel::warning, fmt::format("no GPU names: {}", names.error().detail));
 
-  service::ServiceOptions so{cfg.node.id,
-                             cfg.node.owner_org,
-                             policy,
-                             cfg.discovery.host_root,
-                             cfg.state.dir,
-                             p.opt.version,
-                             std::chrono::duration_cast<std::chrono::seconds>(cfg.libvirt.shutdown_grace),
-                             cfg.enforcement.mode};
+  const service::ServiceOptions so = service_options(cfg, p.opt.version);
   service::Clock clock = p.opt.clock ? p.opt.clock : [] { return std::chrono::system_clock::now(); };
   auto opened = service::NodeService::open(so, verifier, p.names ? &*p.names : nullptr, clock, p.log_sink());
   if (!opened)

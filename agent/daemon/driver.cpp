@@ -80,10 +80,32 @@ Driver::Driver(asio::io_context& core, service::NodeService& node,
       announced_(node.revision()),
       announced_event_(node.event_seq()),
       retry_timer_(core),
-      event_refresh_(core.get_executor(), opt_.event_delay, Debounce::Mode::after_first, [this] {
-        if (!stopping_) refresh();
-      }) {
+      event_refresh_(core.get_executor(), opt_.event_delay, Debounce::Mode::after_first,
+                     [this] {
+                       if (!stopping_) refresh();
+                     }),
+      health_timer_(core) {
   node_.set_has_hypervisor(hypervisor_ != nullptr);
+  arm_health();
+}
+
+// Unit health (CONTRACT §13): the service polled when it opened; from then on every health.interval,
+// on this thread. What a poll stored moves the revision like any change (it wakes the long polls
+// and the reporter).
+void Driver::arm_health() {
+  const auto interval = node_.health_interval();
+  if (!interval || stopping_) return;
+  health_timer_.expires_after(*interval);
+  health_timer_.async_wait([this](const boost::system::error_code& e) {
+    if (e || stopping_) return;
+    try {
+      node_.poll_health();
+    } catch (const std::exception& x) {
+      say(LogLevel::error, fmt::format("internal error in the health poll: {}", x.what()));
+    }
+    changed();
+    arm_health();
+  });
 }
 
 Driver::~Driver() = default;
@@ -296,6 +318,7 @@ void Driver::stop() {
   stopping_ = true;
   retry_timer_.cancel();
   event_refresh_.cancel();
+  health_timer_.cancel();
   auto waiting = std::exchange(parked_, {});
   for (auto& [id, p] : waiting) {
     p->timer.cancel();

@@ -20,4 +20,22 @@ discovery::Policy policy_from(const config::Config& config) {
   return policy;
 }
 
+health::Settings health_settings_from(const config::Config& config) {
+  return health::Settings{config.health.nonfatal_threshold,
+                          std::chrono::duration_cast<std::chrono::seconds>(config.health.recovery),
+                          config.health.ignore};
+}
+
+service::ServiceOptions service_options(const config::Config& c, std::string version) {
+  return service::ServiceOptions{c.node.id,
+                                 c.node.owner_org,
+                                 policy_from(c),
+                                 c.discovery.host_root,
+                                 c.state.dir,
+                                 std::move(version),
+                                 std::chrono::duration_cast<std::chrono::seconds>(c.libvirt.shutdown_grace),
+                                 c.enforcement.mode,
+                                 {c.health.enabled, c.health.interval, health_settings_from(c)}};
+}
+
 }  // namespace gpunode::daemon

@@ -57,6 +57,19 @@ std::string render(const Snapshot& s, const HttpMetrics& http) {
   for (std::size_t i = 0; i < kAdmissionResults.size(); ++i) {
     w.sample("gpunode_domain_admissions_total", {{"result", kAdmissionResults[i]}}, s.node.admissions[i]);
   }
+  w.family("gpunode_unit_failing", "gauge",
+           "1 when the unit's health is failing (a GPU or its link), else 0");
+  for (const auto& [unit, failing] : s.node.unit_failing)
+    w.sample("gpunode_unit_failing", {{"unit", unit}}, std::int64_t{failing ? 1 : 0});
+  w.family("gpunode_pcie_errors_total", "counter",
+           "PCIe AER errors seen to rise by this agent on the functions a unit is judged on, by severity");
+  static constexpr std::array<std::string_view, 3> kSeverities = {"fatal", "nonfatal", "correctable"};
+  for (const auto& e : s.node.pcie_errors) {
+    for (std::size_t i = 0; i < kSeverities.size(); ++i) {
+      w.sample("gpunode_pcie_errors_total",
+               {{"unit", e.unit}, {"pci_address", e.pci_address}, {"severity", kSeverities[i]}}, e.counts[i]);
+    }
+  }
   return w.take();
 }
 

@@ -147,6 +147,8 @@ class Lookups {
   virtual std::string new_id(std::string_view prefix) const = 0;
 };
 
+struct HealthBook;  // health_book.hpp
+
 // The node's state at this instant, as the routes read it.
 struct Facts {
   reservations::NodeView node;
@@ -156,6 +158,7 @@ struct Facts {
   reservations::Time now;
   std::chrono::seconds shutdown_grace{0};  // terminate-spot's default grace
   const Lookups& ask;
+  const HealthBook* health = nullptr;  // unit health, for its clear (CONTRACT §13)
 
   // CONTRACT §4's relation table for `c` on this node, and on `x` when the action is on one.
   [[nodiscard]] bool allowed(reservations::Action action, const Caller& c,
@@ -182,7 +185,15 @@ Decision reclaim(const Facts& f, const ApiRequest& q, const Caller& c,
 Decision terminate_spot(const Facts& f, const ApiRequest& q, const Caller& c);
 // POST admission: a question; with an Idempotency-Key its answer is kept (no revision moves).
 Decision admission(const Facts& f, const ApiRequest& q, const Caller& c);
+// POST /v1/admin/units/{unitId}/health/clear (CONTRACT §13): every function the unit is judged on
+// begins again from its last reading, the unit's reasons are cleared, the act is audited
+// (unit.health-clear); answers the unit. Needs f.health.
+Decision health_clear(const Facts& f, const ApiRequest& q, const Caller& c, const std::string& unit_id);
 }  // namespace routes
+
+// A body {"reason"} of at most 1024 characters (end's optional one, a health clear's required one):
+// the reason (nothing when absent and not required), or the 400 that says what is wrong.
+std::expected<std::optional<std::string>, ApiResponse> reason_of(const std::string& body, bool required);
 
 // The checks the routes share: units named in a request (422 unknown-unit, 409
 // unit-not-reservable), overlapping terms (409 reservation-overlap), occupancy once the term has

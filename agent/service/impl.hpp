@@ -12,6 +12,8 @@
 //   workload_routes.cpp     GET workloads, unentitled domains, the hook's domain admission
 //   spot_routes.cpp         termination batches: started, dry runs, finished, observed
 //   checkpoints.cpp         signed audit checkpoints (CONTRACT §12)
+//   health_book.cpp, health_routes.cpp, health_store.cpp: unit health (CONTRACT §13): what is
+//                           kept, the poll, the admin socket's routes, the rows in state.db
 #pragma once
 
 #include <fmt/format.h>
@@ -34,6 +36,7 @@
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
 #include "gpunode/service/spot_plan.hpp"
+#include "health_book.hpp"
 #include "inventory.hpp"
 #include "reservation_table.hpp"
 #include "snapshot.hpp"
@@ -196,8 +199,10 @@ struct NodeService::Impl {
   static json::object workload_json(const Workload& w);
   Outcome workloads(const Asks& asks, const Caller& c);
 
-  // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts
-  r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id) const;
+  // entitlement (CONTRACT §4 capacity and admission): the rules' table over this node's facts;
+  // `count_health` false for a VM already running (a failing unit refuses new starts only, §13)
+  r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id,
+                          bool count_health = true) const;
   // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
   ApiResponse domain_admission(const ApiRequest& q);
   std::vector<std::string> hostdev_units(const vmctl::DomainXmlFacts& facts, json::array& reasons) const;
@@ -227,6 +232,19 @@ struct NodeService::Impl {
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
+
+  // ---- health_routes.cpp: unit health (CONTRACT §13) -----------------------------------------------
+  detail::HealthBook health;
+  // The functions each present unit is judged on, rebuilt when the inventory's membership changed.
+  void refresh_health_targets();
+  // One poll: read, judge, and commit what changed (nothing when nothing did).
+  void poll_health();
+  void count_rises(const std::vector<health::Rises>& rises, bool stored);
+  void health_gauges(metrics::NodeGauges& g) const;
+  json::object unit_health_json(const discovery::Unit& u) const;
+  // GET /v1/admin/health, GET /v1/admin/units/{unitId}/health, POST .../health/clear (admin socket
+  // only); nothing for another path.
+  std::optional<Outcome> health_route(const ApiRequest& q, const Caller& c);
 
   // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
   std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start

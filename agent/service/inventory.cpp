@@ -5,6 +5,7 @@
 #include <set>
 
 #include "gpunode/discovery/json.hpp"
+#include "gpunode/discovery/rules.hpp"
 #include "gpunode/store/audit_chain.hpp"
 #include "gpunode/store/canonical_json.hpp"
 
@@ -30,10 +31,16 @@ std::vector<std::string> Inventory::ids() const {
   return out;
 }
 
-reservations::UnitFacts Inventory::facts(std::string_view id) const {
+reservations::UnitFacts Inventory::facts(std::string_view id, bool health) const {
   reservations::UnitFacts facts;
   if (const auto* u = find(id)) {
     facts.presence = reservations::UnitFacts::Presence::present;
+    discovery::Unit without;  // the unit as if nothing were failing
+    if (!health && u->health.state() == discovery::HealthState::failing) {
+      without = *u;
+      discovery::apply_health(without, {});
+      u = &without;
+    }
     facts.sellable = u->sellable;
     for (const auto& rs : u->reasons) facts.not_sellable_codes.push_back(rs.code);
   } else if (absent_doc(id) != nullptr) {
@@ -91,20 +98,29 @@ InventoryScan Inventory::scan(
     if (absent_.contains(u.id)) out.back.push_back(u.id);
   }
 
-  // The full answer (what discovery says, reservationIds empty, then the absent units) and its digest.
-  json::array full;
-  for (const auto& u : fresh) full.emplace_back(discovery::unit_to_json(u));
-  for (const auto& [id, doc] : absent_) {
-    if (!fresh_ids.contains(id)) full.emplace_back(doc);
-  }
-  for (const auto& [id, doc] : out.newly_absent) full.emplace_back(doc);
-  auto canon = store::canonical_json(full);
-  out.digest = canon ? store::sha256_hex(*canon).value_or("") : "";
-
   out.next.present_ = std::move(fresh);
   out.next.absent_ = absent_;
   for (const auto& [id, doc] : out.newly_absent) out.next.absent_.insert_or_assign(id, doc);
   for (const auto& id : out.back) out.next.absent_.erase(id);
+  out.digest = out.next.digest();
+  return out;
+}
+
+std::string Inventory::digest() const {
+  // The full answer: what discovery says (reservationIds empty), then the absent units.
+  json::array full;
+  for (const auto& u : present_) full.emplace_back(discovery::unit_to_json(u));
+  for (const auto& [id, doc] : absent_) {
+    if (find(id) == nullptr) full.emplace_back(doc);
+  }
+  auto canon = store::canonical_json(full);
+  return canon ? store::sha256_hex(*canon).value_or("") : "";
+}
+
+Inventory Inventory::with_health(
+    const std::function<discovery::UnitHealth(std::string_view)>& health_of) const {
+  Inventory out = *this;
+  for (auto& u : out.present_) discovery::apply_health(u, health_of(u.id));
   return out;
 }
 

@@ -29,14 +29,22 @@ class Inventory {
   const boost::json::object* absent_doc(std::string_view id) const;
   bool known(std::string_view id) const { return find(id) != nullptr || absent_doc(id) != nullptr; }
   std::vector<std::string> ids() const;  // present, then absent
-  // What the entitlement table needs to know about a unit.
-  reservations::UnitFacts facts(std::string_view id) const;
+  // What the entitlement table needs to know about a unit. `health`: its failing health codes count
+  // (a new start); without, they do not (a VM already running: health never makes it unentitled).
+  reservations::UnitFacts facts(std::string_view id, bool health = true) const;
   // Every unit's member PCI addresses, present and absent units alike: address -> unit id.
   std::map<std::string, std::string> unit_of_address() const;
 
   void set_absent(const std::map<std::string, boost::json::object>& absent) {
     absent_ = AbsentMap(absent.begin(), absent.end());
   }
+
+  // The same units, each present one with the health `health_of` gives it (CONTRACT §13).
+  Inventory with_health(
+      const std::function<discovery::UnitHealth(std::string_view unit_id)>& health_of) const;
+  // The digest of the full answer (present units as discovery reads them, then the absent ones):
+  // what the store keeps to tell whether inventory.changed is due.
+  std::string digest() const;
 
   // What a discovery pass changes. `fresh` is what discovery reads now; `stored_present` the
   // units the store holds as present (read on the first scan after a start: a unit gone while

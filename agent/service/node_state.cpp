@@ -23,6 +23,10 @@ void NodeService::Impl::load() {
   }
   terminations.load(std::move(loaded.pending));
   inventory.set_absent(loaded.absent_units);
+  health.enabled = opt.health.enabled;
+  health.settings = opt.health.settings;
+  health.devices = std::move(loaded.health_devices);
+  health.verdicts = std::move(loaded.health_units);
   live.clear();
   for (const auto& x : reservations) {
     live.follow(nullptr, &x);
@@ -55,6 +59,13 @@ std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const
     if (row.audit_index) stored.audit_seq = done->audit_seqs[*row.audit_index];
     terminations.follow(std::move(stored));
   }
+  if (!c.health.empty()) {
+    health.follow(c.health);
+    if (!c.health.units.empty()) {
+      inventory = inventory.with_health([this](std::string_view id) { return health.unit_health(id); });
+      touch();
+    }
+  }
   if (!c.upserts.empty()) judge_workloads(last_workloads);  // entitlement moved with the reservations
   return done;
 }
@@ -67,6 +78,8 @@ void NodeService::Impl::scan(bool first) {
   auto snapshot = reader->read();
   for (const auto& w : snapshot.warnings) say(LogLevel::warning, "discovery: " + w);
   auto fresh = discovery::build_units(snapshot, opt.policy);
+  for (auto& u : fresh) discovery::apply_health(u, health.unit_health(u.id));  // as last judged (§13)
+  health.built_for.clear();  // a device may be back at the same address: its files are opened again
   last_scan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   auto next = inventory.scan(std::move(fresh), first ? store.present_unit_ids() : std::vector<std::string>{},
                              [this](const std::string& id) { return store.unit_doc(id); });
@@ -128,6 +141,7 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
   g.revision = store.revision();
   g.discovery_seconds = last_scan_seconds;
   g.unentitled_workloads = static_cast<std::int64_t>(unentitled.size());
+  health_gauges(g);
   return g;
 }
 
@@ -338,7 +352,8 @@ error::Result<std::unique_ptr<NodeService>> NodeService::open(
   impl->load();
   impl->apply_terms();  // terms that came while the agent was down, in time order, before serving
   impl->scan(true);
-  impl->snapshot();  // published before the first request: reads need no hop from the start
+  impl->poll_health();  // a restart keeps what was latched; the first poll takes the baselines
+  impl->snapshot();     // published before the first request: reads need no hop from the start
   return std::unique_ptr<NodeService>(new NodeService(std::move(impl)));
 }
 
@@ -376,6 +391,14 @@ std::optional<reservations::Time> NodeService::tick() {
 void NodeService::rescan() {
   impl_->scan(false);
   impl_->publish();
+}
+void NodeService::poll_health() {
+  impl_->poll_health();
+  impl_->publish();
+}
+std::optional<std::chrono::milliseconds> NodeService::health_interval() const {
+  if (!impl_->opt.health.enabled) return std::nullopt;
+  return impl_->opt.health.interval;
 }
 void NodeService::rescan_if_changed() {
   impl_->backstop_scan();

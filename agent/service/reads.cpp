@@ -93,6 +93,7 @@ json::object unit_json(const r::NodeView& node, const ReservationTable& reservat
 
 json::object absent_unit_json(const r::NodeView& node, const ReservationTable& reservations,
                               const std::string& id, json::object doc, const r::Caller& who) {
+  if (!doc.contains("health")) doc["health"] = discovery::health_to_json({});  // stored before §13
   doc["reservationIds"] = strings_json(r::visible_reservation_ids(who, node, reservations.all(), id));
   return doc;
 }

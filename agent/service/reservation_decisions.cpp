@@ -16,6 +16,20 @@ bool Facts::allowed(r::Action action, const Caller& c, const r::Reservation* x) 
   return r::may(action, c.who, r::Subject{node, reservations.all(), x, {}});
 }
 
+std::expected<std::optional<std::string>, ApiResponse> reason_of(const std::string& body, bool required) {
+  auto o = parse_object(body, !required);
+  if (!o) return std::unexpected(o.error());
+  Fields fs(*o, {"reason"});
+  auto reason = fs.string("reason", !required);
+  if (required && fs.problems().empty() && (!reason || reason->empty()))
+    fs.problems().push_back({"reason", "must say why"});
+  if (reason && r::code_points(*reason) > r::kMaxNote)
+    fs.problems().push_back({"reason", "must be at most 1024 characters"});
+  if (!fs.problems().empty())
+    return std::unexpected(problem(400, "invalid-request", "the body is not valid", fs.problems()));
+  return reason;
+}
+
 std::optional<ApiResponse> check_units(const Facts& f, const std::vector<std::string>& ids) {
   std::vector<FieldProblem> unknown;
   json::array not_reservable;
@@ -268,13 +282,8 @@ Decision end(const Facts& f, const ApiRequest& q, const Caller& c, const r::Rese
   if (!f.allowed(r::Action::end, c, &current)) return forbidden("only a platform admin ends reservations");
   auto idem = f.ask.idempotency(q, c);
   if (!idem) return std::move(idem.error());
-  auto body = parse_object(q.body, true);
-  if (!body) return body.error();
-  Fields fs(*body, {"reason"});
-  auto reason = fs.string("reason", true);
-  if (reason && r::code_points(*reason) > r::kMaxNote)
-    fs.problems().push_back({"reason", "must be at most 1024 characters"});
-  if (!fs.problems().empty()) return problem(400, "invalid-request", "the body is not valid", fs.problems());
+  auto reason = reason_of(q.body, false);
+  if (!reason) return reason.error();
   if (current.ended()) return problem(409, "reservation-ended", "the reservation has ended already");
   r::Reservation x = current;
   x.state = r::State::ended;
@@ -286,7 +295,7 @@ Decision end(const Facts& f, const ApiRequest& q, const Caller& c, const r::Rese
   x.updated_at = f.now;
   Change ch{
       .actor = c, .request_id = q.request_id, .at = f.now, .upserts = {x}, .idempotency = std::move(*idem)};
-  ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", reason});
+  ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", *reason});
   ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
   return CommitThen{.change = std::move(ch),
                     .answer = with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version))};

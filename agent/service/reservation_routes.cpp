@@ -50,6 +50,9 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     if (q.method != "POST") return method_not_allowed("POST");
     return domain_admission(q);
   }
+  if (q.via_admin_socket() && q.path.starts_with("/v1/admin/")) {
+    if (auto h = health_route(q, *caller)) return std::move(*h);  // unit health (CONTRACT §13)
+  }
   const auto seg = q.segments();
   if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
   if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {

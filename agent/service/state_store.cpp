@@ -65,6 +65,14 @@ INSERT OR IGNORE INTO reservation_orgs (org, id)
                                                    // chain's head, by the head's seq (checkpoint_store.cpp).
                                                    R"sql(
 CREATE TABLE checkpoints (seq INTEGER PRIMARY KEY, checkpoint TEXT NOT NULL);
+)sql"},
+                                                  {5, "unit health",
+                                                   // CONTRACT §13 (health_store.cpp): what is kept of each
+                                                   // PCI function (its baseline counts, the widest link
+                                                   // width seen, ...) and each unit's reasons, as JSON.
+                                                   R"sql(
+CREATE TABLE health_devices (address TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE health_units (unit_id TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
 )sql"}};
   return list;
 }
@@ -180,12 +188,14 @@ std::expected<void, DbError> StateStore::load() {
 
   auto us = db_.prepare("SELECT id, doc FROM units WHERE absent = 1");
   if (!us) return std::unexpected(us.error());
-  return each_row(*us, [&](store::Statement& st) -> std::expected<void, DbError> {
+  auto absent = each_row(*us, [&](store::Statement& st) -> std::expected<void, DbError> {
     boost::system::error_code ec;
     auto v = json::parse(st.column_text(1), ec);
     if (!ec && v.is_object()) loaded_.absent_units.emplace(st.column_text(0), std::move(v.get_object()));
     return {};
   });
+  if (!absent) return absent;
+  return load_health();
 }
 
 std::expected<reservations::Reservation, DbError> StateStore::parse_reservation(
@@ -282,9 +292,9 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c,
   Tally t{.seq = audit_seq_, .ev = event_seq_, .ended = ended_, .last_hash = audit_last_hash_, .out = {}};
   t.out.audit_seqs.reserve(c.audits.size());
   auto result = db_.transaction([&](store::Tx&) -> std::expected<void, DbError> {
-    for (auto step :
-         {&StateStore::write_reservations, &StateStore::write_units, &StateStore::write_audits,
-          &StateStore::write_events, &StateStore::write_idempotency, &StateStore::write_terminations}) {
+    for (auto step : {&StateStore::write_reservations, &StateStore::write_units, &StateStore::write_audits,
+                      &StateStore::write_events, &StateStore::write_idempotency,
+                      &StateStore::write_terminations, &StateStore::write_health}) {
       if (auto w = (this->*step)(c, t, wall); !w) return w;
     }
     return write_meta(c, t, moves);

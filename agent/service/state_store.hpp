@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "caller.hpp"
+#include "gpunode/health/judge.hpp"
 #include "gpunode/reservations/model.hpp"
 #include "gpunode/service/api.hpp"
 #include "gpunode/service/reservation_json.hpp"
@@ -69,6 +70,17 @@ struct TerminationRow {
   std::optional<std::size_t> audit_index;
 };
 
+// Unit health's rows (CONTRACT §13; health_store.cpp): what is kept of each function, by PCI
+// address, and each unit's reasons, by unit id. Not a change of the node's state by itself: a
+// baseline taken or a width seen moves no revision; the unit's JSON written with it does.
+struct HealthRows {
+  std::vector<std::pair<std::string, health::DeviceState>> devices{};
+  std::vector<std::string> devices_gone{};  // rows no unit is judged on any more
+  std::vector<std::pair<std::string, health::Verdict>> units{};
+  std::vector<std::string> restart{};  // functions whose in-memory memo begins again (a clear)
+  bool empty() const { return devices.empty() && devices_gone.empty() && units.empty() && restart.empty(); }
+};
+
 // One transaction's worth of change.
 // Built by name (`Change{.actor = c, .at = t, .upserts = {x}}`); what is not named is empty.
 struct Change {
@@ -82,6 +94,7 @@ struct Change {
   std::optional<std::string> inventory_digest{};
   std::optional<IdempotencyDraft> idempotency{};
   std::vector<TerminationRow> terminations{};
+  HealthRows health{};
 
   // Whether committing it moves the node's revision (an idempotency row alone does not).
   bool moves_state() const {
@@ -102,6 +115,8 @@ struct Loaded {
   std::int64_t ended = 0;                                                      // how many ended ones are kept
   std::map<std::int64_t, TerminationRow> pending;           // terminations cut short, by audit seq
   std::map<std::string, boost::json::object> absent_units;  // last seen JSON, `absent` applied
+  std::map<std::string, health::DeviceState, std::less<>> health_devices;  // by PCI address
+  std::map<std::string, health::Verdict, std::less<>> health_units;        // by unit id
 };
 
 // Which stored reservations a page reads, in id order after `after`: all or the ended ones, and
@@ -222,6 +237,8 @@ class StateStore {
   std::expected<void, store::DbError> write_events(const Change& c, Tally& t, Wall wall);
   std::expected<void, store::DbError> write_idempotency(const Change& c, Tally& t, Wall wall);
   std::expected<void, store::DbError> write_terminations(const Change& c, Tally& t, Wall wall);
+  std::expected<void, store::DbError> write_health(const Change& c, Tally& t, Wall wall);  // health_store.cpp
+  std::expected<void, store::DbError> load_health();                                       // health_store.cpp
   std::expected<void, store::DbError> write_meta(const Change& c, const Tally& t, bool moves);
 
   store::Database db_;

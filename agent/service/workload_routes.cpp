@@ -77,7 +77,7 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
     const auto tier = d.label ? d.label->tier : vmctl::Tier::on_demand;
     json::array reasons;
     for (const auto& u : w.unit_ids) {
-      const auto e = entitled(org, tier, u);
+      const auto e = entitled(org, tier, u, false);  // health refuses new starts only (CONTRACT §13)
       if (e.allowed()) continue;
       if (tier == vmctl::Tier::spot) {
         const auto* holder = r::active_holder(all_reservations(), u);
@@ -128,8 +128,9 @@ ApiResponse NodeService::Impl::unentitled_route() const {
 }
 
 r::Entitlement NodeService::Impl::entitled(const std::string& org, vmctl::Tier tier,
-                                           const std::string& unit_id) const {
-  return r::entitled(org, tier, unit_id, inventory.facts(unit_id), all_reservations(), opt.node_id);
+                                           const std::string& unit_id, bool count_health) const {
+  return r::entitled(org, tier, unit_id, inventory.facts(unit_id, count_health), all_reservations(),
+                     opt.node_id);
 }
 
 // ---- the libvirt hook's admission (CONTRACT §9) ---------------------------------------------------

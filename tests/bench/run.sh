@@ -13,8 +13,15 @@ exec > >(tee "$base/bench.log") 2>&1
 root="$base/host"
 python3 "$top/tests/fixtures/mkhost.py" "$top/tests/bench/large_host.py" "$root"
 "$build/tests/bench/discovery_bench" "$root" "$build/gpunode-agent" "${ITERATIONS:-50}"
+# One unit health poll (tests/bench/health_bench.cpp): on the demo host (8 GPUs, what the idle
+# figure below runs with) and on the large host (64 GPUs).
+echo
+python3 "$top/tests/fixtures/mkhost.py" "$top/tests/fixtures/hosts/demo_node.py" "$base/demo" >/dev/null
+"$build/tests/bench/health_bench" "$base/demo" "${HEALTH_ITERATIONS:-200}"
+"$build/tests/bench/health_bench" "$root" "${HEALTH_ITERATIONS:-200}" | grep -v '^SUMMARY' 
 # Whole processes (tests/bench/process_bench.py): `version` beside /bin/true, `discover --json`
-# beside lspci on the same tree, an idle agent beside an idle prometheus-node-exporter.
+# beside lspci on the same tree, an idle agent (the demo host's 8 GPUs, health on at its default
+# 30 s) beside an idle prometheus-node-exporter.
 echo
 python3 "$top/tests/bench/process_bench.py" "$build" "$root"
 # The API bench (tests/bench/api_bench.py): the agent's HTTPS API on loopback, a create beside a

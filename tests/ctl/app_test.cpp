@@ -348,3 +348,63 @@ TEST_CASE("status: the node at a glance, from the state, the metrics when served
   f.agent.answers["GET /v1/admin/unentitled"] = ok(R"({"workloads":[]})");
   CHECK(f.run({"status"}).out.ends_with("unentitled:   none\n"));
 }
+
+// ---- health (CONTRACT §8, §13) ----------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kHealth =
+    R"j({"nodeId":"node-1","enabled":true,"polledAt":"2027-01-05T10:00:00Z","units":[)j"
+    R"j({"unitId":"u-0000-41-00-0","state":"failing","reasons":[{"code":"pcie-fatal-error",)j"
+    R"j("pciAddress":"0000:40:01.1","detail":"fatal PCIe errors rose from 0 to 1 (aer_dev_fatal)",)j"
+    R"j("since":"2027-01-05T09:58:00Z"}],"devices":[)j"
+    R"j({"pciAddress":"0000:41:00.0","role":"gpu","powerState":"D3hot","linkWidth":null,"maxLinkWidth":null,)j"
+    R"j("widestLinkWidth":16,"linkSpeed":null,"aer":{"fatal":0,"nonfatal":0,"correctable":0}},)j"
+    R"j({"pciAddress":"0000:40:01.1","role":"upstream-port","powerState":"D0","linkWidth":8,"maxLinkWidth":16,)j"
+    R"j("widestLinkWidth":16,"linkSpeed":"16.0 GT/s PCIe","aer":{"fatal":1,"nonfatal":0,"correctable":2}}]},)j"
+    R"j({"unitId":"u-0000-42-00-0","state":"warning","reasons":[{"code":"aer-not-monitored",)j"
+    R"j("pciAddress":"0000:42:00.0","detail":"no aer_dev_* files\u001b[2J","since":"2027-01-05T09:00:00Z"}],)j"
+    R"j("devices":[{"pciAddress":"0000:42:00.0","role":"gpu","powerState":"D0","linkWidth":16,"maxLinkWidth":16,)j"
+    R"j("widestLinkWidth":16,"linkSpeed":"2.5 GT/s PCIe","aer":null}]}]})j";
+
+}  // namespace
+
+TEST_CASE("health: a row per function with its link, the reasons in full, text from sysfs escaped") {
+  Fixture f;
+  f.agent.answers["GET /v1/admin/health"] = ok(std::string(kHealth));
+  auto r = f.run({"health"});
+  CHECK(r.exit_code == 0);
+  const std::string want =
+      "UNIT            STATE    REASONS            FUNCTION      ROLE           POWER  LINK             "
+      "SPEED           AER F/NF/COR\n"
+      "u-0000-41-00-0  failing  pcie-fatal-error   0000:41:00.0  gpu            D3hot  -                -    "
+      "           0/0/0\n"
+      "                                            0000:40:01.1  upstream-port  D0     x8 (widest x16)  16.0 "
+      "GT/s PCIe  1/0/2\n"
+      "u-0000-42-00-0  warning  aer-not-monitored  0000:42:00.0  gpu            D0     x16              2.5 "
+      "GT/s PCIe   not monitored\n"
+      "\n"
+      "u-0000-41-00-0: pcie-fatal-error on 0000:40:01.1 since 2027-01-05T09:58:00Z: fatal PCIe errors rose "
+      "from 0 to 1 (aer_dev_fatal)\n"
+      "u-0000-42-00-0: aer-not-monitored on 0000:42:00.0 since 2027-01-05T09:00:00Z: no aer_dev_* "
+      "files\\x1b[2J\n";
+  CHECK(r.out == want);
+  CHECK(f.run({"--json", "health"}).out == std::string(kHealth) + "\n");
+}
+
+TEST_CASE("health UNIT asks for that unit; health clear needs --reason and says what is left") {
+  Fixture f;
+  auto r = f.run({"health", "u-0000-41-00-0"});
+  CHECK(r.exit_code == 1);  // the fake's 404
+  CHECK(f.agent.seen.back().target == "/v1/admin/units/u-0000-41-00-0/health");
+  CHECK(f.run({"health", "clear", "u-0000-41-00-0"}).exit_code == 2);
+  f.agent.answers["POST /v1/admin/units/u-0000-41-00-0/health/clear"] = ok(
+      R"({"id":"u-0000-41-00-0","iommuGroup":37,"class":"vfio-group","gpuCount":1,"numaNodes":[0],"sellable":true,)"
+      R"("reservable":true,"notReservableReasons":[],"gpus":[],"devices":[],"reservationIds":[],)"
+      R"("health":{"state":"ok","reasons":[]}})");
+  r = f.run({"health", "clear", "u-0000-41-00-0", "--reason", "reseated"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "u-0000-41-00-0: health cleared; now ok\n");
+  CHECK(f.agent.seen.back().method == "POST");
+  CHECK(f.agent.seen.back().body == R"({"reason":"reseated"})");
+}

@@ -39,6 +39,7 @@ REQUIRED = {
     "GpunodeUnentitledWorkloads": "gpunode_unentitled_workloads",
     "GpunodeDomainRefused": "gpunode_domain_admissions_total",
     "GpunodeAgentDown": "up",
+    "GpunodeUnitFailing": "gpunode_unit_failing",  # CONTRACT §13
 }
 # Series Prometheus writes itself for every scrape target, not the agent: allowed in rules only.
 PROMETHEUS_SERIES = {"up"}

@@ -271,7 +271,7 @@ def body(c, lab, fc):
     db.close()
     c.eq("SIGTERM: a checkpoint of the head is stored at stop", last, head)
     c.check(f"SIGTERM: exit 0 within 2 s ({took:.2f} s)", rc == 0 and took < 2, (rc, took))
-    c.eq("state.db is schema 4 (audit checkpoints)", schema[-1], (4, "audit checkpoints"))
+    c.check("state.db holds migration 4 (audit checkpoints)", (4, "audit checkpoints") in schema, schema)
     lab.start()
     c.check("the stop's checkpoint is delivered by the next agent",
             fc.wait_for(lambda: [e for e in cp_events() if e["data"]["seq"] == head], 5), cp_events()[-2:])

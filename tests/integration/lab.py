@@ -469,7 +469,8 @@ class Lab:
         return ctx
 
     def config_text(self, keys=("ed",), log_level="info", extra_node="", client_ca=None, admin_uids=None, central="",
-                    metrics_listen=""):
+                    metrics_listen="", health=""):
+        """agent.yaml for this lab; `health`: the text of a `health:` section (else its defaults)."""
         d = self.dir
         if client_ca is None:
             client_ca = self.mtls
@@ -499,7 +500,7 @@ libvirt:
   shutdown_grace: 0s
 {central}metrics:
   listen: "{metrics_listen}"
-state:
+{health}state:
   dir: {self.state}
 log:
   level: {log_level}

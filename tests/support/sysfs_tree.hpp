@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "gpunode/discovery/sysfs_reader.hpp"
@@ -35,7 +36,12 @@ class Tree {
   Tree& operator=(const Tree&) = delete;
 
   fs::path root() const { return root_; }
-  fs::path dev(const std::string& a) const { return root_ / "sys/devices/pci0000:00" / a; }
+  fs::path dev(const std::string& a) const {
+    const auto p = parents_.find(a);
+    return p == parents_.end() ? root_ / "sys/devices/pci0000:00" / a : dev(p->second) / a;
+  }
+  // Functions added after this nest under `parent` (its bridge), as the kernel lays them out.
+  void nest(const std::string& a, const std::string& parent) { parents_[a] = parent; }
 
   void write(const fs::path& rel, const std::string& text) {
     fs::path p = rel.is_absolute() ? rel : root_ / rel;
@@ -72,6 +78,7 @@ class Tree {
 
  private:
   fs::path root_;
+  std::map<std::string, std::string> parents_;  // address -> its parent bridge's
 };
 
 }  // namespace gpunode::testing

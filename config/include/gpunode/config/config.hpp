@@ -79,6 +79,13 @@ struct Config {
     Duration checkpoint_interval = std::chrono::hours(1);  // 1s to 24h
     std::string signing_key;  // an absolute path; empty: <state.dir>/audit-signing.key (signing_key_path())
   } audit;
+  struct Health {  // CONTRACT §13
+    bool enabled = true;
+    Duration interval = std::chrono::seconds(30);  // 1s to 1h
+    Duration recovery = std::chrono::minutes(10);  // link-degraded clears after this long back at width
+    std::uint64_t nonfatal_threshold = 3;          // non-fatal AER errors within 24 h that fail a unit
+    std::vector<std::string> ignore;               // failing codes shown as warnings instead
+  } health;
   struct State {
     std::string dir = "/var/lib/gpunode";
   } state;

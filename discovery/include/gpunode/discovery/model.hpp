@@ -88,15 +88,36 @@ struct UnitDevice {
   Role role = Role::foreign;
 };
 
+// CONTRACT §13: a unit's health as the agent judged it. Discovery only carries it (the judge is
+// gpunode::health, the state the service's); a unit nobody judged is ok with no reasons.
+enum class HealthState { ok, warning, failing };
+std::string_view to_string(HealthState state);
+
+struct HealthReason {
+  std::string code;         // pcie-fatal-error, ..., aer-not-monitored
+  std::string pci_address;  // the function it was seen on: a member, or a member's upstream port
+  std::string detail;       // what was seen when it first applied (names the device and the counts)
+  std::string since;        // RFC 3339 UTC: when it first applied
+  bool failing = false;     // a failing code not turned into a warning by health.ignore
+  bool operator==(const HealthReason&) const = default;
+};
+
+struct UnitHealth {
+  std::vector<HealthReason> reasons;  // sorted by code, then address
+  [[nodiscard]] HealthState state() const;
+  bool operator==(const UnitHealth&) const = default;
+};
+
 struct Unit {
   std::string id;                  // u-DDDD-BB-SS-F of the lowest gpu address
   std::optional<int> iommu_group;  // nullopt without IOMMU groups
   UnitClass cls = UnitClass::none;
   std::vector<UnitDevice> devices;  // every member, sorted by address
   std::vector<int> numa_nodes;      // sorted, unique, of the gpus
-  std::vector<Reason> reasons;      // empty exactly when reservable
+  std::vector<Reason> reasons;      // empty exactly when reservable (health's failing codes included)
   bool sellable = false;
   bool reservable = false;
+  UnitHealth health;  // set by discovery::apply_health (rules.hpp)
 
   [[nodiscard]] int gpu_count() const;
 };

@@ -32,6 +32,15 @@ struct Gpu {
   std::optional<std::string> name;
 };
 
+// A unit's health (CONTRACT §13): its state and reasons.
+struct HealthReason {
+  std::string code, pci_address, detail, since;
+};
+struct Health {
+  std::string state = "ok";  // ok, warning, failing
+  std::vector<HealthReason> reasons;
+};
+
 struct Unit {
   std::string id;
   std::optional<std::int64_t> iommu_group;
@@ -43,7 +52,23 @@ struct Unit {
   std::vector<Gpu> gpus;
   std::vector<Device> devices;
   std::vector<std::string> reservation_ids;
+  Health health;
 };
+
+// GET /v1/admin/health (or one unit's): each unit's health and what its functions showed last.
+struct HealthDevice {
+  std::string pci_address, role;
+  std::optional<std::string> power_state, link_speed;
+  std::optional<std::int64_t> link_width, max_link_width, widest_link_width;
+  std::optional<std::vector<std::optional<std::int64_t>>> aer;  // fatal, nonfatal, correctable
+};
+struct UnitHealthView {
+  std::string unit_id;
+  Health health;
+  std::vector<HealthDevice> devices;
+};
+// `body`: {"units": [...]} or one unit's object.
+error::Result<std::vector<UnitHealthView>> decode_health(const boost::json::value& body);
 
 struct Reservation {
   std::string id, state;

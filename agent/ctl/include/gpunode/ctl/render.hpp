@@ -37,6 +37,10 @@ std::string render_units_tree(const NodeState& s, const Style& style);
 // of today (UTC), a date axis on top, a legend below. `width` is the terminal's.
 std::string render_timeline(const NodeState& s, Time now, int weeks, std::size_t width, const Style& style);
 
+// `health`: a row per function each unit is judged on (unit, state, reasons, the function, its role,
+// power state, link width of its widest, speed), then each reason with its detail and since.
+std::string render_health(const std::vector<UnitHealthView>& units, const Style& style);
+
 // Lists and answers.
 std::string render_reservations(const std::vector<Reservation>& list, const Style& style);
 std::string render_reservation(const Reservation& r, const Style& style);

@@ -50,6 +50,10 @@ Request workloads_request(std::string_view node);
 Request metrics_request();
 Request unentitled_request();  // GET /v1/admin/unentitled (CONTRACT §9)
 Request rescan_request();
+// Unit health (CONTRACT §13, admin socket): every unit's (GET /v1/admin/health), one unit's (GET
+// /v1/admin/units/{unitId}/health), and the operator's clear of a unit (POST .../health/clear).
+Request health_request(std::optional<std::string_view> unit);
+Request health_clear_request(std::string_view unit, std::string_view reason);
 Request checkpoint_request();  // POST /v1/admin/audit/checkpoint (CONTRACT §12)
 Request capacity_request(std::string_view node, std::string_view org);
 Request reservation_request(std::string_view node, std::string_view id);

@@ -83,6 +83,7 @@ class Driver {
   void park(service::ApiRequest request, std::shared_ptr<Answer> answer,
             std::chrono::steady_clock::time_point deadline);
   void after_refresh_failed();
+  void arm_health();
   void say(service::LogLevel level, const std::string& text) const;
 
   boost::asio::io_context& core_;
@@ -101,7 +102,8 @@ class Driver {
   boost::asio::steady_timer retry_timer_;
   std::chrono::milliseconds retry_delay_{1000};
   bool retry_armed_ = false;
-  Debounce event_refresh_;  // a burst of events: one refresh, event_delay after the first
+  Debounce event_refresh_;                  // a burst of events: one refresh, event_delay after the first
+  boost::asio::steady_timer health_timer_;  // the next health poll (NodeService::health_interval)
   std::chrono::steady_clock::time_point last_event_{};  // when the last event reached this thread
   std::shared_ptr<const service::WorkloadListing> listing(
       std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list,

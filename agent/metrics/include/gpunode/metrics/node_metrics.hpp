@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gpunode/metrics/http_metrics.hpp"
 
@@ -49,6 +51,14 @@ struct NodeGauges {
   std::uint64_t terminations_ok = 0;
   std::uint64_t terminations_failed = 0;
   std::array<std::uint64_t, kAdmissionResults.size()> admissions{};
+  // Unit health (CONTRACT §13): each unit and whether it is failing; the PCIe errors this agent saw
+  // rise on each function a unit is judged on, by severity (fatal, nonfatal, correctable).
+  std::vector<std::pair<std::string, bool>> unit_failing;
+  struct PcieErrors {
+    std::string unit, pci_address;
+    std::array<std::uint64_t, 3> counts{};
+  };
+  std::vector<PcieErrors> pcie_errors;
 
   void count_admission(Admission a) { ++admissions[static_cast<std::size_t>(a)]; }
 };

@@ -25,6 +25,7 @@
 #include "gpunode/discovery/model.hpp"
 #include "gpunode/discovery/pci_ids.hpp"
 #include "gpunode/error/error.hpp"
+#include "gpunode/health/judge.hpp"
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/proof/node_key.hpp"
 #include "gpunode/reservations/rules.hpp"
@@ -42,6 +43,12 @@ struct ServiceOptions {
   std::string version;
   std::chrono::seconds shutdown_grace{0};  // libvirt.shutdown_grace: terminate-spot's default grace
   config::EnforcementMode enforcement = config::EnforcementMode::enforce;  // enforcement.mode (§9)
+  // health.* (CONTRACT §13). Off unless asked: the daemon sets it from agent.yaml, where it is on.
+  struct Health {
+    bool enabled = false;
+    std::chrono::milliseconds interval{30000};  // the driver polls this often (Driver, poll_health)
+    gpunode::health::Settings settings;
+  } health{};
 };
 
 // The domains as the hypervisor listed them (or why it could not). `at`: when the listing began;
@@ -136,6 +143,13 @@ class NodeService {
   [[nodiscard]] std::optional<reservations::Time> next_term() const;
   // Scans the host again; a changed answer is stored and becomes an inventory.changed event.
   void rescan();
+  // Unit health (CONTRACT §13), every health.interval: reads what the kernel shows of each unit's
+  // functions, judges it, and stores what changed with its unit.health events in one transaction.
+  // A poll that finds nothing new commits nothing (no revision, no event). Nothing when health is off.
+  void poll_health();
+  // How often to call poll_health(): health.interval, or nothing when health is off.
+  [[nodiscard]] std::optional<std::chrono::milliseconds> health_interval() const;
+
   // The periodic backstop to the kernel's uevents: scans again only when a PCI function came,
   // went, changed driver or IOMMU group since the last scan (SysfsReader::fingerprint), or when the
   // last scan's change could not be stored. An idle host costs two readlink calls a function.
