@@ -144,7 +144,9 @@ TEST_CASE("silence past the request's deadline: a timeout, and the call returns"
   done = true;
   REQUIRE(!r);
   CHECK(r.error().kind == TransportError::Kind::timeout);
-  CHECK(took < 3s);
+  // At its deadline, not before; and it returns (30 s: a hung call, not a slow machine).
+  CHECK(took >= 1s);
+  CHECK(took < 30s);
   CHECK(describe(r.error(), 0).find("within 1 s") != std::string::npos);
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "node.hpp"
 
@@ -117,14 +118,14 @@ TEST_CASE("daemon: a long poll is answered 304 at its own deadline, and at once 
   auto t0 = steady_clock::now();
   auto poll =
       n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=1500ms", rev)), n.admin()));
-  REQUIRE(poll.wait_for(5s) == std::future_status::ready);
+  // Not before its deadline; then answered (the wait below is how long the test waits, not a bound
+  // on the agent's speed).
+  REQUIRE(poll.wait_for(30s) == std::future_status::ready);
   const auto took = steady_clock::now() - t0;
   auto r = poll.get();
   CHECK(r.status == 304);
   CHECK(took >= 1500ms);
-  CHECK(took < 3s);
 
-  t0 = steady_clock::now();
   auto woken =
       n.submit(Node::request("GET", Node::path(fmt::format("/state?after={}&wait=60s", rev)), n.admin()));
   std::this_thread::sleep_for(200ms);
@@ -147,10 +148,11 @@ TEST_CASE("daemon: many parked polls whose waits end while changes land are each
   std::atomic<int> done = 0;
   std::mt19937 rng(7);
   for (int i = 0; i < kPolls; ++i) {
-    // Half wait for a revision far ahead (they end at their wait, re-parked by every change), half
-    // for the next one (a change answers them); their deadlines spread over the changes.
+    // Half wait for a revision far ahead, their deadlines spread over the changes (each ends at its
+    // wait, re-parked by every change until then); half for the next revision, with a wait long
+    // enough that only a change can answer them.
     const auto after = i % 2 == 0 ? rev + 1000000 : rev;
-    const int wait_ms = 20 + static_cast<int>(rng() % 600);
+    const int wait_ms = i % 2 == 0 ? 20 + static_cast<int>(rng() % 600) : 120000;
     auto q =
         Node::request("GET", Node::path(fmt::format("/state?after={}&wait={}ms", after, wait_ms)), n.admin());
     n.daemon_->submit(std::move(q), [&, i](ApiResponse r) {
@@ -166,22 +168,20 @@ TEST_CASE("daemon: many parked polls whose waits end while changes land are each
     CHECK(n.call("POST", Node::path("/reservations/" + id + "/end"), n.admin(), "{}").status == 200);
     std::this_thread::sleep_for(10ms);
   }
-  const auto deadline = steady_clock::now() + 10s;
-  while (done.load() < kPolls && steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(200ms);  // a second answer would have come by now
+  REQUIRE(eventually([&] { return done.load() >= kPolls; }, 60s));
+  // A second answer to any of them would come from a change or a deadline: one more change, and a
+  // wait past the longest deadline above, without a sleep: a poll parked after both answers it.
+  n.create(U1);
+  auto last = n.submit(Node::request("GET", Node::path("/state?after=1000000000&wait=700ms"), n.admin()));
+  REQUIRE(last.wait_for(30s) == std::future_status::ready);
   std::lock_guard lock{mu};
   REQUIRE(answers.size() == kPolls);
-  int woken = 0;
   for (const auto& [i, count] : answers) {
     CAPTURE(i);
     CHECK(count == 1);
-    if (i % 2 == 0)
-      CHECK(statuses[i] == 304U);  // its revision never comes: answered at its wait
-    else
-      CHECK((statuses[i] == 200U || statuses[i] == 304U));  // a change, or its wait ended first
-    woken += statuses[i] == 200U ? 1 : 0;
+    // Its revision never comes: answered at its wait; the next revision came: answered by it.
+    CHECK(statuses[i] == (i % 2 == 0 ? 304U : 200U));
   }
-  CHECK(woken > kPolls / 4);  // most of those waiting for the next revision saw it
 }
 
 TEST_CASE(
@@ -197,9 +197,9 @@ TEST_CASE(
       std::string(
           Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) ==
       "scheduled");
-  // No request until both have passed: a request applies the terms due too, so only the timer can
-  // have recorded them at their instants.
-  std::this_thread::sleep_until(ends + 2500ms);
+  // No request until both are recorded (read from state.db, not asked of the agent): a request
+  // applies the terms due too, so only the timer can have recorded them at their instants.
+  REQUIRE(eventually([&] { return n.stored_actions().count("reservation.expire") == 1; }, 30s));
   CHECK(
       std::string(
           Node::body(n.call("GET", Node::path("/reservations/" + id), n.admin())).at("state").as_string()) ==
@@ -210,7 +210,7 @@ TEST_CASE(
     at[std::string(r.at("action").as_string())].emplace_back(r.at("at").as_string());
   REQUIRE(at["reservation.activate"].size() == 1);
   REQUIRE(at["reservation.expire"].size() == 1);
-  // Within the second of each instant (CONTRACT §7), not at the request that came 2.5 s later.
+  // Within the second of each instant (CONTRACT §7), not at a request that came later.
   CHECK(at["reservation.activate"][0] == iso(starts));
   CHECK(at["reservation.expire"][0] == iso(ends));
 }
@@ -245,7 +245,8 @@ TEST_CASE(
   CHECK(blocked.body.find("unit-occupied") != std::string::npos);
 }
 
-TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, not at the next rescan") {
+TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, not at the next rescan" *
+          doctest::test_suite("root")) {
   Node n;
   n.start();
   auto units = [&] {
@@ -264,10 +265,7 @@ TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, no
   const bool sent = ::sendto(fd, m.data(), m.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) ==
                     static_cast<ssize_t>(m.size());
   ::close(fd);
-  if (!sent) {
-    MESSAGE("cannot send on the uevent group (not root): skipped");
-    return;
-  }
+  REQUIRE_MESSAGE(sent, "sendto on the uevent group as root: " << std::strerror(errno));
   // The rescan interval is 30 s: within 3 s, only the uevent can have brought the new unit.
   const auto deadline = steady_clock::now() + 3s;
   while (units() != 3 && steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);

@@ -25,10 +25,12 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "gpunode/daemon/daemon.hpp"
 #include "gpunode/reservations/model.hpp"
+#include "gpunode/store/database.hpp"
 #include "gpunode/vmctl/fake_hypervisor.hpp"
 #include "jwt_signer.hpp"
 #include "sysfs_tree.hpp"
@@ -211,6 +213,24 @@ log:
     auto r = call("POST", path("/reservations"), admin(), json::serialize(b));
     REQUIRE_MESSAGE(r.status == 201, r.body);
     return std::string(body(r).at("id").as_string());
+  }
+
+  // The audit actions state.db holds, read from the file (not asked of the agent, whose requests
+  // apply the terms due).
+  std::multiset<std::string> stored_actions() {
+    std::multiset<std::string> out;
+    auto db = gpunode::store::Database::open(dir_ / "state" / "state.db");
+    if (!db) return out;
+    auto st = db->prepare("SELECT record FROM audit ORDER BY seq");
+    if (!st) return out;
+    while (st->step().value_or(gpunode::store::Statement::Step::done) ==
+           gpunode::store::Statement::Step::row) {
+      boost::system::error_code ec;
+      auto v = json::parse(st->column_text(0), ec);
+      if (!ec && v.is_object() && v.as_object().contains("action"))
+        out.emplace(v.as_object().at("action").as_string());
+    }
+    return out;
   }
 
   // The config again, at this log level (the captured-log tests read info lines).
