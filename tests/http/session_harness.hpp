@@ -178,7 +178,7 @@ struct Harness {
   std::optional<Reply> held;
   std::vector<std::function<void()>> copies;  // lambdas that each hold a copy of one Reply
   std::optional<net::io_context> side{std::in_place};
-  std::vector<std::thread> droppers;  // the threads /drop-thread lets its Reply go on
+  std::vector<std::thread> droppers;  // the threads /drop-thread lets its Reply go on (under mu)
   std::shared_ptr<ServerState> state;
   std::thread thread;
   bool close_at_end = true;  // false: the io_context goes with its sessions still open
@@ -198,7 +198,12 @@ struct Harness {
   }
 
   ~Harness() {
-    for (auto& t : droppers) t.join();
+    std::vector<std::thread> started;
+    {
+      std::lock_guard lock(mu);
+      started.swap(droppers);
+    }
+    for (auto& t : started) t.join();
     if (close_at_end) {
       for (auto& s : state->live()) s->force_close();
       CHECK(eventually([&] { return open_sessions() == 0; }));
