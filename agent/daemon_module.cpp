@@ -1,13 +1,15 @@
 // gpunode-agent-daemon.so: `run`, and `check-config --files`, which opens every file the config
-// names with the loaders `run` uses (see command_line.hpp for why the daemon is a module).
+// names with the loaders `run` uses (see module_abi.hpp for why the daemon is a module). The tools
+// module, which parsed the command line, hands it an argv of its own making, read by position.
 #include <fmt/format.h>
 
+#include <string_view>
 #include <type_traits>
 
-#include "command_line.hpp"
 #include "daemon.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/config_files.hpp"
+#include "module_abi.hpp"
 
 namespace {
 
@@ -28,12 +30,17 @@ int check_config_files(const std::string& config_file) {
 
 }  // namespace
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_command_v2(const agent::CommandLine& line) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_command_v2), agent::CommandEntry>);
+extern "C" GPUNODE_EXPORT int gpunode_agent_daemon_main(int argc, char** argv) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_daemon_main), gpunode_agent_main_fn>);
   return agent::report_internal_errors([&] {
-    if (line.command == agent::CommandLine::Command::check_config && line.files)
-      return check_config_files(line.config_file);
-    if (line.command != agent::CommandLine::Command::run) return 2;  // gpunode-agent-tools.so's
-    return agent::run_daemon(line.config_file, GPUNODE_PCI_IDS, GPUNODE_VERSION);
+    const auto arg = [&](int i) { return i < argc ? std::string_view(argv[i]) : std::string_view(); };
+    // `gpunode-agent run --config FILE` or `gpunode-agent check-config --files --config FILE`.
+    if (argc == 4 && arg(1) == "run" && arg(2) == "--config")
+      return agent::run_daemon(argv[3], GPUNODE_PCI_IDS, GPUNODE_VERSION);
+    if (argc == 5 && arg(1) == "check-config" && arg(2) == "--files" && arg(3) == "--config")
+      return check_config_files(argv[4]);
+    fmt::print(stderr, "gpunode-agent: {}: not a command line of gpunode-agent-tools.so's making\n",
+               agent::kDaemonModule);
+    return agent::kExitInternal;
   });
 }

@@ -3,12 +3,12 @@
 //
 // Why a cache: libvirtd runs the hook on every domain start and its whole run counts (§9 "Speed":
 // at most 5 ms over /bin/true). Parsing agent.yaml means mapping yaml-cpp and running its scanner,
-// which measured 1.0 ms of the hook's 6 ms over /bin/true on a 2-core VM. So the hook's module
-// (gpunode-agent-hook.so) links no YAML reader: it reads agent.yaml's bytes (one open, reading a
+// which measured 1.0 ms of the hook's 6 ms over /bin/true on a 2-core VM. So the hook (compiled
+// into gpunode-agent) links no YAML reader: it reads agent.yaml's bytes (one open, reading a
 // small file to its end) and takes the two settings from a cache entry made from exactly those bytes. Only
 // on a miss (the first GPU start after a boot, or after the file changed) does the agent's one
-// config reader (config::load_string, in gpunode-agent-tools.so) parse the bytes that were read,
-// and the entry stores what it said beside them.
+// config reader (config::load_string, in gpunode-agent-tools.so, module_abi.hpp) parse the bytes
+// that were read, and the entry stores what it said beside them.
 //
 // Keyed by content, not by the file's metadata: a symbolic link flipped away and back, a bind
 // mount, a read-only image with reused inode numbers, or NFS's cached attributes can all keep a
@@ -83,12 +83,5 @@ class HookSettingsCache {
 // be read, or the reader refuses it) makes the hook refuse.
 error::Result<HookSettings> hook_settings(const std::string& config_file, const HookSettingsCache& cache,
                                           const HookSettingsReader& read);
-
-// gpunode-agent-tools.so exports the agent's reader under this name (the hook's module, which does
-// not map yaml-cpp, loads it on a miss). An out-parameter: a C-linkage function returns no C++
-// type. The name carries command_line.hpp's module ABI.
-using HookSettingsEntry = void(const std::string& config_file, std::string_view bytes,
-                               error::Result<HookSettings>* out);
-inline constexpr const char* kHookSettingsEntry = "gpunode_agent_hook_settings_v3";
 
 }  // namespace gpunode::agent

@@ -1,10 +1,12 @@
-// gpunode-agent: the node agent's command line (CONTRACT §1). A thin main that links nothing but
-// the C++ runtime: it answers `libvirt-hook` itself, by position (hook_args.hpp), and a bare
-// `version`, and hands every other command line to gpunode-agent-tools.so, which parses it (CLI11) and runs
-// it or loads the daemon's module (command_line.hpp says why and which). libvirtd runs the hook on every
-// event of every domain, so its path maps only what it uses (CONTRACT §9 "Speed"): nothing at all for the
-// calls that never ask, and gpunode-agent-hook.so for those that do. Not even CLI11, whose
-// validators and iostreams are constructed at start-up in every program that includes it.
+// gpunode-agent: the node agent's command line (CONTRACT §1). A thin main that maps libc alone: it
+// answers `libvirt-hook` itself, whole (hook_args.hpp, libvirt_hook.hpp), and a bare `version`,
+// and hands every other command line, as its argv, to gpunode-agent-tools.so, which parses it
+// (CLI11) and runs it or loads the daemon's module (module_abi.hpp says why and which). libvirtd
+// runs the hook on every event of every domain, so its path maps only what it uses (CONTRACT §9
+// "Speed"): the C++ runtime and fmt are linked into this executable (agent/CMakeLists.txt), so a
+// call costs about what /bin/true does, plus asking the agent for the calls that ask. Not even
+// CLI11, whose validators and iostreams are constructed at start-up in every program that
+// includes it.
 #include <poll.h>
 #include <unistd.h>
 
@@ -12,14 +14,17 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "command_line.hpp"
 #include "hook_args.hpp"
+#include "hook_settings.hpp"
+#include "libvirt_hook.hpp"
+#include "module_abi.hpp"
 #include "modules.hpp"
 
 namespace {
@@ -84,10 +89,37 @@ Stdin read_stdin(std::size_t keep) {
   }
 }
 
+// agent.yaml read by the agent's own reader, in gpunode-agent-tools.so, on a miss of the hook's
+// settings cache: the bytes read, handed over as a buffer (module_abi.hpp).
+gpunode::error::Result<agent::HookSettings> read_with_agents_reader(const std::string& config_file,
+                                                                    std::string_view bytes) {
+  namespace error = gpunode::error;
+  auto entry =
+      agent::load_entry(agent::module_beside_executable(agent::kToolsModule), agent::kHookSettingsEntry);
+  if (!entry)
+    return error::fail(error::Errc::unavailable, "cannot read " + config_file + ": " + entry.error().detail);
+  char* socket = nullptr;
+  char* message = nullptr;
+  int allow = 0;
+  const int verdict = reinterpret_cast<gpunode_agent_hook_settings_fn*>(*entry)(
+      config_file.c_str(), bytes.data(), bytes.size(), &socket, &allow, &message);
+  std::string said =
+      message != nullptr ? message : "cannot read " + config_file + ": its reader said nothing";
+  const bool read = verdict == 0 && socket != nullptr;
+  agent::HookSettings settings;
+  if (read) settings.socket = socket;
+  settings.when_agent_down =
+      allow != 0 ? gpunode::config::WhenAgentDown::allow : gpunode::config::WhenAgentDown::deny;
+  std::free(socket);
+  std::free(message);
+  if (!read) return error::fail(error::Errc::invalid, std::move(said));
+  return settings;
+}
+
 // `libvirt-hook`: its arguments by position, never through an option parser (hook_args.hpp). An
 // argument list it cannot read refuses (exit 1), as every failure of the hook before an answer does.
 // A call that never asks (every operation but a start, migration or restore, and a domain without
-// a PCI hostdev) is answered here, without loading the hook's module.
+// a PCI hostdev) exits 0 once stdin is drained; one that asks, asks (libvirt_hook.hpp).
 int libvirt_hook(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 2, argv + argc);
   auto parsed = agent::parse_hook_command(args);
@@ -105,23 +137,16 @@ int libvirt_hook(int argc, char** argv) {
                  std::strerror(in.error));
     return kRefuse;
   }
-  // Cut short with a hostdev anywhere: too large to ask about, refused by the module (never judged
-  // on a part). Without one, at any size, it does not ask.
+  // Cut short with a hostdev anywhere: too large to ask about, refused by run_libvirt_hook (never
+  // judged on a part). Without one, at any size, it does not ask.
   if (!in.hostdev_after && !agent::may_have_pci_hostdev(in.text)) return kExitOk;
-  agent::CommandLine line;
-  line.command = agent::CommandLine::Command::libvirt_hook;
-  line.config_file = std::move(parsed->config_file);
-  line.hook_args = std::move(parsed->args);
-  line.hook_socket = std::move(parsed->socket);
-  line.hook_domain_xml = std::move(in.text);
-  line.hook_domain_xml_cut_short = in.cut_short;
-  auto* entry =
-      reinterpret_cast<agent::CommandEntry*>(entry_of("gpunode-agent-hook.so", agent::kCommandEntry));
-  if (entry == nullptr) {
-    std::fprintf(stderr, "gpunode: libvirt-hook refuses: the hook's module cannot be loaded\n");
-    return kRefuse;  // fails closed, as every failure before an answer
-  }
-  return entry(line);
+  const agent::HookSettingsCache cache;
+  const auto settings = [&] {
+    return agent::hook_settings(parsed->config_file, cache, read_with_agents_reader);
+  };
+  const auto verdict = agent::run_libvirt_hook(parsed->args, parsed->socket, settings, in.text, in.cut_short);
+  for (const auto& text : verdict.stderr_lines) std::fprintf(stderr, "%s\n", text.c_str());
+  return verdict.exit_code;
 }
 
 }  // namespace
@@ -133,6 +158,9 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {  // out of memory, say: an error of the hook's own refuses (§9)
       std::fprintf(stderr, "gpunode: libvirt-hook refuses: internal error: %s\n", e.what());
       return kRefuse;
+    } catch (...) {
+      std::fprintf(stderr, "gpunode: libvirt-hook refuses: internal error\n");
+      return kRefuse;
     }
   }
   if (argc == 2 && std::string_view(argv[1]) ==
@@ -140,6 +168,6 @@ int main(int argc, char** argv) {
     std::printf("gpunode-agent %s\n", GPUNODE_VERSION);
     return kExitOk;
   }
-  auto* entry = reinterpret_cast<agent::MainEntry*>(entry_of("gpunode-agent-tools.so", agent::kMainEntry));
+  auto* entry = reinterpret_cast<gpunode_agent_main_fn*>(entry_of(agent::kToolsModule, agent::kMainEntry));
   return entry != nullptr ? entry(argc, argv) : agent::kExitInternal;
 }

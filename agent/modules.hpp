@@ -1,4 +1,5 @@
-// Loading gpunode-agent's modules (command_line.hpp says why the commands live in modules).
+// Loading gpunode-agent's modules (module_abi.hpp says why the commands live in modules and what
+// crosses into them).
 //
 // Always by full path, never by a bare name left to dlopen's search: that search reads the
 // RUNPATH of dlopen's caller, which under the sanitizers is their interceptor, not the agent. The

@@ -1,8 +1,8 @@
 // gpunode-agent-tools.so: gpunode-agent's command line (all of it but `libvirt-hook`, which
 // main.cpp reads by position) and the commands that map neither OpenSSL, SQLite nor libxml2:
-// `version`, `discover`, `check-config` and `reload` (command_line.hpp says why commands live in
-// modules). `run` and `check-config --files` are the daemon module's, loaded from here: the files
-// are opened with the agent's own loaders.
+// `version`, `discover`, `check-config` and `reload` (module_abi.hpp says why commands live in
+// modules). `run` and `check-config --files` are the daemon module's, loaded from here and handed
+// an argv: the files are opened with the agent's own loaders.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -10,12 +10,12 @@
 #include <boost/json/serialize.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "command_line.hpp"
 #include "discover_table.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/policy.hpp"
@@ -26,6 +26,7 @@
 #include "gpunode/discovery/rules.hpp"
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "hook_settings.hpp"
+#include "module_abi.hpp"
 #include "modules.hpp"
 #include "reload_client.hpp"
 
@@ -111,53 +112,53 @@ int cmd_reload(const std::string& config_file) {
   return verdict.exit_code;
 }
 
-// The daemon module's command (run, check-config --files), loaded beside this module.
-int run_in_daemon(const agent::CommandLine& line) {
-  auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), "gpunode-agent-daemon.so");
-  auto entry = path ? agent::load_entry(*path, agent::kCommandEntry) : std::unexpected(path.error());
+// The daemon module's command, loaded beside this module and handed the argv it reads by
+// position: `run --config FILE`, or `check-config --files --config FILE` (`files`).
+int run_in_daemon(const std::string& config_file, bool files) {
+  auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), agent::kDaemonModule);
+  auto entry = path ? agent::load_entry(*path, agent::kDaemonEntry) : std::unexpected(path.error());
   if (!entry) {
     fmt::print(stderr, "gpunode-agent: {}\n", entry.error().detail);
     return agent::kExitInternal;
   }
-  return reinterpret_cast<agent::CommandEntry*>(*entry)(line);
-}
-
-agent::CommandLine line_of(agent::CommandLine::Command command, std::string config_file = {}) {
-  agent::CommandLine line;
-  line.command = command;
-  line.config_file = std::move(config_file);
-  return line;
+  std::vector<std::string> args = {"gpunode-agent", files ? "check-config" : "run"};
+  if (files) args.emplace_back("--files");
+  args.emplace_back("--config");
+  args.push_back(config_file);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return reinterpret_cast<gpunode_agent_main_fn*>(*entry)(static_cast<int>(args.size()), argv.data());
 }
 
 int run_command_line(int argc, char** argv) {
-  using Command = agent::CommandLine::Command;
   CLI::App app{"gpunode-agent: the GPU node agent (discovery, reservations, spot control)", "gpunode-agent"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
 
-  agent::CommandLine discover_line = line_of(Command::discover);
+  std::string discover_config, host_root;
+  bool json = false;
   auto* discover = app.add_subcommand("discover", "Scan this host once and print its GPU units");
-  discover->add_option("--config", discover_line.config_file,
-                       "agent.yaml to take discovery and node settings from");
-  discover->add_option("--host-root", discover_line.host_root,
-                       "Read <DIR>/sys and <DIR>/proc instead of the host's");
-  discover->add_flag("--json", discover_line.json, "Print exactly the body of GET /v1/nodes/{nodeId}/units");
+  discover->add_option("--config", discover_config, "agent.yaml to take discovery and node settings from");
+  discover->add_option("--host-root", host_root, "Read <DIR>/sys and <DIR>/proc instead of the host's");
+  discover->add_flag("--json", json, "Print exactly the body of GET /v1/nodes/{nodeId}/units");
 
-  agent::CommandLine check_line = line_of(Command::check_config);
+  std::string check_config;
+  bool files = false;
   auto* check = app.add_subcommand("check-config", "Validate an agent.yaml for `run`; print every problem");
-  check->add_option("--config", check_line.config_file, "The file to check")->required();
-  check->add_flag("--files", check_line.files,
+  check->add_option("--config", check_config, "The file to check")->required();
+  check->add_flag("--files", files,
                   "Also open every file it names as this user would (run it as the service's user)");
 
-  agent::CommandLine reload_line = line_of(Command::reload, "/etc/gpunode/agent.yaml");
+  std::string reload_config = "/etc/gpunode/agent.yaml";
   auto* reload = app.add_subcommand(
       "reload", "Ask the running agent to reload its configuration; exit 1 if it refused, 3 if unreachable");
-  reload->add_option("--config", reload_line.config_file,
+  reload->add_option("--config", reload_config,
                      "agent.yaml whose admin.socket the agent listens on (default /etc/gpunode/agent.yaml)");
 
-  agent::CommandLine run_line = line_of(Command::run, "/etc/gpunode/agent.yaml");
+  std::string run_config = "/etc/gpunode/agent.yaml";
   auto* run = app.add_subcommand("run", "Run the agent daemon (HTTPS API, admin socket, discovery, terms)");
-  run->add_option("--config", run_line.config_file, "agent.yaml (default /etc/gpunode/agent.yaml)");
+  run->add_option("--config", run_config, "agent.yaml (default /etc/gpunode/agent.yaml)");
 
   auto* version = app.add_subcommand("version", "Print the agent's version");
 
@@ -177,12 +178,10 @@ int run_command_line(int argc, char** argv) {
     return kExitUsage;
   }
 
-  if (discover->parsed())
-    return cmd_discover(discover_line.config_file, discover_line.host_root, discover_line.json);
-  if (check->parsed())
-    return check_line.files ? run_in_daemon(check_line) : cmd_check_config(check_line.config_file);
-  if (reload->parsed()) return cmd_reload(reload_line.config_file);
-  if (run->parsed()) return run_in_daemon(run_line);
+  if (discover->parsed()) return cmd_discover(discover_config, host_root, json);
+  if (check->parsed()) return files ? run_in_daemon(check_config, true) : cmd_check_config(check_config);
+  if (reload->parsed()) return cmd_reload(reload_config);
+  if (run->parsed()) return run_in_daemon(run_config, false);
   if (version->parsed()) {
     fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
     return kExitOk;
@@ -192,26 +191,35 @@ int run_command_line(int argc, char** argv) {
 
 }  // namespace
 
-// The hook's settings read by the agent's reader, for gpunode-agent-hook.so's cache misses
-// (hook_settings.hpp). Read as `discover` reads: the file's syntax and values, not its files.
-extern "C" GPUNODE_EXPORT void gpunode_agent_hook_settings_v3(const std::string& config_file,
-                                                              std::string_view bytes,
-                                                              error::Result<agent::HookSettings>* out) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings_v3), agent::HookSettingsEntry>);
-  try {
-    auto loaded = cfg::load_string(bytes, config_file, cfg::Purpose::discover);
-    if (!loaded.ok()) {
-      *out = error::fail(error::Errc::invalid,
-                         fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string()));
-    } else {
-      *out = agent::hook_settings_of(loaded.config);
-    }
-  } catch (const std::exception& e) {
-    *out = error::fail(error::Errc::internal, fmt::format("cannot read {}: {}", config_file, e.what()));
-  }
+// The hook's settings read by the agent's reader, for the hook's cache misses (hook_settings.hpp,
+// module_abi.hpp). Read as `discover` reads: the file's syntax and values, not its files.
+extern "C" GPUNODE_EXPORT int gpunode_agent_hook_settings(const char* config_file, const char* bytes,
+                                                          std::size_t size, char** socket, int* allow,
+                                                          char** message) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_hook_settings), gpunode_agent_hook_settings_fn>);
+  *socket = nullptr;
+  *message = nullptr;
+  *allow = 0;
+  std::string why = "cannot read " + std::string(config_file) + ": an internal error";
+  const int verdict = agent::report_internal_errors(
+      [&] {
+        auto loaded = cfg::load_string(std::string_view(bytes, size), config_file, cfg::Purpose::discover);
+        if (!loaded.ok()) {
+          why = fmt::format("{} is invalid: {}", config_file, loaded.problems.front().to_string());
+          return 1;
+        }
+        const auto settings = agent::hook_settings_of(loaded.config);
+        *socket = ::strdup(settings.socket.c_str());
+        *allow = settings.when_agent_down == cfg::WhenAgentDown::allow ? 1 : 0;
+        why = "no memory for the settings";
+        return *socket != nullptr ? 0 : 1;
+      },
+      1);
+  if (verdict != 0) *message = ::strdup(why.c_str());
+  return verdict;
 }
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_main_v2(int argc, char** argv) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_main_v2), agent::MainEntry>);
+extern "C" GPUNODE_EXPORT int gpunode_agent_main(int argc, char** argv) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_main), gpunode_agent_main_fn>);
   return agent::report_internal_errors([&] { return run_command_line(argc, argv); });
 }

@@ -46,9 +46,10 @@ bool closed_by_peer(int err) {
   return err == 0 || err == ECONNRESET || err == EPIPE;
 }
 
-// Milliseconds left until `deadline` for poll(2), at least 0.
+// Milliseconds left until `deadline` for poll(2), at least 0; rounded up, so that a wait ends at
+// the deadline, never up to a millisecond before it.
 int left_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
 }
 

@@ -9,7 +9,7 @@
 #include <iterator>
 #include <memory>
 
-#include "../command_line.hpp"
+#include "../module_abi.hpp"
 #include "../modules.hpp"
 #include "gpunode/config/config.hpp"
 #include "gpunode/config/file.hpp"
@@ -36,7 +36,7 @@ std::optional<std::string> read_small_file(std::string_view path) {
   return std::move(*text);
 }
 
-// `audit verify`'s check, in gpunode-agent-proof.so (command_line.hpp says why a module). The
+// `audit verify`'s check, in gpunode-agent-proof.so (module_abi.hpp says why a module). The
 // module answers with words alone: an export that does not verify is taken as corrupt.
 gpunode::error::Result<std::string> verify_export(std::string_view lines, std::string_view key_pem,
                                                   const std::string& key_label) {
@@ -44,8 +44,11 @@ gpunode::error::Result<std::string> verify_export(std::string_view lines, std::s
   namespace error = gpunode::error;
   auto entry = agent::load_entry(agent::module_beside_executable(agent::kProofModule), agent::kVerifyEntry);
   if (!entry) return std::unexpected(std::move(entry.error()));
-  std::string message;
-  const int verdict = reinterpret_cast<agent::VerifyEntry*>(*entry)(lines, key_pem, key_label, message);
+  char* said = nullptr;
+  const int verdict = reinterpret_cast<gpunode_agent_verify_fn*>(*entry)(
+      lines.data(), lines.size(), key_pem.data(), key_pem.size(), key_label.c_str(), &said);
+  std::string message = said != nullptr ? said : "the check's message could not be allocated";
+  std::free(said);
   if (verdict != 0) return error::fail(error::Errc::corrupt, std::move(message));
   return message;
 }

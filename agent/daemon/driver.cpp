@@ -48,17 +48,44 @@ std::expected<std::vector<vmctl::Domain>, vmctl::VmError> list_safely(vmctl::Hyp
 
 }  // namespace
 
-// The one answer a request gets: later calls are dropped (and would be a bug, said in the log).
+// The one answer a request gets, shared by every step that carries the request (a list, a batch,
+// a parked poll): the first call answers and a later one is dropped (a bug, said in the log). When
+// the last reference goes without an answer (a job dropped with its executor, a poll with the
+// driver), it answers 500 on the thread that let it go and logs the request: the http layer's
+// Reply guarantee (server.hpp), kept for every Respond, not only the server's.
 struct Driver::Answer {
   Respond respond;
-  bool done = false;
-  void operator()(ApiResponse r, const Driver& d) {
+  service::LogSink log;
+  std::string request;  // "REQUEST=ID METHOD PATH", for the log lines
+  bool done = false;    // state thread while referenced; read by the destructor after the last release
+
+  Answer(Respond r, service::LogSink l, const ApiRequest& q)
+      : respond(std::move(r)),
+        log(std::move(l)),
+        request(fmt::format("REQUEST={} {} {}", q.request_id, q.method, q.path)) {}
+  Answer(const Answer&) = delete;
+  Answer& operator=(const Answer&) = delete;
+  ~Answer() {
+    if (done || !respond) return;
+    say(LogLevel::error,
+        fmt::format("{}: internal: the request was dropped unanswered; answered 500", request));
+    try {
+      respond(internal_error());
+    } catch (...) {  // a destructor: the respond's own failure is the end of this answer
+      say(LogLevel::error, fmt::format("{}: internal: its 500 could not be given", request));
+    }
+  }
+  void operator()(ApiResponse r) {
     if (done) {
-      d.say(LogLevel::error, "internal: a request was answered twice; the second answer was dropped");
+      say(LogLevel::error,
+          fmt::format("{}: internal: answered twice; the second answer was dropped", request));
       return;
     }
     done = true;
     if (respond) respond(std::move(r));
+  }
+  void say(LogLevel level, const std::string& text) const {
+    if (log) log(level, text);
   }
 };
 
@@ -115,7 +142,8 @@ void Driver::say(LogLevel level, const std::string& text) const {
 }
 
 void Driver::submit(ApiRequest request, Respond respond) {
-  dispatch(std::move(request), std::make_shared<Answer>(Answer{std::move(respond)}));
+  auto answer = std::make_shared<Answer>(std::move(respond), log_, request);
+  dispatch(std::move(request), std::move(answer));
   changed();
 }
 
@@ -130,21 +158,21 @@ void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
     node_.write_held(held);
     say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id,
                                      request.method, request.path, what_of(std::current_exception())));
-    (*answer)(internal_error(), *this);
+    (*answer)(internal_error());
     return;
   }
   if (!std::holds_alternative<ApiResponse>(out)) node_.write_held(held);
   std::visit(
       Overloaded{
           [&](ApiResponse& r) {
-            (*answer)(std::move(r), *this);
+            (*answer)(std::move(r));
             node_.write_held(held);
           },
           [&](service::NeedsWorkloads&) {
             if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop
               say(LogLevel::error,
                   fmt::format("REQUEST={} internal: the workloads were asked for twice", request.request_id));
-              (*answer)(internal_error(), *this);
+              (*answer)(internal_error());
               return;
             }
             list_then_dispatch(std::move(request), std::move(answer));
@@ -200,7 +228,7 @@ void Driver::run_batch(service::Work work, std::shared_ptr<Answer> answer) {
                                          what_of(std::current_exception())));
         r = internal_error();
       }
-      if (answer) (*answer)(std::move(r), *this);
+      if (answer) (*answer)(std::move(r));
       changed();
       // libvirt went away meanwhile: what was left pending is finished by the first list that
       // succeeds, tried again from now on (not only at the next rescan).
@@ -221,7 +249,7 @@ void Driver::park(ApiRequest request, std::shared_ptr<Answer> answer,
         service::problem(503, "too-many-waiters",
                          fmt::format("{} long polls are waiting already; retry shortly", parked_.size()));
     busy.headers.emplace_back("Retry-After", "1");
-    (*answer)(std::move(busy), *this);
+    (*answer)(std::move(busy));
     return;
   }
   const std::uint64_t id = next_parked_++;

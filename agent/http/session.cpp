@@ -329,6 +329,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     request_id_ = req.request_id;
     method_ = req.method;
     path_ = req.path;
+    ++requests_;
     await_answer();
     call_handler(std::move(req), make_reply());
   }
@@ -336,26 +337,62 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // While the handler works nothing is pending on the socket (so no socket timeout runs) and
   // the Reply holds the session only weakly: this wait, with no deadline, is what keeps the
   // session alive until the answer (send) or a close (close_now) cancels it. It is not a
-  // timeout: the handler owns the request's deadline. A pending wait, unlike a reference held
-  // by the session itself, goes with the io_context, so a Reply that outlives it finds no one.
+  // timeout: the handler owns the request's deadline, and a Reply that goes unanswered answers
+  // (Pending). A pending wait, unlike a reference held by the session itself, goes with the
+  // io_context, so a Reply that outlives it finds no one.
   void await_answer() {
     answer_wait_.expires_at(net::steady_timer::time_point::max());
     answer_wait_.async_wait([self = this->shared_from_this()](beast::error_code) {});
   }
 
-  // Holds only a weak pointer (never the executor): a handler may keep a Reply past the
-  // connection, even past the io_context. Answers once; later calls are ignored.
+  // One request's answer, shared by every copy of its Reply (bmcweb's AsyncResp): the first call
+  // answers, later ones are ignored; when the last copy goes without having answered, wherever
+  // and on whatever thread, the request is answered 500 `internal` and the route logged, on the
+  // connection's executor. Holds the session only weakly, never its executor: a Reply may outlive
+  // the connection, even the io_context (then there is no one to answer, and nothing is done).
+  struct Pending {
+    std::weak_ptr<Session> session;
+    std::uint64_t request;  // the session's requests_ when it came: its answer is for that one only
+    std::atomic<bool> given{false};
+    Pending(std::weak_ptr<Session> s, std::uint64_t r) : session(std::move(s)), request(r) {}
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+    ~Pending() {
+      // No copy of the Reply is left, so no call can race this: the last reference's release
+      // orders every earlier call before it.
+      if (given.load(std::memory_order_relaxed)) return;
+      try {
+        if (auto s = session.lock()) unanswered(std::move(s), request);
+      } catch (...) {  // no memory to queue it: the connection is left to its close or drain
+      }
+    }
+  };
+
   Reply make_reply() {
-    auto token = std::make_shared<std::atomic<bool>>(false);
-    return [weak = this->weak_from_this(), token](Response r) {
-      if (token->exchange(true)) return;
-      if (auto s = weak.lock()) {
+    auto pending = std::make_shared<Pending>(this->weak_from_this(), requests_);
+    return [pending = std::move(pending)](Response r) {
+      if (pending->given.exchange(true)) return;
+      if (auto s = pending->session.lock()) {
         // Inline when the handler answers on the connection's own strand (a read the snapshot
         // answers); queued there from any other thread.
         auto ex = s->ex_;
         net::dispatch(ex, [s = std::move(s), r = std::move(r)]() mutable { s->send(std::move(r)); });
       }
     };
+  }
+
+  // A request whose Reply went unanswered: 500, and a line naming it. Always queued, never run
+  // inline: the last copy may go wherever its holder is (under its lock, inside the handler).
+  // Nothing is sent when the connection has closed meanwhile (a close, the end of a drain).
+  static void unanswered(std::shared_ptr<Session> s, std::uint64_t request) {
+    auto ex = s->ex_;
+    net::post(ex, [self = std::move(s), request] {
+      if (self->closed_ || self->phase_ != Phase::handling || self->requests_ != request) return;
+      self->st_->log(
+          fmt::format("http: REQUEST={} {} {}: the handler let its Reply go unanswered; answered 500",
+                      self->request_id_, self->method_, self->path_));
+      self->send(internal_error());
+    });
   }
 
   // The exception boundary: a handler that throws is answered 500.
@@ -471,6 +508,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   bool registered_ = false;
   bool keep_alive_ = true;
   std::uint64_t answered_ = 0;  // answers written on this connection
+  std::uint64_t requests_ = 0;  // requests handed to the handler on this connection
   bool close_after_ = false;
   bool draining_ = false;
   bool linger_ = false;

@@ -1,4 +1,4 @@
-// Loading gpunode-agent's modules (modules.hpp), as the thin main and the hook's module do: a module
+// Loading gpunode-agent's modules (modules.hpp), as the main and the tools module do: a module
 // that cannot be loaded is unavailable, one without the entry not_found, each naming what and why.
 #include "modules.hpp"
 
@@ -9,10 +9,11 @@
 using gpunode::error::Errc;
 
 TEST_CASE("load_entry: a module that cannot be loaded, and one without the entry, told apart by code") {
-  const auto missing = gpunode::agent::load_entry("/nonexistent/gpunode-agent-hook.so", "entry_v1");
+  const auto missing =
+      gpunode::agent::load_entry("/nonexistent/gpunode-agent-tools.so", "gpunode_agent_main");
   REQUIRE_FALSE(missing);
   CHECK(missing.error().code == Errc::unavailable);
-  CHECK(missing.error().detail.starts_with("cannot load /nonexistent/gpunode-agent-hook.so: "));
+  CHECK(missing.error().detail.starts_with("cannot load /nonexistent/gpunode-agent-tools.so: "));
 
   // The C library is loaded in every process: dlopen finds it, dlsym does not find the entry.
   const auto no_entry = gpunode::agent::load_entry("libc.so.6", "gpunode_no_such_entry_v1");

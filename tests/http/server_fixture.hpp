@@ -323,7 +323,8 @@ using gpunode::http::testing::request;  // a request as a client writes it
 // by path:
 //   /echo           200 JSON of what it got
 //   /slow?ms=N      200 after N ms (replies from another thread)
-//   /never          never replies
+//   /never          lets its Reply go unanswered (the server answers 500 `internal`)
+//   /park           keeps its Reply unanswered until the fixture goes (in `parked`)
 //   /throw          throws
 //   /close          200 with Connection: close
 //   /nocontent      204 (with a body the server must drop)
@@ -352,6 +353,7 @@ struct Fixture {
   TempDir dir;
   // What the server's observer saw (I/O threads write, the test reads): under log_mu.
   std::vector<std::tuple<std::string, std::string, unsigned, Peer::Kind>> answered;
+  std::vector<Reply> parked;  // /park's, under log_mu; let go when the fixture goes
 
   explicit Fixture(Limits limits = test_limits()) {
     // A client that writes to a connection the server closed gets EPIPE, not the test's death
@@ -439,7 +441,10 @@ struct Fixture {
         reply(Response{200, {{"Content-Type", "text/plain"}}, "slow"});
       });
     } else if (r.path == "/never") {
-      // drops the reply
+      // lets the Reply go
+    } else if (r.path == "/park") {
+      std::lock_guard lock(log_mu);
+      parked.push_back(std::move(reply));
     } else if (r.path == "/throw") {
       throw std::runtime_error("boom");
     } else if (r.path == "/close") {

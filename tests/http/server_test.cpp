@@ -778,7 +778,7 @@ TEST_CASE("admin socket: a peer the filter refuses is closed without an answer, 
   CHECK(f.server->open_connections() == 0);
 }
 
-TEST_CASE("no generic handler timeout: a 2 s answer gets through a 1 s read_timeout; a throw is 500") {
+TEST_CASE("no handler timeout: a 2 s answer outlasts a 1 s read_timeout; a throw or a Reply let go: 500") {
   // CONTRACT §7 "Deadlines": a request's deadline is its handler's (a long poll waits up to
   // 120 s, a terminate-spot up to 300 s of grace); the socket's timeouts never cut it short.
   Limits l = test_limits();
@@ -808,6 +808,11 @@ TEST_CASE("no generic handler timeout: a 2 s answer gets through a 1 s read_time
   auto r = c->roundtrip(request("GET", "/throw"));
   REQUIRE(r);
   check_problem(*r, 500, "internal");
+  r = c->roundtrip(request("GET", "/never", {}, {"X-Request-Id: let-go"}));  // a Reply let go: 500 too
+  REQUIRE(r);
+  check_problem(*r, 500, "internal");
+  CHECK(r->header("x-request-id") == "let-go");
+  CHECK(f.logged("http: REQUEST=let-go GET /never: the handler let its Reply go unanswered; answered 500"));
   r = c->roundtrip(request("GET", "/slow?ms=10"));
   REQUIRE(r);
   CHECK(r->status == 200);
@@ -865,7 +870,7 @@ TEST_CASE("graceful shutdown: after the drain every connection is closed") {
   auto port = f.listen();
   auto stuck = Client::tls(port);
   REQUIRE_MESSAGE(stuck->ok, stuck->error);
-  REQUIRE(stuck->send(request("GET", "/never")));
+  REQUIRE(stuck->send(request("GET", "/park")));
   auto silent = Client::tls(port);  // a client that ignores close_notify
   REQUIRE_MESSAGE(silent->ok, silent->error);
   REQUIRE(eventually([&] { return f.server->open_connections() == 2; }));

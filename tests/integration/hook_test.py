@@ -331,6 +331,10 @@ def settings_cache(c, h, lab, dom):
     if cached:
         c.check("settings cache: deny again, from the cache: neither the config reader nor yaml-cpp is mapped",
                 rc == 1 and "gpunode-agent-tools.so" not in objs and not any("yaml" in o for o in objs), (rc, sorted(objs)))
+        # The hook maps libc alone (module_abi.hpp); a sanitizer build keeps the shared C++ runtime.
+        sanitized = any("asan" in o or "tsan" in o for o in objs)
+        c.check("settings cache: a call that asks maps no C++ runtime or library of its own (sanitizer builds aside)",
+                sanitized or not (objs - {"libc.so.6"}), sorted(objs))
     else:
         print("# not root: /run/gpunode-hook cannot be made, every call reads agent.yaml", flush=True)
     write_in_place("allow")  # the same file, rewritten at once
@@ -355,8 +359,8 @@ def settings_cache(c, h, lab, dom):
 
 
 def fails_closed(c, lab, agent, dom):
-    """CONTRACT §9: an error of the hook's own before an answer refuses: stdin it cannot read, a
-    module it cannot load (a half-installed package). A call that never asks still exits 0."""
+    """CONTRACT §9: an error of the hook's own before an answer refuses: stdin it cannot read, the
+    config reader it cannot load (a half-installed package). A call that never asks still exits 0."""
     xml = dom("closed", (OUTSIDER, "on-demand"), [U24])
     args = [agent, "libvirt-hook", "--config", lab.cfg, "--", "closed", "prepare", "begin", "-"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=30,
@@ -366,13 +370,26 @@ def fails_closed(c, lab, agent, dom):
     alone = os.path.join(lab.dir, "alone")
     os.makedirs(alone, exist_ok=True)
     shutil.copy2(agent, os.path.join(alone, "gpunode-agent"))  # no modules beside it, none in ../lib
+    # The hook is the executable itself: with its settings cached (by the runs above; only root has
+    # the cache), it loads nothing and answers as the installed one does.
+    ref = subprocess.run(args, input=xml, capture_output=True, text=True, timeout=30)
     p = subprocess.run([os.path.join(alone, "gpunode-agent"), *args[1:]], input=xml, capture_output=True, text=True,
                        timeout=30)
-    c.check("the hook's module missing: refused (exit 1), naming it", p.returncode == 1 and
-            "gpunode-agent-hook.so" in p.stderr and "refuses" in p.stderr, (p.returncode, p.stderr))
+    c.check("no module installed, the settings cached: the hook answers as the installed one does",
+            os.geteuid() != 0 or (p.returncode == ref.returncode and ".so" not in p.stderr),
+            (p.returncode, p.stderr, ref.returncode))
+    # A config it has not read before (other bytes: a miss) needs the agent's config reader, in a module.
+    fresh = os.path.join(lab.dir, "hook-fresh.yaml")
+    with open(fresh, "w") as f:
+        f.write(config_text(lab, when_down="allow") + "# not cached yet\n")
+    p = subprocess.run([os.path.join(alone, "gpunode-agent"), "libvirt-hook", "--config", fresh, *args[4:]],
+                       input=xml, capture_output=True, text=True, timeout=30)
+    c.check("the config reader's module missing on a cache miss: refused (exit 1), naming it, whatever "
+            "when_agent_down says", p.returncode == 1 and "gpunode-agent-tools.so" in p.stderr and "refused" in p.stderr,
+            (p.returncode, p.stderr))
     p = subprocess.run([os.path.join(alone, "gpunode-agent"), *args[1:-3], "stopped", "end", "-"], input=xml,
                        capture_output=True, text=True, timeout=30)
-    c.check("the hook's module missing, a call that never asks: exit 0", p.returncode == 0, (p.returncode, p.stderr))
+    c.check("no module installed, a call that never asks: exit 0", p.returncode == 0, (p.returncode, p.stderr))
 
 
 def attacks(c, h, lab, agent, dom):

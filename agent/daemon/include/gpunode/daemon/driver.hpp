@@ -4,8 +4,8 @@
 // answers, lists the domains off the state thread and handles the request again, runs a batch of
 // terminations off the state thread and answers with finish(), or parks a long poll until the
 // revision moves or its own deadline comes (CONTRACT §7 Deadlines). Every request it is given is
-// answered exactly once; an exception from the service is a 500 for that request, never the end of
-// the thread.
+// answered exactly once, also one it drops (500, as http::Reply's last copy answers); an exception
+// from the service is a 500 for that request, never the end of the thread.
 //
 // Threads: every member function runs on the state thread (the `core` io_context's one thread),
 // except workloads_event(), which any thread may call (it posts to the state thread). Slow work goes to the
@@ -58,7 +58,9 @@ class Driver {
   Driver(const Driver&) = delete;
   Driver& operator=(const Driver&) = delete;
 
-  // Handles one request; `respond` is called exactly once, on the state thread.
+  // Handles one request; `respond` is called exactly once, on the state thread. A request the
+  // driver lets go unanswered (its list or batch dropped with an executor that never ran it, a
+  // parked poll dropped with the driver) is answered 500 and logged, on the thread that let it go.
   void submit(service::ApiRequest request, Respond respond);
   // After anything that may have moved the revision (a request, a tick, a rescan): the long polls
   // parked on an older revision are handled again.

@@ -12,10 +12,15 @@
 //   (after these three answers the server half-closes where it can and reads and drops what the
 //   client still sends, up to read_timeout capped at 5 s, so the client gets to read the answer)
 // - handler throws           -> 500 problem `internal`
+// - handler lets its Reply go -> 500 problem `internal` and a log line naming the request (its id,
+//   method and path): when the last copy of a Reply goes without having answered (dropped at once,
+//   on another thread, with a queue or an io_context it waited in), the request is answered on its
+//   connection's executor, once (bmcweb's AsyncResp). So every request is answered or its
+//   connection closed; none waits for an answer that no one holds.
 // - no deadline on a request being handled: the handler owns each request's deadline (a long
 //   poll's wait, a termination's grace; CONTRACT §7 "Deadlines") and answers every request
-//   exactly once. The connection waits for that answer as long as it takes (read_timeout does not
-//   run meanwhile); a close or a shutdown's drain drops the answer.
+//   exactly once. The connection waits for that answer as long as a copy of its Reply lives
+//   (read_timeout does not run meanwhile); a close or a shutdown's drain drops the answer.
 // - every response: X-Request-Id (the client's if sane, else generated), Content-Type (the
 //   handler's, default application/json), Content-Length; no Server header. 204 and 304 carry no
 //   body, no Content-Type and no Content-Length.
@@ -67,7 +72,10 @@ using Response = gpunode::json::Response;  // the API's answer type (service::Ap
 // Any thread, exactly once (later calls ignored). Called on the thread that runs the connection
 // (the handler answering at once, or any handler under Limits::one_thread), it queues the answer
 // for writing before it returns, the observer and the log called within it: call it holding no
-// lock they take. From any other thread it is queued to the connection's executor.
+// lock they take. From any other thread it is queued to the connection's executor. Its copies
+// share one answer: when the last goes unanswered, the server answers 500 (queued, never inline,
+// so it may go anywhere, under any lock). It may outlive the connection and the io_context: then
+// calling it, or letting it go, does nothing.
 using Reply = std::function<void(Response)>;
 using Handler = std::function<void(Request, Reply)>;  // called on an I/O thread; must not block
 
