@@ -6,7 +6,8 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package clean format format-check
+.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package packages test-packages clean format \
+        format-check
 
 all: build
 
@@ -63,6 +64,20 @@ demo: deps $(BUILD)/build.ninja
 # a build with debug information such as the release preset, the -dbgsym .ddeb beside it).
 package: build
 	cd $(BUILD) && cpack -G DEB
+
+# The package for each Debian release (CONTRACT §14), each built in its release:
+# build/packages/bookworm/ (V-1~deb12u1) and build/packages/trixie/ (V-1~deb13u1). This machine's
+# release from its `release` preset build; the other in a cached build root of that release
+# (mmdebstrap, then systemd-nspawn without network: scripts/packages.py). Needs root.
+packages:
+	$(MAKE) build PRESET=release
+	python3 scripts/packages.py . build/release build/packages --jobs $(JOBS)
+
+# What `make packages` left, proven on each release (tests/packaging/test_packages.py): contents and
+# lintian in the release's own build root, the maintainer scripts, and the real-systemd test booted
+# on that release (on trixie also the upgrade from the bookworm package). Needs root.
+test-packages:
+	python3 tests/packaging/test_packages.py . build/packages
 
 bench: build
 	@bash scripts/install-deps.sh bench
