@@ -6,8 +6,8 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package packages test-packages clean format \
-        format-check
+.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package packages repo test-packages clean \
+        format format-check
 
 all: build
 
@@ -73,11 +73,23 @@ packages:
 	$(MAKE) build PRESET=release
 	python3 scripts/packages.py . build/release build/packages --jobs $(JOBS)
 
-# What `make packages` left, proven on each release (tests/packaging/test_packages.py): contents and
-# lintian in the release's own build root, the maintainer scripts, and the real-systemd test booted
-# on that release (on trixie also the upgrade from the bookworm package). Needs root.
+# A static apt repository of what `make packages` left (CONTRACT §14): build/repo/ with
+# dists/bookworm and dists/trixie (component main), pool/, InRelease and Release.gpg, and the key's
+# public half gpunode-archive-keyring.gpg, made by reprepro from the packages alone
+# (scripts/repo.py). Signed with REPO_KEY (a secret key of your GnuPG keyring), else with a key made
+# for the purpose and kept in build/repo-key.
+REPO_KEY ?=
+repo: deps
+	python3 scripts/repo.py build/packages build/repo --key-home build/repo-key $(if $(REPO_KEY),--key '$(REPO_KEY)')
+
+# What `make packages` and `make repo` left, proven on each release (tests/packaging/test_packages.py):
+# contents and lintian in the release's own build root, the maintainer scripts, the real-systemd
+# test booted on that release (on trixie also the upgrade from the bookworm package), and the
+# repository added, installed from and upgraded from (a newer one built by the test, signed by the
+# same key). Needs root.
 test-packages:
-	python3 tests/packaging/test_packages.py . build/packages
+	python3 tests/packaging/test_packages.py . build/packages --repo build/repo --build build/release \
+	  --key-home build/repo-key --jobs $(JOBS) $(if $(REPO_KEY),--key '$(REPO_KEY)')
 
 bench: build
 	@bash scripts/install-deps.sh bench

@@ -76,6 +76,9 @@ REST=(
   # Debian container, the other release's package built in one (systemd-nspawn from
   # systemd-container; their roots built by mmdebstrap and cached)
   systemd-container mmdebstrap
+  # make repo: the signed apt repository (reprepro; gpg makes the key for the purpose and exports
+  # its public half, gpgv checks the signatures as apt will)
+  reprepro gnupg gpgv
   # tests/integration/libvirtd_test.py: a private libvirtd (libvirt-daemon) with its QEMU driver
   # (libvirt-daemon-driver-qemu) and the emulator (qemu-system-x86, which brings SeaBIOS). Not
   # libvirt-daemon-system: it wants systemd and installs and starts the host's own libvirtd.

@@ -423,13 +423,18 @@ def check_restart_to_fixture(c, ct, config):
     c.check(f"... through gpunode-agent.socket: nothing refused or unanswered ({tcp} HTTPS /healthz answers, "
             f"{admin} admin-socket status answers meanwhile)", tcp > 0 and admin > 0 and refused == 0 and failed == 0,
             (tcp, refused, admin, failed))
-    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note systemd-test")
+    return fixture, reserve(c, ct, "gpunodectl reserve on the fixture's unit: made", "systemd-test")
+
+
+def reserve(c, ct, label, note):
+    """A reservation of the fixture host's first reservable unit, made with gpunodectl: its id."""
+    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note {note}")
     try:
-        made = json.loads(p.stdout)
-    except ValueError:
-        made = {}
-    c.check("gpunodectl reserve on the fixture's unit: made", made.get("id", "").startswith("rsv_"), short(p.stdout + p.stderr))
-    return fixture, made.get("id")
+        rid = json.loads(p.stdout).get("id", "")
+    except (ValueError, AttributeError):
+        rid = ""
+    c.check(label, rid.startswith("rsv_"), short(p.stdout + p.stderr))
+    return rid
 
 
 def has_reservation(ct, rid):
@@ -594,12 +599,7 @@ def check_upgrade_from_release(c, ct, lab, shipped, old_name, old_needed, new_na
     status = wait_libvirt(ct)
     c.check("the 12 package's agent runs on the 13 host: active, libvirt connected",
             p.returncode == 0 and wait_active(ct) == "active" and status.get("libvirt") == "connected", status)
-    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note from-debian-12")
-    try:
-        rid = json.loads(p.stdout).get("id", "")
-    except ValueError:
-        rid = ""
-    c.check("... a reservation made by it", rid.startswith("rsv_"), short(p.stdout + p.stderr))
+    rid = reserve(c, ct, "... a reservation made by it", "from-debian-12")
     pid = main_pid(ct)
     only_old = sorted(old_needed - new_needed)
     before = mapped(ct, pid, only_old)
@@ -629,29 +629,73 @@ def check_upgrade_from_release(c, ct, lab, shipped, old_name, old_needed, new_na
     c.eq("... libvirt connected", wait_libvirt(ct).get("libvirt"), "connected")
 
 
-def lab_files(scratch):
-    lab = os.path.join(scratch, "lab")
-    os.makedirs(lab)
-    L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-          "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-          "-keyout", os.path.join(lab, "agent.key"), "-out", os.path.join(lab, "agent.crt")])
-    L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
-    L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
-    return lab
+class Hosts:
+    """What a test's containers share: its checks, a scratch directory (the TLS files and the
+    issuer's key in lab/, the demo fixture host in host/, bound at /srv/gpunode-host), the shipped
+    agent.yaml, the cached root of `suite`; one container booted at a time."""
+
+    def __init__(self, c, suite, root, src, scratch, t0):
+        self.c, self.suite, self.root, self.scratch, self.t0 = c, suite, root, scratch, t0
+        self.ct = None
+        self.lab = os.path.join(scratch, "lab")
+        os.makedirs(self.lab)
+        lab = self.lab
+        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+              "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+              "-keyout", os.path.join(lab, "agent.key"), "-out", os.path.join(lab, "agent.crt")])
+        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
+        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
+        self.host = os.path.join(scratch, "host")
+        L.sh([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, self.host])
+        with open(os.path.join(src, "packaging", "agent.yaml"), encoding="utf-8") as f:
+            self.shipped = f.read()
+
+    def boot(self, name, binds):
+        """A fresh container `name` of the root (the one before it closed), with `binds` and the
+        fixture host."""
+        self.close()
+        c = self.c
+        self.ct = ct = Container(self.root, os.path.join(self.scratch, name), [*binds, (self.host, "/srv/gpunode-host")])
+        state = ct.boot()
+        versions = ct.sh("systemctl --version | head -1; dpkg-query -W -f='libvirt-daemon-system ${Version} ' "
+                         "libvirt-daemon-system; dpkg-query -W -f='polkitd ${Version}' polkitd").stdout
+        print(f"# {name}: booted ({state}) in {time.monotonic() - self.t0:.0f} s: {' '.join(versions.split())}",
+              flush=True)
+        release = debroot.os_release(ct.dir)
+        c.eq(f"the container is Debian {debroot.RELEASES[self.suite]} ({self.suite})", release.get("VERSION_CODENAME"),
+             self.suite)
+        p = ct.sh("systemctl list-unit-files --no-legend 'libvirtd*' 'virtqemud*' | sort; "
+                  "ls -l /run/libvirt/*sock* 2>/dev/null; ls /etc/polkit-1/rules.d /usr/share/polkit-1/rules.d")
+        print("#   libvirt and polkit here:\n#     " + "\n#     ".join(p.stdout.strip().splitlines()), flush=True)
+        return ct
+
+    def close(self):
+        if self.ct is not None:
+            self.ct.close()
+            self.ct = None
 
 
-def boot(c, root, scratch, name, binds, suite, t0):
-    ct = Container(root, os.path.join(scratch, name), binds)
-    state = ct.boot()
-    versions = ct.sh("systemctl --version | head -1; dpkg-query -W -f='libvirt-daemon-system ${Version} ' "
-                     "libvirt-daemon-system; dpkg-query -W -f='polkitd ${Version}' polkitd").stdout
-    print(f"# {name}: booted ({state}) in {time.monotonic() - t0:.0f} s: {' '.join(versions.split())}", flush=True)
-    release = debroot.os_release(ct.dir)
-    c.eq(f"the container is Debian {debroot.RELEASES[suite]} ({suite})", release.get("VERSION_CODENAME"), suite)
-    p = ct.sh("systemctl list-unit-files --no-legend 'libvirtd*' 'virtqemud*' | sort; "
-              "ls -l /run/libvirt/*sock* 2>/dev/null; ls /etc/polkit-1/rules.d /usr/share/polkit-1/rules.d")
-    print("#   libvirt and polkit here:\n#     " + "\n#     ".join(p.stdout.strip().splitlines()), flush=True)
-    return ct
+def run_hosts(title, suite, deb, old_deb, src, body):
+    """`body(hosts)` over the cached root of `suite` (cached_root's `deb` and `old_deb`); a step
+    that breaks is a failed check that says where, with the unit's state and the journal. Returns
+    the exit status."""
+    c = L.Checks(title)
+    t0 = time.monotonic()
+    scratch = tempfile.mkdtemp(prefix="gpunode-systemd-", dir="/var/tmp")
+    hosts = None
+    try:
+        hosts = Hosts(c, suite, cached_root(suite, deb, old_deb), src, scratch, t0)
+        body(hosts)
+    except Exception as e:  # a broken step: say where, with what the container said
+        c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)
+        if hosts is not None and hosts.ct is not None and hosts.ct.leader is not None:
+            explain(hosts.ct)
+    finally:
+        if hosts is not None:
+            hosts.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"# {time.monotonic() - t0:.0f} s in all", flush=True)
+    return c.finish()
 
 
 def the_package(directory, suite):
@@ -689,22 +733,14 @@ def main():
     except debroot.Error as e:
         print(f"FAIL: {e}")
         return 1
-    c = L.Checks(f"package.systemd ({suite})")
-    t0 = time.monotonic()
-    scratch = tempfile.mkdtemp(prefix="gpunode-systemd-", dir="/var/tmp")
-    ct = None
-    try:
-        root = cached_root(suite, deb, old_deb)
-        lab = lab_files(scratch)
-        host = os.path.join(scratch, "host")
-        L.sh([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host])
-        with open(os.path.join(args.src, "packaging", "agent.yaml"), encoding="utf-8") as f:
-            shipped = f.read()
-        binds = [(os.path.dirname(os.path.abspath(deb)), "/mnt/pkg"), (host, "/srv/gpunode-host")]
-        ct = boot(c, root, scratch, "ct", binds, suite, t0)
-        name = os.path.basename(deb)
+    packages = [(os.path.dirname(os.path.abspath(deb)), "/mnt/pkg")]
+    name = os.path.basename(deb)
+
+    def body(h):
+        c = h.c
+        ct = h.boot("ct", packages)
         check_install(c, ct, name)
-        config = check_configure(c, ct, lab, shipped)
+        config = check_configure(c, ct, h.lab, h.shipped)
         check_running(c, ct)
         check_reload(c, ct, config)
         fixture, rid = check_restart_to_fixture(c, ct, config.replace("level: info", "level: debug", 1))
@@ -714,25 +750,13 @@ def main():
         check_upgrade_after_start_limit(c, ct, name, rid)
         check_upgrade_from_socketless(c, ct, args.src, name, rid)
         check_remove(c, ct, rid)
-        ct.close()
-        ct = None
         if old_deb is not None:
             print(f"# the upgrade from the Debian {debroot.RELEASES[UPGRADE_FROM]} package on a fresh "
                   f"{suite} host", flush=True)
-            ct = boot(c, root, scratch, "ct-upgrade", binds + [(os.path.dirname(os.path.abspath(old_deb)), "/mnt/old")],
-                      suite, t0)
-            check_upgrade_from_release(c, ct, lab, shipped, os.path.basename(old_deb), needed(old_deb), name, needed(deb))
-    except Exception as e:  # a broken step: say where, with what the container said
-        c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)
-        if ct is not None and ct.leader is not None:
-            print("# the agent's journal:\n" + "\n".join(f"#   {l}" for l in journal(ct).splitlines()[-40:]), flush=True)
-    finally:
-        if ct is not None:
-            ct.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(f"# {time.monotonic() - t0:.0f} s in all", flush=True)
-    return c.finish()
-
+            ct = h.boot("ct-upgrade", [*packages, (os.path.dirname(os.path.abspath(old_deb)), "/mnt/old")])
+            check_upgrade_from_release(c, ct, h.lab, h.shipped, os.path.basename(old_deb), needed(old_deb), name,
+                                       needed(deb))
+    return run_hosts(f"package.systemd ({suite})", suite, deb, old_deb, args.src, body)
 
 if __name__ == "__main__":
     sys.exit(main())
