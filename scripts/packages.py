@@ -12,9 +12,11 @@ root was made, run with systemd-nspawn without network, the source tree read-onl
 build/SUITE (the release preset's settings, the tests not built) writable. `Depends` is what
 dpkg-shlibdeps finds in each release.
 
-Usage: packages.py SOURCE_DIR BUILD_DIR OUT_DIR [--jobs N] [--revision N] [--release SUITE ...]
+Usage: packages.py SOURCE_DIR BUILD_DIR OUT_DIR [--jobs N] [--revision N] [--release SUITE ...] [--roots-only]
   --revision N   the packages' revision is N~debNNu1 (default 1; the repository test builds 2)
   --release      only these releases (default: all)
+  --roots-only   only make (or find) the build roots of the releases not this machine's, and stop:
+                 .ci/run has them made while `make test` runs
 Needs root (mmdebstrap, systemd-nspawn), and the network the first time a build root is made.
 """
 import argparse
@@ -120,10 +122,16 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--revision", type=int, default=1)
     ap.add_argument("--release", action="append", choices=sorted(debroot.RELEASES))
+    ap.add_argument("--roots-only", action="store_true")
     args = ap.parse_args()
     src, build, out = (os.path.abspath(p) for p in (args.source, args.build, args.out))
     try:
         host = debroot.host_release()
+        if args.roots_only:
+            for suite in args.release or list(debroot.RELEASES):
+                if suite != host:
+                    cached_build_root(src, suite)
+            return 0
         for suite in args.release or list(debroot.RELEASES):
             t0 = time.monotonic()
             rev = revision(args.revision, suite)
