@@ -6,7 +6,8 @@ JOBS   ?= $(shell nproc)
 # Tests run this many at a time; most of them wait (long polls, graces, a stalled API), not compute.
 TEST_JOBS ?= $(JOBS)
 
-.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package clean format format-check
+.PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package packages repo test-packages clean \
+        format format-check
 
 all: build
 
@@ -63,6 +64,32 @@ demo: deps $(BUILD)/build.ninja
 # a build with debug information such as the release preset, the -dbgsym .ddeb beside it).
 package: build
 	cd $(BUILD) && cpack -G DEB
+
+# The package for each Debian release (CONTRACT §14), each built in its release:
+# build/packages/bookworm/ (V-1~deb12u1) and build/packages/trixie/ (V-1~deb13u1). This machine's
+# release from its `release` preset build; the other in a cached build root of that release
+# (mmdebstrap, then systemd-nspawn without network: scripts/packages.py). Needs root.
+packages:
+	$(MAKE) build PRESET=release
+	python3 scripts/packages.py . build/release build/packages --jobs $(JOBS)
+
+# A static apt repository of what `make packages` left (CONTRACT §14): build/repo/ with
+# dists/bookworm and dists/trixie (component main), pool/, InRelease and Release.gpg, and the key's
+# public half gpunode-archive-keyring.gpg, made by reprepro from the packages alone
+# (scripts/repo.py). Signed with REPO_KEY (a secret key of your GnuPG keyring), else with a key made
+# for the purpose and kept in build/repo-key.
+REPO_KEY ?=
+repo: deps
+	python3 scripts/repo.py build/packages build/repo --key-home build/repo-key $(if $(REPO_KEY),--key '$(REPO_KEY)')
+
+# What `make packages` and `make repo` left, proven on each release (tests/packaging/test_packages.py):
+# contents and lintian in the release's own build root, the maintainer scripts, the real-systemd
+# test booted on that release (on trixie also the upgrade from the bookworm package), and the
+# repository added, installed from and upgraded from (a newer one built by the test, signed by the
+# same key). Needs root.
+test-packages:
+	python3 tests/packaging/test_packages.py . build/packages --repo build/repo --build build/release \
+	  --key-home build/repo-key --jobs $(JOBS) $(if $(REPO_KEY),--key '$(REPO_KEY)')
 
 bench: build
 	@bash scripts/install-deps.sh bench

@@ -39,6 +39,25 @@ UNIT = "gpunode-agent.service"
 SOCKET = "gpunode-agent.socket"  # CONTRACT §11: the HTTPS port and the admin socket, held across restarts
 HOOK = "/etc/libvirt/hooks/qemu.d/50-gpunode"
 MAX_EXPOSURE = 2.0
+# The libraries dpkg-shlibdeps names in the package of each Debian release (CONTRACT §14), by
+# VERSION_ID: each release's own (Boost 1.81 and 1.83, fmt 9 and 10, yaml-cpp 0.7 and 0.8, and
+# OpenSSL's libssl3, renamed libssl3t64 in 13 by the 64-bit time_t transition).
+LIBRARIES = {
+    "12": ("libc6", "libstdc++6", "libgcc-s1", "libpci3", "libsqlite3-0", "libxml2", "libssl3", "libfmt9",
+           "libyaml-cpp0.7", "libboost-json1.81.0", "libboost-url1.81.0"),
+    "13": ("libc6", "libstdc++6", "libgcc-s1", "libpci3", "libsqlite3-0", "libxml2", "libssl3t64", "libfmt10",
+           "libyaml-cpp0.8", "libboost-json1.83.0", "libboost-url1.83.0"),
+}
+
+
+def os_release():
+    fields = {}
+    with open("/etc/os-release", encoding="utf-8") as f:
+        for line in f:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                fields[key] = value.strip("\"'")
+    return fields
 
 
 def run(cmd, **kw):
@@ -120,11 +139,22 @@ def cmd_contents(out, src):
 
     f = control(deb)
     c.eq("Package", f.get("Package"), "gpunode-agent")
-    c.check("Version is VERSION-REVISION", re.fullmatch(r"\d+\.\d+\.\d+-\d+", f.get("Version", "")), f.get("Version"))
+    # Built for the release this runs in (its own, or its build root: CONTRACT §14): V-1~debNNu1.
+    release = os_release()
+    ours = release.get("VERSION_ID") if release.get("ID") == "debian" else None
+    if ours in LIBRARIES:
+        c.check(f"Version is VERSION-N~deb{ours}uM (built for Debian {ours}, {release.get('VERSION_CODENAME')})",
+                re.fullmatch(rf"\d+\.\d+\.\d+-\d+~deb{ours}u\d+", f.get("Version", "")), f.get("Version"))
+    else:
+        c.check("Version is VERSION-REVISION", re.fullmatch(r"\d+\.\d+\.\d+-\d+", f.get("Version", "")), f.get("Version"))
     c.eq("Architecture", f.get("Architecture"), run(["dpkg", "--print-architecture"]).stdout.strip())
     depends = f.get("Depends", "")
-    for lib in ("libc6", "libstdc++6", "libvirt0", "libpci3", "libyaml-cpp0.7", "libsqlite3-0", "libssl3"):
-        c.check(f"Depends names {lib} (dpkg-shlibdeps; libvirt0 also by name, for dlopen)", re.search(rf"(^|, ){re.escape(lib)}( |,|$)", depends), depends)
+    named = {re.split(r"[\s(]", e.strip())[0] for e in depends.split(",") if e.strip()}
+    for lib in ["libvirt0", *LIBRARIES.get(ours, ("libc6", "libstdc++6", "libpci3", "libsqlite3-0"))]:
+        c.check(f"Depends names {lib} (dpkg-shlibdeps; libvirt0 also by name, for dlopen)", lib in named, depends)
+    if ours in LIBRARIES:
+        others = {lib for v, libs in LIBRARIES.items() if v != ours for lib in libs} - set(LIBRARIES[ours])
+        c.eq("Depends names no other release's library", sorted(named & others), [])
     for dep in ("systemd", "init-system-helpers", "pci.ids"):
         c.check(f"Depends names {dep}", dep in depends, depends)
 
@@ -250,8 +280,10 @@ def check_monitoring(c, root):
 def cmd_lintian(out, src):
     c = L.Checks("package.lintian")
     deb = the_deb(out)
+    version = run(["lintian", "--version"]).stdout.strip()
+    release = os_release().get("PRETTY_NAME", "?")
     p = run(["lintian", "--no-tag-display-limit", "--display-info", deb], timeout=600)
-    print("# lintian output:", flush=True)
+    print(f"# {version} of {release}, output:", flush=True)
     for line in p.stdout.splitlines():
         print(f"#   {line}", flush=True)
     print(p.stderr, end="", flush=True)
@@ -435,17 +467,20 @@ def cmd_install(out, src):
         with open(conf, "w", encoding="utf-8") as f:
             f.write(gated)
         script("postinst", "configure", "0.1.0-1")
-        want = ([f"deb-systemd-invoke stop {UNIT}", f"deb-systemd-invoke start {SOCKET}",
-                 f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else [])
+        want = ([f"deb-systemd-invoke stop {UNIT}", f"deb-systemd-invoke reset-failed {UNIT} {SOCKET}",
+                 f"deb-systemd-invoke start {SOCKET}", f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else [])
         c.eq("postinst, configured (upgrade from a package without the socket unit): the agent stopped, so that "
-             "the socket unit can bind, then started; libvirtd reloaded (not restarted)", actions(),
+             "the socket unit can bind, the start limit reset, then started; libvirtd reloaded (not restarted)",
+             actions(),
              ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
         os.remove(calls)
         with open(active, "a", encoding="utf-8") as f:
             f.write(f"{SOCKET}\n")
         script("postinst", "configure", "0.2.0-1")
-        want = [f"deb-systemd-invoke start {SOCKET}", f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else []
-        c.eq("postinst, configured (upgrade, the socket unit active): the agent alone restarted, its sockets kept",
+        want = ([f"deb-systemd-invoke reset-failed {UNIT} {SOCKET}", f"deb-systemd-invoke start {SOCKET}",
+                 f"deb-systemd-invoke restart {UNIT}"] if os.geteuid() == 0 else [])
+        c.eq("postinst, configured (upgrade, the socket unit active): the start limit reset, the agent alone "
+             "restarted, its sockets kept",
              actions(), ["systemctl --system daemon-reload", *want, "deb-systemd-invoke reload libvirtd.service"])
         with open(conf, "w", encoding="utf-8") as f:
             f.write(filled)

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""The package on a stock Debian 12 host under a real systemd (issue 25, CONTRACT §11 "A stock
-host", "Reload says whether it took", "Checking the files").
+"""The package on a stock Debian host under a real systemd (issue 25, CONTRACT §11 "A stock host",
+"Reload says whether it took", "Checking the files"; issue 39, §14: each release's package on that
+release).
 
-A Debian 12 root (mmdebstrap, from this machine's Debian apt sources; cached, see below) with
-Debian's own systemd 252, dbus, polkitd and libvirt-daemon-system is booted with
-`systemd-nspawn -b` (`--register=no --keep-unit`: the test machine's PID 1 need not be systemd,
-and there may be no system bus; a private network). Commands run inside it through `nsenter`. The
-package built by `package.build` is installed with apt and configured as the README's steps say;
-then, each checked and printed:
+A root of the release the package was built for (--release: bookworm, Debian 12, with systemd 252;
+trixie, Debian 13, with systemd 257; mmdebstrap from this machine's Debian apt sources, the suite
+switched; cached, see below) with Debian's own systemd, dbus, polkitd and libvirt-daemon-system is
+booted with `systemd-nspawn -b` (`--register=no --keep-unit`: the test machine's PID 1 need not be
+systemd, and there may be no system bus; a private network). Commands run inside it through
+`nsenter`. The package is installed with apt and configured as the README's steps say; then, each
+checked and printed:
 
   install     the user and groups (gpunode in libvirt in /etc/group), the key directory, the unit
               enabled and not started, the postinst saying why
@@ -21,22 +23,38 @@ then, each checked and printed:
   watchdog    a frozen agent (SIGSTOP) is killed by systemd and restarted
   restart     `systemctl restart` while HTTPS and admin-socket callers keep asking: none refused
   upgrade     the same package installed over the running agent: restarted, state and edited
-              configuration kept, no caller refused; then the handover from 0.1.0 (its unit, with no
-              socket unit, running the agent): the postinst stops it, the socket unit binds, the
-              agent runs from it, and the next restart refuses nothing
+              configuration kept, no caller refused; after restarts until the unit's start limit
+              refused one (the agent down, its socket unit failed): started again; the handover
+              from 0.1.0 (its unit, with no socket unit, running the agent): the postinst stops
+              it, the socket unit binds, the agent runs from it, and the next restart refuses
+              nothing
   remove      stopped, state and configuration kept; purge: both gone
 
-The root is cached in $GPUNODE_TEST_CACHE (default /var/cache/gpunode-tests), one directory per
-package list and apt sources (a hash of them), built once (about 90 s and 270 MB with the network)
-and never written to: each run boots an overlay of it. Older roots are removed when a new one is
-built. Needs root, systemd-nspawn (systemd-container) and mmdebstrap; without root it prints
+With --upgrade-from DIR (trixie only: DIR holds the Debian 12 package) a second container of the same
+root is a Debian 13 host that ran the Debian 12 package, as `apt full-upgrade` from 12 to 13 leaves
+one: the 12 package installed and its libraries that 13 no longer has kept (obsolete), configured,
+running with a reservation; then the 13 package is installed over it under load: nothing refused,
+the agent restarted on this release's libraries, the edited configuration, the reservation and the
+audit chain kept, libvirt connected.
+
+Debian 12 and 13 differ little here, and the test says what it finds: both run the monolithic
+libvirtd (13 packages no modular daemons), socket-activated (`libvirtd.socket`,
+/run/libvirt/libvirt-sock, mode 0666) and leaving after 120 s idle (`--timeout 120`); polkit (122 on
+12, 126 on 13) reads its rules from /etc/polkit-1/rules.d and /usr/share/polkit-1/rules.d (126 also
+/run and /usr/local/share), where libvirt's 60-libvirt.rules admits group libvirt by /etc/group.
+
+The root is cached in $GPUNODE_TEST_CACHE (default /var/cache/gpunode-tests) as
+`systemd-SUITE-HASH`, one directory per release, package list and apt sources (scripts/debroot.py),
+built once (about 90 s and 270 MB with the network) and never written to: each run boots an overlay
+of it. Needs root, systemd-nspawn (systemd-container) and mmdebstrap; without root it prints
 `SKIP: why` and exits 77.
 
-Usage: systemd_test.py OUT_DIR SOURCE_DIR     (OUT_DIR holds the package, as package.build left it)
+Usage: systemd_test.py OUT_DIR SOURCE_DIR [--release SUITE] [--upgrade-from DIR]
+  OUT_DIR holds the package (as package.build or make packages left it); SUITE is the release it was
+  built for (default: this machine's).
 """
-import fcntl
+import argparse
 import glob
-import hashlib
 import json
 import os
 import re
@@ -54,15 +72,18 @@ import lab as L  # noqa: E402
 import hook_test as H  # noqa: E402
 sys.path.insert(0, HERE)
 from package_test import HOOK, MAX_EXPOSURE, UNIT, run, wait_for  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
+import debroot  # noqa: E402
 
-SUITE = "bookworm"
+UPGRADE_FROM = "bookworm"  # --upgrade-from: the release a Debian 13 host was upgraded from
 # What a stock libvirt host has, beyond the package's own Depends (added from the .deb): Debian's
-# libvirtd with its QEMU driver and polkit, systemd as PID 1 with a system bus, and curl for the
+# libvirtd with its QEMU driver and polkit, systemd as PID 1 with a system bus, procps (priority
+# important, on every installed system: libvirtd's ExecReload= is its /bin/kill), and curl for the
 # checks. Not qemu-system: no domain is started here (tests/integration/libvirtd_hook_test.py
 # starts real ones).
 BASE_PACKAGES = ["systemd", "systemd-sysv", "dbus", "polkitd", "libvirt-daemon-system", "libvirt-daemon-driver-qemu",
-                 "libvirt-clients", "curl"]
-ROOT_FORMAT = "1"  # bump when the way the root is built changes
+                 "libvirt-clients", "procps", "curl"]
+ROOT_FORMAT = "2"  # bump when the way the root is built changes
 
 
 def short(text, n=300):
@@ -71,22 +92,6 @@ def short(text, n=300):
 
 
 # ---- the cached root ------------------------------------------------------------------------------
-
-def debian_sources():
-    """This machine's apt sources that name Debian's archive (third-party ones would need their keys)."""
-    found = []
-    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list")),
-                 *sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))]:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
-            continue
-        live = [l for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")]
-        if any("debian.org" in l or "debian-archive-keyring" in l for l in live):
-            found.append((path, text))
-    return found
-
 
 def package_depends(deb):
     """The first alternative of each Depends and Recommends entry of the .deb, without versions."""
@@ -98,39 +103,43 @@ def package_depends(deb):
     return names
 
 
-def cached_root(deb, c):
-    base = os.environ.get("GPUNODE_TEST_CACHE", "/var/cache/gpunode-tests")
-    sources = debian_sources()
-    if not sources:
-        raise RuntimeError("no apt source of Debian's archive on this machine (/etc/apt/sources.list*)")
-    packages = sorted(set(BASE_PACKAGES + package_depends(deb)))
-    key = hashlib.sha256(json.dumps([ROOT_FORMAT, SUITE, packages, sources]).encode()).hexdigest()[:16]
-    root = os.path.join(base, f"{SUITE}-{key}")
-    os.makedirs(base, exist_ok=True)
-    with open(os.path.join(base, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others wait and reuse its root
-        if os.path.exists(os.path.join(root, ".complete")):
-            print(f"# root: cached {root}", flush=True)
-            return root
-        building = tempfile.mkdtemp(prefix=f".{SUITE}-", dir=base)
+def cached_root(suite, deb, old_deb=None):
+    """The root of `suite` with BASE_PACKAGES and the package's dependencies (debroot.cached_root,
+    kind `systemd`). With `old_deb` (the Debian 12 package, for the upgrade on a Debian 13 host) it
+    also holds what that package needs beyond them as a host upgraded from Debian 12 keeps it: the
+    libraries its release had and this one has not (libboost-json1.81.0, libfmt9, ...), installed
+    from that release's archive, whose source is then removed again, as `apt full-upgrade` leaves
+    them (installed, obsolete)."""
+    hooks, inputs = [], []
+    if old_deb is not None:
+        # What the old package needs, not the package itself (the root stays cached while the
+        # package is rebuilt): its Depends, given to a stand-in package apt resolves.
+        depends = run(["dpkg-deb", "-f", old_deb, "Depends"], check=True).stdout.strip()
+        arch = run(["dpkg-deb", "-f", old_deb, "Architecture"], check=True).stdout.strip()
+        inputs.append(("old-control", (f"Package: gpunode-upgrade-from\nVersion: 1\nArchitecture: {arch}\n"
+                                       f"Maintainer: gpunode tests <tests@invalid>\nDepends: {depends}\n"
+                                       "Description: what the old gpunode-agent package depends on\n").encode()))
+        scratch = tempfile.mkdtemp(prefix="gpunode-sources-")
         try:
-            t0 = time.monotonic()
-            p = run(["mmdebstrap", "--mode=root", "--variant=apt", "--include=" + ",".join(packages), SUITE, building,
-                     *[path for path, _ in sources]], timeout=1200)
-            if p.returncode != 0:
-                raise RuntimeError(f"mmdebstrap failed ({p.returncode}): {p.stderr[-2000:]}")
-            with open(os.path.join(building, ".complete"), "w") as f:
-                f.write(" ".join(packages) + "\n")
-            os.rename(building, root)
-            print(f"# root: built {root} in {time.monotonic() - t0:.0f} s ({len(packages)} packages named)", flush=True)
+            paths, texts = debroot.sources_for(UPGRADE_FROM, scratch)
         finally:
-            if os.path.exists(building):
-                shutil.rmtree(building, ignore_errors=True)
-        # The cache keeps one root: a root for another package list or other sources is stale.
-        for old in glob.glob(os.path.join(base, f"{SUITE}-*")):
-            if old != root:
-                shutil.rmtree(old, ignore_errors=True)
-        return root
+            shutil.rmtree(scratch, ignore_errors=True)
+        # Each as it was written (NN-NAME.list or .sources: apt reads them by their ending).
+        inputs += [(f"old-{os.path.basename(p)}", t.encode()) for p, t in zip(paths, texts)]
+        # apt picks what the old package needs beyond this root: the names this release has not,
+        # from the old release (apt -s says which); nothing this release has is replaced.
+        hooks = ['mkdir -p "$1/tmp/old/DEBIAN" && cp "$GPUNODE_ROOT_INPUTS/old-control" "$1/tmp/old/DEBIAN/control"',
+                 'chroot "$1" dpkg-deb --build /tmp/old /tmp/old.deb >/dev/null',
+                 'for f in "$GPUNODE_ROOT_INPUTS"/old-*.list "$GPUNODE_ROOT_INPUTS"/old-*.sources; do [ ! -e "$f" ] || '
+                 'cp "$f" "$1/etc/apt/sources.list.d/gpunode-upgrade-from-${f##*/old-}"; done',
+                 'chroot "$1" apt-get update -qq',
+                 'chroot "$1" sh -c \'set -e; want=$(apt-get -s install --no-install-recommends /tmp/old.deb | '
+                 'sed -n "s/^Inst \\([^ ]*\\) .*/\\1/p" | grep -vx gpunode-upgrade-from || true); '
+                 'echo "upgrade-from: $want"; apt-get install -y -qq --no-install-recommends $want\'',
+                 'rm -rf "$1/tmp/old" "$1/tmp/old.deb" "$1"/etc/apt/sources.list.d/gpunode-upgrade-from-*']
+    packages = BASE_PACKAGES + package_depends(deb)
+    return debroot.cached_root("systemd", suite, packages, hooks=hooks, inputs=inputs, fmt=ROOT_FORMAT,
+                               log=lambda text: print(text, flush=True))
 
 
 # ---- the container --------------------------------------------------------------------------------
@@ -295,6 +304,9 @@ def check_install(c, ct, deb_name):
     c.eq("the unit: enabled, not started", p.stdout.split(), ["enabled", "inactive"])
     p = ct.sh("test -x /etc/libvirt/hooks/qemu.d/50-gpunode && systemctl is-active libvirtd")
     c.eq("the libvirt hook is installed and libvirtd runs", p.stdout.strip(), "active")
+    log = ct.sh("journalctl --no-pager -o cat -u libvirtd.service").stdout
+    c.check("... and the postinst had it reload (it reads its hooks then)",
+            "Reloaded libvirtd" in log and "Reload failed" not in log, short(log[-600:]))
 
 
 def check_configure(c, ct, lab, shipped):
@@ -411,13 +423,18 @@ def check_restart_to_fixture(c, ct, config):
     c.check(f"... through gpunode-agent.socket: nothing refused or unanswered ({tcp} HTTPS /healthz answers, "
             f"{admin} admin-socket status answers meanwhile)", tcp > 0 and admin > 0 and refused == 0 and failed == 0,
             (tcp, refused, admin, failed))
-    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note systemd-test")
+    return fixture, reserve(c, ct, "gpunodectl reserve on the fixture's unit: made", "systemd-test")
+
+
+def reserve(c, ct, label, note):
+    """A reservation of the fixture host's first reservable unit, made with gpunodectl: its id."""
+    p = ct.sh(f"gpunodectl --json reserve --units {L.RESERVABLE[0]} --audience org-a --ends +30d --note {note}")
     try:
-        made = json.loads(p.stdout)
-    except ValueError:
-        made = {}
-    c.check("gpunodectl reserve on the fixture's unit: made", made.get("id", "").startswith("rsv_"), short(p.stdout + p.stderr))
-    return fixture, made.get("id")
+        rid = json.loads(p.stdout).get("id", "")
+    except (ValueError, AttributeError):
+        rid = ""
+    c.check(label, rid.startswith("rsv_"), short(p.stdout + p.stderr))
+    return rid
 
 
 def has_reservation(ct, rid):
@@ -452,19 +469,50 @@ def check_watchdog(c, ct):
     wait_active(ct)
 
 
+def explain(ct, since=None):
+    """The unit's state and the journal's last lines, after a check about them failed."""
+    p = ct.sh(f"systemctl status --no-pager -n 0 {UNIT} gpunode-agent.socket")
+    print("# systemctl status:\n" + "\n".join(f"#   {l}" for l in p.stdout.splitlines()[-20:]), flush=True)
+    p = ct.sh(f"journalctl --no-pager -o short-monotonic {'--after-cursor=' + repr(since) if since else ''} | tail -40")
+    print("# journal:\n" + "\n".join(f"#   {l}" for l in p.stdout.splitlines()), flush=True)
+
+
 def check_upgrade(c, ct, deb_name, fixture, rid):
     pid = main_pid(ct)
+    mark = cursor(ct)
     rc, tcp, refused, admin, failed = under_load(ct, f"apt-get install -y --reinstall /mnt/pkg/{deb_name} >/dev/null 2>&1")
     c.eq("apt-get install --reinstall over the running agent: exit 0", rc, 0)
     c.check(f"... nothing refused or unanswered meanwhile ({tcp} HTTPS /healthz answers, {admin} admin-socket "
             f"status answers)",
             tcp > 0 and admin > 0 and refused == 0 and failed == 0, (tcp, refused, admin, failed))
-    c.check("... the agent was restarted (new PID) and is active", wait_active(ct) == "active" and main_pid(ct) != pid,
-            (pid, main_pid(ct)))
+    if not c.check("... the agent was restarted (new PID) and is active",
+                   wait_active(ct) == "active" and main_pid(ct) != pid, (pid, main_pid(ct))):
+        explain(ct, mark)
     with open(ct.path("/etc/gpunode/agent.yaml"), encoding="utf-8") as f:
         c.check("... the edited agent.yaml is kept (a conffile)", f.read() == fixture, "")
     c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
     c.eq("... libvirt connected again", wait_libvirt(ct).get("libvirt"), "connected")
+
+
+def check_upgrade_after_start_limit(c, ct, deb_name, rid):
+    """The unit's start limit (5 starts in 2 minutes) counts the operator's restarts too: restarted
+    until systemd refuses a start, the agent is down and its socket unit failed with it. An upgrade
+    (here a reinstall) must start it again all the same."""
+    result = ""
+    for _ in range(10):
+        if ct.sh(f"systemctl restart {UNIT}", timeout=60).returncode != 0:
+            result = ct.sh(f"systemctl show -P Result {UNIT}; systemctl is-active gpunode-agent.socket").stdout.split()
+            break
+    print(f"#   restarted until refused: {result}", flush=True)
+    c.check("restarts until systemd refuses one: the unit's start limit hit, the socket unit failed with it",
+            result == ["start-limit-hit", "failed"], result)
+    p = ct.sh(f"apt-get install -y --reinstall /mnt/pkg/{deb_name}", timeout=600)
+    c.eq("... apt-get install --reinstall then: exit 0", p.returncode, 0)
+    active = ct.sh(f"systemctl is-active gpunode-agent.socket {UNIT}").stdout.split()
+    if not c.check("... the postinst started the agent again, and its socket unit", active == ["active", "active"]
+                   and wait_active(ct) == "active", active):
+        explain(ct)
+    c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
 
 
 def check_upgrade_from_socketless(c, ct, src, deb_name, rid):
@@ -519,11 +567,156 @@ def check_remove(c, ct, rid):
     c.eq("... libvirtd still runs", ct.sh("systemctl is-active libvirtd").stdout.strip(), "active")
 
 
+def needed(deb):
+    """The shared libraries (DT_NEEDED) of the package's binaries and modules."""
+    with tempfile.TemporaryDirectory(prefix="gpunode-needed-") as d:
+        run(["dpkg-deb", "-x", deb, d], check=True)
+        files = glob.glob(os.path.join(d, "usr/bin/*")) + glob.glob(os.path.join(d, "usr/lib/gpunode-agent/*.so"))
+        text = run(["readelf", "-d", "-W", *files]).stdout
+    return set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]", text))
+
+
+def mapped(ct, pid, sonames):
+    """Which of `sonames` the container's process `pid` has mapped (a library's file is its soname
+    or the soname and more of the version: libfmt.so.9.1.0 for libfmt.so.9)."""
+    text = ct.sh(f"cat /proc/{pid}/maps").stdout
+    files = {os.path.basename(l.split()[-1]) for l in text.splitlines() if ".so" in l.split()[-1]}
+    return {so for so in sonames if any(f == so or f.startswith(so + ".") for f in files)}
+
+
+def check_upgrade_from_release(c, ct, lab, shipped, old_name, old_needed, new_name, new_needed):
+    """A Debian 13 host that ran the Debian 12 package (as `apt full-upgrade` leaves it: the 12
+    package and its libraries kept), configured and running with a reservation; the 13 package is
+    installed over it."""
+    p = ct.sh(f"apt-get install -y --no-install-recommends /mnt/old/{old_name}", timeout=600)
+    c.eq(f"the Debian 12 package on the Debian 13 host: apt-get install ./{old_name}: exit 0", p.returncode, 0)
+    if p.returncode != 0:
+        print(f"# apt: {p.stdout[-1500:]}{p.stderr[-1500:]}", flush=True)
+    config = check_configure(c, ct, lab, shipped)
+    fixture = config.replace("host_root: /", "host_root: /srv/gpunode-host", 1).replace("level: info", "level: debug", 1)
+    set_config(ct, fixture)
+    p = ct.sh(f"systemctl start {UNIT}", timeout=60)
+    status = wait_libvirt(ct)
+    c.check("the 12 package's agent runs on the 13 host: active, libvirt connected",
+            p.returncode == 0 and wait_active(ct) == "active" and status.get("libvirt") == "connected", status)
+    rid = reserve(c, ct, "... a reservation made by it", "from-debian-12")
+    pid = main_pid(ct)
+    only_old = sorted(old_needed - new_needed)
+    before = mapped(ct, pid, only_old)
+    c.check(f"... it maps the 12 package's own libraries ({' '.join(only_old)})", before == set(only_old), sorted(before))
+    rc, tcp, refused, admin, failed = under_load(ct, f"apt-get install -y /mnt/pkg/{new_name} >/tmp/apt.out 2>&1")
+    print("#   apt: " + " | ".join(l for l in ct.sh("cat /tmp/apt.out").stdout.splitlines()
+                                   if l.startswith(("Unpacking", "Setting up", "Preparing")))[:600], flush=True)
+    c.eq(f"apt-get install ./{new_name} over the running 12 agent: exit 0", rc, 0)
+    version = ct.sh("dpkg-query -W -f='${Version}' gpunode-agent").stdout.strip()
+    c.check(f"... gpunode-agent is now {version}", new_name.split("_")[1] == version, version)
+    c.check(f"... nothing refused or unanswered meanwhile ({tcp} HTTPS /healthz answers, {admin} admin-socket "
+            f"status answers)", tcp > 0 and admin > 0 and refused == 0 and failed == 0, (tcp, refused, admin, failed))
+    after_pid = main_pid(ct)
+    if not c.check("... the agent was restarted (new PID) and is active",
+                   wait_active(ct) == "active" and after_pid != pid, (pid, after_pid)):
+        explain(ct)
+    only_new = sorted(new_needed - old_needed)
+    c.check(f"... on this release's libraries: {' '.join(only_new)} mapped, none of the 12 package's",
+            mapped(ct, after_pid, only_new) == set(only_new) and not mapped(ct, after_pid, only_old),
+            (sorted(mapped(ct, after_pid, only_new)), sorted(mapped(ct, after_pid, only_old))))
+    with open(ct.path("/etc/gpunode/agent.yaml"), encoding="utf-8") as f:
+        c.check("... the edited agent.yaml is kept (a conffile)", f.read() == fixture, "")
+    c.check(f"... the reservation {rid} is kept", wait_for(lambda: has_reservation(ct, rid), 10), rid)
+    p = ct.sh("gpunodectl audit verify")
+    c.check("... the audit chain the 12 agent wrote verifies (gpunodectl audit verify: whole)",
+            p.returncode == 0 and "whole" in p.stdout, short(p.stdout + p.stderr))
+    c.eq("... libvirt connected", wait_libvirt(ct).get("libvirt"), "connected")
+
+
+class Hosts:
+    """What a test's containers share: its checks, a scratch directory (the TLS files and the
+    issuer's key in lab/, the demo fixture host in host/, bound at /srv/gpunode-host), the shipped
+    agent.yaml, the cached root of `suite`; one container booted at a time."""
+
+    def __init__(self, c, suite, root, src, scratch, t0):
+        self.c, self.suite, self.root, self.scratch, self.t0 = c, suite, root, scratch, t0
+        self.ct = None
+        self.lab = os.path.join(scratch, "lab")
+        os.makedirs(self.lab)
+        lab = self.lab
+        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+              "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+              "-keyout", os.path.join(lab, "agent.key"), "-out", os.path.join(lab, "agent.crt")])
+        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
+        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
+        self.host = os.path.join(scratch, "host")
+        L.sh([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, self.host])
+        with open(os.path.join(src, "packaging", "agent.yaml"), encoding="utf-8") as f:
+            self.shipped = f.read()
+
+    def boot(self, name, binds):
+        """A fresh container `name` of the root (the one before it closed), with `binds` and the
+        fixture host."""
+        self.close()
+        c = self.c
+        self.ct = ct = Container(self.root, os.path.join(self.scratch, name), [*binds, (self.host, "/srv/gpunode-host")])
+        state = ct.boot()
+        versions = ct.sh("systemctl --version | head -1; dpkg-query -W -f='libvirt-daemon-system ${Version} ' "
+                         "libvirt-daemon-system; dpkg-query -W -f='polkitd ${Version}' polkitd").stdout
+        print(f"# {name}: booted ({state}) in {time.monotonic() - self.t0:.0f} s: {' '.join(versions.split())}",
+              flush=True)
+        release = debroot.os_release(ct.dir)
+        c.eq(f"the container is Debian {debroot.RELEASES[self.suite]} ({self.suite})", release.get("VERSION_CODENAME"),
+             self.suite)
+        p = ct.sh("systemctl list-unit-files --no-legend 'libvirtd*' 'virtqemud*' | sort; "
+                  "ls -l /run/libvirt/*sock* 2>/dev/null; ls /etc/polkit-1/rules.d /usr/share/polkit-1/rules.d")
+        print("#   libvirt and polkit here:\n#     " + "\n#     ".join(p.stdout.strip().splitlines()), flush=True)
+        return ct
+
+    def close(self):
+        if self.ct is not None:
+            self.ct.close()
+            self.ct = None
+
+
+def run_hosts(title, suite, deb, old_deb, src, body):
+    """`body(hosts)` over the cached root of `suite` (cached_root's `deb` and `old_deb`); a step
+    that breaks is a failed check that says where, with the unit's state and the journal. Returns
+    the exit status."""
+    c = L.Checks(title)
+    t0 = time.monotonic()
+    scratch = tempfile.mkdtemp(prefix="gpunode-systemd-", dir="/var/tmp")
+    hosts = None
+    try:
+        hosts = Hosts(c, suite, cached_root(suite, deb, old_deb), src, scratch, t0)
+        body(hosts)
+    except Exception as e:  # a broken step: say where, with what the container said
+        c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)
+        if hosts is not None and hosts.ct is not None and hosts.ct.leader is not None:
+            explain(hosts.ct)
+    finally:
+        if hosts is not None:
+            hosts.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"# {time.monotonic() - t0:.0f} s in all", flush=True)
+    return c.finish()
+
+
+def the_package(directory, suite):
+    """The one gpunode-agent_*.deb in `directory`, built for `suite` (its revision ends ~debNNuM)."""
+    debs = sorted(glob.glob(os.path.join(directory, "gpunode-agent_*.deb")))
+    if len(debs) != 1:
+        raise debroot.Error(f"want one gpunode-agent_*.deb in {directory}, found {debs}")
+    version = run(["dpkg-deb", "-f", debs[0], "Version"], check=True).stdout.strip()
+    if not re.search(rf"~deb{debroot.RELEASES[suite]}u\d+$", version):
+        raise debroot.Error(f"{debs[0]}: Version {version} is not a package for Debian {debroot.RELEASES[suite]} "
+                            f"({suite}): want ~deb{debroot.RELEASES[suite]}uN")
+    return debs[0]
+
+
 def main():
-    if len(sys.argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    out, src = sys.argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("src")
+    ap.add_argument("--release", choices=sorted(debroot.RELEASES))
+    ap.add_argument("--upgrade-from", metavar="DIR")
+    args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: booting a container with systemd-nspawn needs root")
         return 77
@@ -531,55 +724,39 @@ def main():
         if shutil.which(tool) is None:
             print(f"FAIL: {tool} is missing (scripts/install-deps.sh installs it)")
             return 1
-    debs = sorted(glob.glob(os.path.join(out, "gpunode-agent_*.deb")))
-    if len(debs) != 1:
-        print(f"FAIL: want one gpunode-agent_*.deb in {out}, found {debs}")
-        return 1
-    deb = debs[0]
-    c = L.Checks("package.systemd")
-    t0 = time.monotonic()
-    root = cached_root(deb, c)
-    scratch = tempfile.mkdtemp(prefix="gpunode-systemd-", dir="/var/tmp")
-    ct = None
     try:
-        lab = os.path.join(scratch, "lab")
-        os.makedirs(lab)
-        L.sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-              "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-              "-keyout", os.path.join(lab, "agent.key"), "-out", os.path.join(lab, "agent.crt")])
-        L.sh(["openssl", "genpkey", "-algorithm", "ed25519", "-out", os.path.join(lab, "issuer.pem")])
-        L.sh(["openssl", "pkey", "-in", os.path.join(lab, "issuer.pem"), "-pubout", "-out", os.path.join(lab, "issuer.pub")])
-        host = os.path.join(scratch, "host")
-        L.sh([sys.executable, os.path.join(L.FIXTURES, "mkhost.py"), L.DEMO_HOST, host])
-        with open(os.path.join(src, "packaging", "agent.yaml"), encoding="utf-8") as f:
-            shipped = f.read()
-        ct = Container(root, os.path.join(scratch, "ct"), [(os.path.dirname(os.path.abspath(deb)), "/mnt/pkg"),
-                                                         (host, "/srv/gpunode-host")])
-        state = ct.boot()
-        versions = ct.sh("systemctl --version | head -1; dpkg-query -W -f='${Version}' libvirt-daemon-system polkitd").stdout
-        print(f"# booted ({state}) in {time.monotonic() - t0:.0f} s: {' '.join(versions.split())}", flush=True)
-        name = os.path.basename(deb)
+        suite = args.release or debroot.host_release()
+        if args.upgrade_from and suite == UPGRADE_FROM:
+            raise debroot.Error(f"--upgrade-from: a {suite} host is upgraded to, not from")
+        deb = the_package(args.out, suite)
+        old_deb = the_package(args.upgrade_from, UPGRADE_FROM) if args.upgrade_from else None
+    except debroot.Error as e:
+        print(f"FAIL: {e}")
+        return 1
+    packages = [(os.path.dirname(os.path.abspath(deb)), "/mnt/pkg")]
+    name = os.path.basename(deb)
+
+    def body(h):
+        c = h.c
+        ct = h.boot("ct", packages)
         check_install(c, ct, name)
-        config = check_configure(c, ct, lab, shipped)
+        config = check_configure(c, ct, h.lab, h.shipped)
         check_running(c, ct)
         check_reload(c, ct, config)
         fixture, rid = check_restart_to_fixture(c, ct, config.replace("level: info", "level: debug", 1))
         check_watchdog(c, ct)
         c.check(f"the reservation {rid} survived the watchdog's restart", has_reservation(ct, rid), rid)
         check_upgrade(c, ct, name, fixture, rid)
-        check_upgrade_from_socketless(c, ct, src, name, rid)
+        check_upgrade_after_start_limit(c, ct, name, rid)
+        check_upgrade_from_socketless(c, ct, args.src, name, rid)
         check_remove(c, ct, rid)
-    except Exception as e:  # a broken step: say where, with what the container said
-        c.check(f"the run got through: {type(e).__name__}: {short(str(e), 1500)}", False)
-        if ct is not None and ct.leader is not None:
-            print("# the agent's journal:\n" + "\n".join(f"#   {l}" for l in journal(ct).splitlines()[-40:]), flush=True)
-    finally:
-        if ct is not None:
-            ct.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(f"# {time.monotonic() - t0:.0f} s in all", flush=True)
-    return c.finish()
-
+        if old_deb is not None:
+            print(f"# the upgrade from the Debian {debroot.RELEASES[UPGRADE_FROM]} package on a fresh "
+                  f"{suite} host", flush=True)
+            ct = h.boot("ct-upgrade", [*packages, (os.path.dirname(os.path.abspath(old_deb)), "/mnt/old")])
+            check_upgrade_from_release(c, ct, h.lab, h.shipped, os.path.basename(old_deb), needed(old_deb), name,
+                                       needed(deb))
+    return run_hosts(f"package.systemd ({suite})", suite, deb, old_deb, args.src, body)
 
 if __name__ == "__main__":
     sys.exit(main())
