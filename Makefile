@@ -77,10 +77,11 @@ packages:
 # dists/bookworm and dists/trixie (component main), pool/, InRelease and Release.gpg, and the key's
 # public half gpunode-archive-keyring.gpg, made by reprepro from the packages alone
 # (scripts/repo.py). Signed with REPO_KEY (a secret key of your GnuPG keyring), else with a key made
-# for the purpose and kept in build/repo-key.
+# for the purpose and kept in repo-key/ (outside build/: `make clean` keeps it, as every host
+# trusts its public half).
 REPO_KEY ?=
 repo: deps
-	python3 scripts/repo.py build/packages build/repo --key-home build/repo-key $(if $(REPO_KEY),--key '$(REPO_KEY)')
+	python3 scripts/repo.py build/packages build/repo --key-home repo-key $(if $(REPO_KEY),--key '$(REPO_KEY)')
 
 # What `make packages` and `make repo` left, proven on each release (tests/packaging/test_packages.py):
 # contents and lintian in the release's own build root, the maintainer scripts, the real-systemd
@@ -89,7 +90,7 @@ repo: deps
 # same key). Needs root.
 test-packages:
 	python3 tests/packaging/test_packages.py . build/packages --repo build/repo --build build/release \
-	  --key-home build/repo-key --jobs $(JOBS) $(if $(REPO_KEY),--key '$(REPO_KEY)')
+	  --key-home repo-key --jobs $(JOBS) $(if $(REPO_KEY),--key '$(REPO_KEY)')
 
 bench: build
 	@bash scripts/install-deps.sh bench

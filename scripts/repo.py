@@ -14,7 +14,7 @@ signatures differ from one run to the next).
 
 The key: --key NAME (make repo REPO_KEY=NAME) names a secret key of the caller's GnuPG keyring
 ($GNUPGHOME, else ~/.gnupg), by fingerprint, key id or user id; without it, the key made for the
-purpose in --key-home (default build/repo-key, a GnuPG home of its own: an Ed25519 signing key with
+purpose in --key-home (default repo-key, a GnuPG home of its own: an Ed25519 signing key with
 no passphrase, made the first time and kept, so that the hosts' keyring stays valid; `make clean`
 deletes it, and a new one must then be given to every host).
 
@@ -145,7 +145,7 @@ def main():
     ap.add_argument("packages")
     ap.add_argument("repo")
     ap.add_argument("--key", default=os.environ.get("REPO_KEY", ""))
-    ap.add_argument("--key-home", default="build/repo-key")
+    ap.add_argument("--key-home", default="repo-key")
     ap.add_argument("--release", action="append", choices=sorted(debroot.RELEASES))
     args = ap.parse_args()
     suites = args.release or list(debroot.RELEASES)

@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--repo", default="build/repo")
     ap.add_argument("--build", default="build/release")
     ap.add_argument("--key", default=os.environ.get("REPO_KEY", ""))
-    ap.add_argument("--key-home", default="build/repo-key")
+    ap.add_argument("--key-home", default="repo-key")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     args.repo, args.build, args.key_home = (os.path.abspath(p) for p in (args.repo, args.build, args.key_home))
