@@ -7,7 +7,7 @@ JOBS   ?= $(shell nproc)
 TEST_JOBS ?= $(JOBS)
 
 .PHONY: all deps build test test-asan test-tsan soak fuzz demo bench package packages repo test-packages clean \
-        format format-check
+        format format-check api-document
 
 all: build
 
@@ -22,6 +22,11 @@ build: deps $(BUILD)/build.ninja
 
 test: build
 	ctest --preset $(PRESET) -j $(TEST_JOBS)
+
+# docs/openapi.yaml as Stoplight Spectral and Prism read it (Node.js, the npm registry once):
+# Spectral's OpenAPI rules, and Prism's validator over the integration tests' traffic.
+api-document: build
+	TEST_JOBS=$(TEST_JOBS) bash scripts/check-api-document.sh
 
 # The sanitizers' tests mostly wait too, slower: twice as many at a time keeps CI short. The
 # package's tests run in the release build only (a package of sanitized binaries shows nothing more).

@@ -15,8 +15,8 @@ Every process the lab starts is stopped by its own PID (stop/kill); close() remo
 
 Every answer Lab.call gets is checked against the API document, docs/openapi.yaml (ApiDocument):
 the status must be one the operation documents, the required headers must be there, and the body
-must match the schema of its status and content type (an undocumented route: the generic problem
-schema). A mismatch is a failed check of the running test. Python 3 stdlib, the openssl CLI, and
+must match the schema of its status and content type (an undocumented route: what the document's
+x-gpunode-other-routes says). A mismatch is a failed check of the running test. Python 3 stdlib, the openssl CLI, and
 python3-jsonschema and python3-yaml (scripts/install-deps.sh) for the document.
 """
 import base64
@@ -266,18 +266,18 @@ class ApiDocument:
         ctype = (resp.h("content-type") or "").split(";")[0].strip().lower()
         if op is None:
             # An undocumented route (a probe, a method the path does not have, an admin-socket
-            # route over HTTPS): a problem, whatever its code.
+            # route over HTTPS): as the document's x-gpunode-other-routes says (404 not-found,
+            # 405 method-not-allowed with Allow, else any problem), whatever its code.
+            template, method = "(other routes)", "*"
+            responses = self.doc["x-gpunode-other-routes"]["responses"]
             if resp.status < 400:
                 return [f"undocumented route answered {resp.status}"]
-            if ctype != "application/problem+json":
-                return [f"undocumented route answered {resp.status} with content type {ctype!r}, want application/problem+json"]
-            if resp.json is None:
-                return ["the problem body is not JSON"]
-            return self._schema_errors(("problem",), {"$ref": "#/components/schemas/Problem"}, resp.json)
-        responses = op["responses"]
-        documented = responses.get(str(resp.status))
-        if documented is None:
-            return [f"status {resp.status} is not documented (documented: {', '.join(sorted(responses))})"]
+            documented = responses.get(str(resp.status)) or responses["default"]
+        else:
+            responses = op["responses"]
+            documented = responses.get(str(resp.status))
+            if documented is None:
+                return [f"status {resp.status} is not documented (documented: {', '.join(sorted(responses))})"]
         documented = self.resolve(documented)
         problems = []
         for name, h in (documented.get("headers") or {}).items():
@@ -309,6 +309,205 @@ class ApiDocument:
         return problems
 
 
+# ---------------------------------------------------------------------------------------------
+# the API document as other tools read it (document_test.py runs these rules)
+#
+# Stoplight Prism dereferences a `$ref` that has sibling keywords by merging the two, the
+# siblings' `properties` replacing the target's (so `unevaluatedProperties: false` beside a
+# `$ref` rejected every answer); other generators and validators drop the siblings. So the
+# document keeps to what every reader agrees on: a `$ref` stands alone (a description or summary
+# beside it at most), no `unevaluated*` keywords, and each closed object lists its own properties
+# under `additionalProperties: false`. Spectral's `spectral:oas` rules that matter here are
+# checked too: every component used, `info.contact`, each operation's description, operationId
+# and tags. scripts/check-api-document.sh runs Spectral and Prism themselves.
+
+REF_SIBLINGS_ALLOWED = {"$ref", "description", "summary"}
+# keywords whose subschemas only constrain the values of properties listed elsewhere
+_CONDITIONAL = {"if", "then", "else", "not", "dependentSchemas", "contains", "propertyNames"}
+
+
+def _walk(node, where=""):
+    """(pointer, dict) for every mapping in node, depth first."""
+    if isinstance(node, dict):
+        yield where, node
+        for k, v in node.items():
+            yield from _walk(v, f"{where}/{str(k).replace('~', '~0').replace('/', '~1')}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{where}/{i}")
+
+
+def _operations(doc):
+    """(where, operation) for every operation under paths and webhooks."""
+    for section in ("paths", "webhooks"):
+        for name, item in (doc.get(section) or {}).items():
+            for method, op in item.items():
+                if method in ("get", "put", "post", "delete", "options", "head", "patch", "trace"):
+                    yield f"{section} {name} {method}", op
+
+
+def _closed_object_problems(doc, schema, where, seen, out, conditional=False):
+    """Every object schema an answer can take lists its properties under
+    additionalProperties: false (subschemas of if/then/else and the like only constrain)."""
+    if isinstance(schema, list):
+        for i, s in enumerate(schema):
+            _closed_object_problems(doc, s, f"{where}/{i}", seen, out, conditional)
+        return
+    if not isinstance(schema, dict):
+        return
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if ref in seen:
+            return
+        seen.add(ref)
+        target = doc
+        for part in ref[2:].split("/"):
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        _closed_object_problems(doc, target, ref, seen, out, conditional)
+        return
+    if not conditional and ("properties" in schema or schema.get("type") == "object"):
+        if schema.get("additionalProperties") is not False:
+            out.append(f"{where}: an object in an answer without additionalProperties: false")
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "$defs", "dependentSchemas"):
+            for name, sub in (v or {}).items():
+                _closed_object_problems(doc, sub, f"{where}/{k}/{name}", seen, out,
+                                        conditional or k == "dependentSchemas")
+        elif k in ("items", "prefixItems", "additionalProperties", "allOf", "anyOf", "oneOf",
+                   "if", "then", "else", "not", "contains", "propertyNames"):
+            _closed_object_problems(doc, v, f"{where}/{k}", seen, out, conditional or k in _CONDITIONAL)
+
+
+def document_rules(doc):
+    """{rule: [what breaks it]} for the document as a dict (docs/openapi.yaml loaded)."""
+    rules = {}
+    # 1. a $ref stands alone: Prism merges its siblings into the target, others drop them
+    rules["no $ref has sibling keywords other than description and summary"] = [
+        f"{w}: $ref beside {sorted(set(n) - REF_SIBLINGS_ALLOWED)}"
+        for w, n in _walk(doc) if "$ref" in n and set(n) - REF_SIBLINGS_ALLOWED]
+    rules["no unevaluatedProperties or unevaluatedItems (closed objects list their own properties)"] = [
+        f"{w}: {k}" for w, n in _walk(doc) for k in ("unevaluatedProperties", "unevaluatedItems") if k in n]
+    rules["every $ref points into this document, at something there"] = []
+    for w, n in _walk(doc):
+        ref = n.get("$ref")
+        if not isinstance(ref, str):
+            continue
+        target = doc if ref.startswith("#/") else None
+        for part in ref[2:].split("/") if target is not None else []:
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        if target is None:
+            rules["every $ref points into this document, at something there"].append(f"{w}: {ref}")
+    # 2. what Spectral's spectral:oas ruleset warns about
+    reached, todo = set(), [f"#/{k}" for k in doc if k != "components"]
+    while todo:
+        ptr = todo.pop()
+        node = doc
+        for part in ptr[2:].split("/"):
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+        for _, n in _walk(node):
+            ref = n.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/") and ref not in reached:
+                reached.add(ref)
+                todo.append(ref)
+    schemes = {name for _, op in list(_operations(doc)) + [("", doc)]
+               for req in op.get("security") or [] for name in req}
+    unused = []
+    for kind, items in doc["components"].items():
+        for name in items:
+            used = name in schemes if kind == "securitySchemes" else \
+                f"#/components/{kind}/{name.replace('~', '~0').replace('/', '~1')}" in reached
+            if not used:
+                unused.append(f"components/{kind}/{name}")
+    rules["every component is used (oas3-unused-component)"] = unused
+    info = doc.get("info") or {}
+    rules["info has a contact, a description and a license (info-contact, info-description)"] = [
+        f"info.{k} is missing" for k in ("contact", "description", "license") if not info.get(k)] + (
+        [] if (info.get("contact") or {}).get("email") or (info.get("contact") or {}).get("url")
+        else ["info.contact has neither email nor url"])
+    declared = [t["name"] for t in doc.get("tags") or []]
+    ids, bad, used_tags = {}, [], set()
+    for where, op in _operations(doc):
+        for k in ("summary", "description", "operationId"):
+            if not (isinstance(op.get(k), str) and op[k].strip()):
+                bad.append(f"{where}: no {k}")
+        if op.get("operationId") in ids:
+            bad.append(f"{where}: operationId {op['operationId']} is also {ids[op['operationId']]}'s")
+        ids[op.get("operationId")] = where
+        if not op.get("tags"):
+            bad.append(f"{where}: no tags")
+        for t in op.get("tags") or []:
+            used_tags.add(t)
+            if t not in declared:
+                bad.append(f"{where}: tag {t} is not declared under tags")
+        if not op.get("responses"):
+            bad.append(f"{where}: no responses")
+        if not op.get("x-gpunode-transport"):
+            bad.append(f"{where}: no x-gpunode-transport")
+        for code, r in (op.get("responses") or {}).items():
+            r = r if "$ref" not in r else None
+            if r is not None and not r.get("description"):
+                bad.append(f"{where} {code}: a response without description")
+    bad += [f"tag {t} is declared but no operation has it" for t in declared if t not in used_tags]
+    rules["every operation has a summary, description, unique operationId, declared tags, responses and "
+          "transports (operation-description, operation-operationId, operation-tags)"] = bad
+    # 3. closed answers, as lab.py's checks and Prism's read them alike
+    closed, seen = [], set()
+    for where, op in _operations(doc):
+        if not where.startswith("paths "):
+            continue  # the webhooks' payloads are the central API's to close or not
+        for code, r in (op.get("responses") or {}).items():
+            if "$ref" in r:
+                r = doc["components"]["responses"][r["$ref"].rsplit("/", 1)[1]]
+            for ctype, media in (r.get("content") or {}).items():
+                if ctype.endswith("json"):
+                    _closed_object_problems(doc, media.get("schema"), f"{where} {code} {ctype}", seen, closed)
+    rules["every object an answer can hold is closed by additionalProperties: false"] = closed
+    rules["every schema's examples are valid against it (oas3-valid-schema-example)"] = [
+        f"{w}: example {e!r}: {err.message[:120]}"
+        for w, n in _walk(doc["components"]["schemas"], "#/components/schemas")
+        if isinstance(n.get("examples"), list) and ("type" in n or "pattern" in n or "enum" in n)
+        for e in n["examples"]
+        for err in list(jsonschema.Draft202012Validator(
+            {k: v for k, v in n.items() if k != "examples"},
+            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).iter_errors(e))[:1]]
+    # 4. each problem lists the keys every problem has (ProblemFields was once their $ref)
+    s = doc["components"]["schemas"]
+    bad = []
+    listed = {o.get("$ref", "").rsplit("/", 1)[-1] for o in s["Problem"].get("oneOf", [])}
+    for name, p in s.items():
+        if not name.endswith("Problem") or name == "Problem":
+            continue
+        props, code = p.get("properties") or {}, (p.get("properties") or {}).get("code", {}).get("const")
+        if name not in listed:
+            bad.append(f"{name} is not among Problem's oneOf")
+        if not set(PROBLEM_KEYS) <= set(p.get("required") or []):
+            bad.append(f"{name} does not require all of {sorted(PROBLEM_KEYS)}")
+        if not code or props.get("type", {}).get("const") != f"urn:gpunode:problem:{code}":
+            bad.append(f"{name}: type is not urn:gpunode:problem:CODE for its code const")
+        if not 400 <= (props.get("status", {}).get("const") or 0) <= 599:
+            bad.append(f"{name}: status is not a const from 400 to 599")
+        if props.get("title") != {"type": "string", "minLength": 1} or props.get("detail") != {"type": "string"}:
+            bad.append(f"{name}: title or detail is not as every problem has it")
+        errors = props.get("errors") or {}
+        if errors != {"$ref": "#/components/schemas/FieldErrors"} and not (
+                errors.get("type") == "array" and errors.get("items") == {"$ref": "#/components/schemas/FieldError"}):
+            bad.append(f"{name}: errors is not an array of FieldError")
+    rules["every …Problem has the keys every problem has, type urn:gpunode:problem:CODE, and is a Problem"] = bad
+    # 5. the reservation's copies stay one reservation
+    s = doc["components"]["schemas"]
+    base, spot = s["Reservation"], s["ReservationWithSpot"]
+    drift = []
+    if {k: v for k, v in (spot.get("properties") or {}).items() if k != "spotWorkloads"} != base.get("properties"):
+        drift.append("ReservationWithSpot's properties are not Reservation's and spotWorkloads")
+    if [r for r in spot.get("required") or [] if r != "spotWorkloads"] != base.get("required"):
+        drift.append("ReservationWithSpot's required keys are not Reservation's and spotWorkloads")
+    for k in ("if", "then", "else"):
+        if spot.get(k) != base.get(k):
+            drift.append(f"ReservationWithSpot's {k} is not Reservation's")
+    rules["ReservationWithSpot is Reservation with spotWorkloads, key for key"] = drift
+    return rules
+
+
 _API_DOC = None
 _API_DOC_LOCK = threading.Lock()
 _CURRENT_CHECKS = None  # the running test's Checks: a mismatch is one of its failed checks
@@ -322,8 +521,30 @@ def api_document():
         return _API_DOC
 
 
-def check_against_document(method, target, transport, resp):
+_TRAFFIC = os.environ.get("GPUNODE_API_TRAFFIC")  # a file: every exchange appended, one JSON line each
+_TRAFFIC_LOCK = threading.Lock()
+
+
+def record_exchange(method, target, transport, req_headers, req_body, resp):
+    """With GPUNODE_API_TRAFFIC set, appends the exchange to that file (one JSON line), for
+    scripts/check-api-document.sh, which has Stoplight Prism's validator read the same traffic."""
+    if not _TRAFFIC:
+        return
+    doc = api_document()
+    template, _ = doc.operation(method, urllib.parse.urlsplit(target).path, transport)
+    line = json.dumps({
+        "method": method, "target": target, "transport": transport, "template": template,
+        "request": {"headers": {k.lower(): v for k, v in (req_headers or {}).items()},
+                    "body": (req_body or b"").decode(errors="replace")},
+        "status": resp.status, "headers": resp.headers, "body": resp.body.decode(errors="replace"),
+    })
+    with _TRAFFIC_LOCK, open(_TRAFFIC, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def check_against_document(method, target, transport, resp, req_headers=None, req_body=None):
     """Checks one answer against docs/openapi.yaml; a mismatch fails the running test."""
+    record_exchange(method, target, transport, req_headers, req_body, resp)
     problems = api_document().check(method, target, transport, resp)
     if not problems:
         return
@@ -704,7 +925,7 @@ log:
             resp = Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
         finally:
             c.close()
-        check_against_document(method, path, "admin-socket" if unix else "https", resp)
+        check_against_document(method, path, "admin-socket" if unix else "https", resp, h, data)
         return resp
 
     def get(self, path, token=None, **kw):
