@@ -44,13 +44,6 @@ namespace {
 // agent exits within 2 s; idle connections are closed at once, parked polls answered at once.
 constexpr std::chrono::milliseconds kStopDrain{1500};
 
-// 405 naming the one method a route of the daemon's own takes.
-http::Response method_not_allowed(const char* allow) {
-  auto r = http::problem(405, "method-not-allowed", fmt::format("allowed: {}", allow));
-  r.headers.emplace_back("Allow", allow);
-  return r;
-}
-
 // Runs an io_context until it stops, logging whatever a handler throws: the thread's boundary.
 void run_guarded(asio::io_context& io, const Logger& log, const char* loop) {
   for (;;) {
@@ -248,13 +241,13 @@ struct Daemon::Parts {
     return d;
   }
   void serve_metrics(const http::Request& q, http::Reply reply) {
-    if (q.method != "GET") return reply(method_not_allowed("GET"));
+    if (q.method != "GET") return reply(http::method_not_allowed("GET"));
     asio::post(core, [this, reply = std::move(reply)] {
       try {
         reply(http::Response{200, {{"Content-Type", std::string(metrics::kContentType)}}, metrics_text()});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("internal error serving /metrics: {}", e.what()));
-        reply(http::problem(500, "internal", "the metrics could not be gathered"));
+        reply(http::internal_error("the metrics could not be gathered"));
       }
     });
   }
@@ -263,7 +256,7 @@ struct Daemon::Parts {
   // SIGHUP's does, and its outcome is the answer: 200 {"reloaded", "restartNeeded"} or 422
   // reload-refused with each problem as {"field": "FILE:LINE:COLUMN", "message"}.
   void serve_reload(const http::Request& q, http::Reply reply) {
-    if (q.method != "POST") return reply(method_not_allowed("POST"));
+    if (q.method != "POST") return reply(http::method_not_allowed("POST"));
     asio::post(slow, [this, reply = std::move(reply)] {
       try {
         const auto outcome = reload_now();
@@ -286,7 +279,7 @@ struct Daemon::Parts {
                                  {"reloaded", true}, {"restartNeeded", std::move(keys)}})});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
-        reply(http::problem(500, "internal", "the reload failed; the running configuration is kept"));
+        reply(http::internal_error("the reload failed; the running configuration is kept"));
       }
     });
   }
@@ -306,7 +299,7 @@ struct Daemon::Parts {
       return serve_metrics(q, std::move(reply));
     if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket)
       return serve_reload(q, std::move(reply));
-    if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "no such resource"));
+    if (plain && q.path != "/healthz") return reply(http::not_found());
     service::ApiRequest a(std::move(q));  // the same request, with the service's own fields
     // A read the published snapshot answers (units, state, reservations): answered here, no hop.
     if (auto kept = node->read(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {

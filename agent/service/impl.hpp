@@ -181,7 +181,6 @@ struct NodeService::Impl {
 
   // ---- reservation_routes.cpp --------------------------------------------------------------------
   Outcome route(const ApiRequest& q);
-  ApiResponse method_not_allowed(std::string allow);
   Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
   // The committer: carries out what a route decided (decision.hpp), the one place a request's
   // change is committed. The facts the routes decide on, with `asks` for the reads beyond them.

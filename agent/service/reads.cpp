@@ -113,7 +113,7 @@ json::array units_json(const r::NodeView& node, const ReservationTable& reservat
 // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does not
 // see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
 ApiResponse units_answer(const Snapshot& s, const r::Caller& who) {
-  if (!r::may(r::Action::list_units, who, on_node(s))) return problem(404, "not-found", "no such resource");
+  if (!r::may(r::Action::list_units, who, on_node(s))) return not_found();
   std::vector<std::string> sorted;
   return *s.answer(AnswerClass::of("units", who, sorted), [&] {
     return with_etag(json_response(json::object{
@@ -244,7 +244,7 @@ std::expected<StoredPage, ApiResponse> stored_page(std::vector<std::pair<std::in
   for (const auto& [seq, text] : rows) {
     boost::system::error_code ec;
     auto v = json::parse(text, ec);
-    if (ec) return std::unexpected(problem(500, "internal", fmt::format("{} is not JSON", name_of(seq))));
+    if (ec) return std::unexpected(internal_error(fmt::format("{} is not JSON", name_of(seq))));
     page.documents.emplace_back(std::move(v));
   }
   return page;

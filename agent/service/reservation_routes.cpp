@@ -13,19 +13,10 @@
 namespace gpunode::service {
 using namespace detail;
 
-namespace {
-
-ApiResponse not_found() {
-  // Holds nothing from the request: every 404 for an unseen node is byte-identical (§7).
-  return problem(404, "not-found", "no such resource");
-}
-
-}  // namespace
-
 // ---- routes ------------------------------------------------------------------------------------
 Outcome NodeService::Impl::route(const ApiRequest& q) {
   if (q.path == "/healthz") {
-    if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
+    if (q.method != "GET") return method_not_allowed("GET");
     // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
     // nodes by, no version to pick exploits by); the admin socket's peers are admins.
     if (!q.via_admin_socket()) return json_response(json::object{{"status", "ok"}});
@@ -59,10 +50,6 @@ Outcome NodeService::Impl::route(const ApiRequest& q) {
     return reserved_capacity(q, *caller, seg[2]);
   }
   return not_found();
-}
-
-ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
-  return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
 }
 
 Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,

@@ -250,7 +250,7 @@ ApiResponse NodeService::Impl::finish(
     std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   auto taken = terminations.take(id);
-  if (!taken) return problem(500, "internal", "unknown termination batch");
+  if (!taken) return internal_error("unknown termination batch");
   Batch b = std::move(*taken);
   const bool agent = b.kind == Batch::Kind::agent;
   Change ch{.actor = agent ? agent_caller() : b.caller,

@@ -43,7 +43,10 @@ using ApiResponse = gpunode::json::Response;  // one answer type for the transpo
 
 using FieldProblem = gpunode::json::FieldError;  // a field of the body or query and what is wrong with it
 
-using gpunode::json::problem;  // application/problem+json with every key of CONTRACT §4/§7
+using gpunode::json::internal_error;      // the one 500
+using gpunode::json::method_not_allowed;  // the one 405
+using gpunode::json::not_found;           // the one 404: every hidden thing's, byte for byte
+using gpunode::json::problem;             // application/problem+json with every key of CONTRACT §4/§7
 using gpunode::json::status_title;
 
 // 200 (or `status`) with a JSON body.
