@@ -77,10 +77,6 @@ inline json::value opt_str(const std::optional<std::string>& s) {
   return s ? json::value(*s) : json::value(nullptr);
 }
 
-inline std::string etag_of_version(std::int64_t version) {
-  return fmt::format("\"{}\"", version);
-}
-
 using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
 
 // Commit `change` (with its Idempotency-Key's answer, when it has one); once stored, answer

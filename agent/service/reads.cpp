@@ -130,7 +130,7 @@ std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest
     return problem(403, "forbidden", "the node's state is for platform admins and operators");
   auto poll = state_poll(q);
   if (!poll) return poll.error();
-  const std::string etag = fmt::format("\"{}\"", s.revision);
+  const std::string etag = entity_tag(s.revision);
   if (poll->after && s.revision <= *poll->after) {
     if (!q.wait_over && poll->wait.count() != 0) return Park{*poll->after, q.received + poll->wait};
     ApiResponse not_modified;
@@ -201,7 +201,7 @@ ApiResponse ReservationPage::answer() {
 
 ApiResponse reservation_answer(const r::Reservation& x) {
   auto resp = json_response(to_json(x));
-  resp.headers.emplace_back("ETag", fmt::format("\"{}\"", x.version));
+  resp.headers.emplace_back("ETag", entity_tag(x.version));
   return resp;
 }
 
@@ -265,7 +265,7 @@ std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const Api
 }
 
 std::string strong_etag(std::string_view body) {
-  return fmt::format("\"{}\"", store::sha256_hex(body).value_or("0").substr(0, 20));
+  return entity_tag(store::sha256_hex(body).value_or("0").substr(0, 20));
 }
 
 // GETs carry an ETag and answer If-None-Match with 304.

@@ -185,7 +185,7 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
     const auto* x = changed != upserts.end() ? &*changed : find_reservation(*b.reservation_id, kept);
     if (x != nullptr) {
       out["reservation"] = to_json(*x);
-      return with_header(json_response(out), "ETag", etag_of_version(x->version));
+      return with_header(json_response(out), "ETag", entity_tag(x->version));
     }
   }
   return json_response(out);

@@ -52,6 +52,13 @@ using gpunode::json::status_title;
 // 200 (or `status`) with a JSON body.
 ApiResponse json_response(const boost::json::value& body, unsigned status = 200);
 
+// The one ETag format: a strong entity tag, `"VALUE"` (a reservation's version, the state's revision,
+// a body digest's prefix). A number is written in decimal.
+std::string entity_tag(std::string_view value);
+inline std::string entity_tag(std::int64_t number) {
+  return entity_tag(std::to_string(number));
+}
+
 // Whether an If-None-Match header (a list of entity tags, or *) matches `etag`, by the weak
 // comparison (RFC 9110 §13.1.2).
 bool etag_matches(std::string_view if_none_match, std::string_view etag);
