@@ -86,12 +86,8 @@ bool on_any(const Workload& w, const std::vector<std::string>& units) {
 }
 
 json::object spot_json(const Workload& w) {
-  const auto& label = *w.domain.label;
-  return json::object{{"vmId", label.vm_id},
-                      {"domainUuid", w.domain.uuid},
-                      {"name", w.domain.name},
-                      {"org", label.org},
-                      {"unitIds", strings_json(w.unit_ids)}};
+  return vm_json({w.domain.label, w.domain.uuid, w.domain.name, w.unit_ids},
+                 {VmKey::vm_id, VmKey::domain_uuid, VmKey::name, VmKey::org, VmKey::unit_ids});
 }
 
 // The body's problems, then the rules' for the fields the body did not already fault.
@@ -135,9 +131,8 @@ std::optional<Decision> check_occupancy(const Facts& f, const r::Reservation& x,
     if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) !=
                      x.audience_org_ids.end())
       continue;
-    blockers.emplace_back(json::object{{"vmId", label ? json::value(label->vm_id) : json::value(nullptr)},
-                                       {"domainUuid", w.domain.uuid},
-                                       {"name", w.domain.name}});
+    blockers.emplace_back(vm_json({label, w.domain.uuid, w.domain.name, w.unit_ids},
+                                  {VmKey::vm_id, VmKey::domain_uuid, VmKey::name}));
   }
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"workloads", blockers}};
