@@ -31,6 +31,7 @@
 #include "gpunode/metrics/node_metrics.hpp"
 #include "gpunode/report/outbox.hpp"
 #include "gpunode/reservations/model.hpp"
+#include "gpunode/service/routes.hpp"
 #include "gpunode/store/state_lock.hpp"
 #include "startup.hpp"
 
@@ -43,13 +44,6 @@ namespace {
 // CONTRACT §11 Stopping: requests in progress get this long to finish after SIGTERM, so that the
 // agent exits within 2 s; idle connections are closed at once, parked polls answered at once.
 constexpr std::chrono::milliseconds kStopDrain{1500};
-
-// 405 naming the one method a route of the daemon's own takes.
-http::Response method_not_allowed(const char* allow) {
-  auto r = http::problem(405, "method-not-allowed", fmt::format("allowed: {}", allow));
-  r.headers.emplace_back("Allow", allow);
-  return r;
-}
 
 // Runs an io_context until it stops, logging whatever a handler throws: the thread's boundary.
 void run_guarded(asio::io_context& io, const Logger& log, const char* loop) {
@@ -247,14 +241,13 @@ struct Daemon::Parts {
     }
     return d;
   }
-  void serve_metrics(const http::Request& q, http::Reply reply) {
-    if (q.method != "GET") return reply(method_not_allowed("GET"));
+  void serve_metrics(http::Reply reply) {
     asio::post(core, [this, reply = std::move(reply)] {
       try {
         reply(http::Response{200, {{"Content-Type", std::string(metrics::kContentType)}}, metrics_text()});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("internal error serving /metrics: {}", e.what()));
-        reply(http::problem(500, "internal", "the metrics could not be gathered"));
+        reply(http::internal_error("the metrics could not be gathered"));
       }
     });
   }
@@ -262,8 +255,7 @@ struct Daemon::Parts {
   // POST /v1/admin/reload (admin socket only; CONTRACT §11): the reload runs on the slow thread, as
   // SIGHUP's does, and its outcome is the answer: 200 {"reloaded", "restartNeeded"} or 422
   // reload-refused with each problem as {"field": "FILE:LINE:COLUMN", "message"}.
-  void serve_reload(const http::Request& q, http::Reply reply) {
-    if (q.method != "POST") return reply(method_not_allowed("POST"));
+  void serve_reload(http::Reply reply) {
     asio::post(slow, [this, reply = std::move(reply)] {
       try {
         const auto outcome = reload_now();
@@ -286,27 +278,30 @@ struct Daemon::Parts {
                                  {"reloaded", true}, {"restartNeeded", std::move(keys)}})});
       } catch (const std::exception& e) {
         say(LogLevel::error, fmt::format("reload failed: {}", e.what()));
-        reply(http::problem(500, "internal", "the reload failed; the running configuration is kept"));
+        reply(http::internal_error("the reload failed; the running configuration is kept"));
       }
     });
   }
 
   // ---- net thread ----
-  // Every request: /metrics on the admin socket and metrics.listen is the daemon's own; the
-  // metrics listener serves nothing else but /healthz (as HTTPS answers it); a read the service's
-  // snapshot answers (NodeService::read) is answered here; the rest goes to the core thread's Driver.
+  // Every request, by the route table (gpunode/service/routes.hpp): the daemon's own routes
+  // (GET /metrics on the admin socket and metrics.listen, POST /v1/admin/reload on the admin socket)
+  // are answered here; the metrics listener serves nothing else but what the table gives it
+  // (/healthz, as HTTPS answers it); a read the service's snapshot answers (NodeService::read) is
+  // answered here; the rest goes to the core thread's Driver.
   void on_request(http::Request q, http::Reply reply) {
-    const bool plain = q.peer.kind == http::Peer::Kind::plain_tcp;
     if (q.peer.kind == http::Peer::Kind::unix_socket) {
       asio::post(net, [this] { trim_after_load.poke(); });  // the admin thread's request: the timer is net's
     } else {
       trim_after_load.poke();
     }
-    if (q.path == "/metrics" && (plain || q.peer.kind == http::Peer::Kind::unix_socket))
-      return serve_metrics(q, std::move(reply));
-    if (q.path == "/v1/admin/reload" && q.peer.kind == http::Peer::Kind::unix_socket)
-      return serve_reload(q, std::move(reply));
-    if (plain && q.path != "/healthz") return reply(http::problem(404, "not-found", "no such resource"));
+    const auto m = service::match_route(q);
+    if (m.path != nullptr && m.path->daemon != service::DaemonRoute::none) {
+      if (m.route == nullptr) return reply(http::method_not_allowed(m.allow(service::door_of(q.peer))));
+      if (m.route->daemon == service::DaemonRoute::metrics) return serve_metrics(std::move(reply));
+      return serve_reload(std::move(reply));
+    }
+    if (m.path == nullptr && q.peer.kind == http::Peer::Kind::plain_tcp) return reply(http::not_found());
     service::ApiRequest a(std::move(q));  // the same request, with the service's own fields
     // A read the published snapshot answers (units, state, reservations): answered here, no hop.
     if (auto kept = node->read(a, opt.clock ? opt.clock() : std::chrono::system_clock::now())) {

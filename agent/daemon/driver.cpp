@@ -11,6 +11,7 @@ namespace gpunode::daemon {
 namespace asio = boost::asio;
 using service::ApiRequest;
 using service::ApiResponse;
+using service::internal_error;
 using service::LogLevel;
 
 namespace {
@@ -21,10 +22,6 @@ struct Overloaded : F... {
 };
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;  // clang before 17 has no aggregate deduction (P1816)
-
-ApiResponse internal_error() {
-  return service::problem(500, "internal", "the request could not be handled");
-}
 
 std::string what_of(std::exception_ptr e) {
   try {

@@ -91,10 +91,6 @@ Response malformed_request(const boost::system::error_code& ec) {
   return problem(400, "invalid-request", fmt::format("the request is not valid HTTP/1.1: {}", ec.message()));
 }
 
-Response internal_error() {
-  return problem(500, "internal", "the request could not be handled");
-}
-
 bool is_malformed(const boost::system::error_code& ec) {
   return &ec.category() == &bhttp::make_error_code(bhttp::error::bad_method).category() &&
          ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message;

@@ -30,7 +30,6 @@ bool fill_response(BeastResponse& res, unsigned status, Response&& r, const std:
 Response body_too_large(std::size_t limit);                       // 413 body-too-large
 Response headers_too_large(std::size_t limit);                    // 431 headers-too-large
 Response malformed_request(const boost::system::error_code& ec);  // 400 invalid-request
-Response internal_error();                                        // 500 internal
 // Whether a read failed because the request is not valid HTTP/1.1 (not a closed or cut stream).
 bool is_malformed(const boost::system::error_code& ec);
 

@@ -69,4 +69,18 @@ Response problem(unsigned status, std::string_view code, std::string_view detail
   return r;
 }
 
+Response not_found() {
+  return problem(404, "not-found", "no such resource");
+}
+
+Response method_not_allowed(std::string_view allow) {
+  auto r = problem(405, "method-not-allowed", "allowed: " + std::string(allow));
+  r.headers.emplace_back("Allow", allow);
+  return r;
+}
+
+Response internal_error(std::string_view detail) {
+  return problem(500, "internal", detail);
+}
+
 }  // namespace gpunode::json

@@ -6,6 +6,15 @@
 
 namespace gpunode::service {
 
+std::string entity_tag(std::string_view value) {
+  std::string out;
+  out.reserve(value.size() + 2);
+  out += '"';
+  out += value;
+  out += '"';
+  return out;
+}
+
 bool etag_matches(std::string_view header, std::string_view etag) {
   std::string_view h = header;
   while (!h.empty()) {

@@ -52,8 +52,7 @@ error::Result<std::pair<json::object, bool>> NodeService::Impl::checkpoint_head(
 // POST /v1/admin/audit/checkpoint (admin socket only): the checkpoint of the chain's head, made now
 // when the head moved since the last one, else the last one. gpunodectl's export and live verify ask
 // first, so that what they read ends signed. Not audited: an audit record would move the head.
-ApiResponse NodeService::Impl::checkpoint_route(const ApiRequest& q) {
-  if (q.method != "POST") return method_not_allowed("POST");
+ApiResponse NodeService::Impl::checkpoint_route() {
   if (!audit_key) return problem(503, "audit-signing-unavailable", "this agent has no audit signing key");
   if (store.audit_head().first == 0)
     return problem(409, "audit-empty", "the audit chain has no records yet: there is nothing to sign");

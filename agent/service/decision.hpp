@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,11 +79,20 @@ inline json::value opt_str(const std::optional<std::string>& s) {
   return s ? json::value(*s) : json::value(nullptr);
 }
 
-inline std::string etag_of_version(std::int64_t version) {
-  return fmt::format("\"{}\"", version);
-}
-
 using Workload = spot::Occupant;  // a domain and the units its PCI hostdevs are members of
+
+// The keys a VM is named by in answers, events and termination records (CONTRACT §4, §5, §6).
+enum class VmKey : std::uint8_t { vm_id, domain_uuid, name, org, tier, unit_ids };
+// What they are read from: a domain's (or a domain XML's) label, uuid and name, and its units.
+struct VmRef {
+  const std::optional<vmctl::WorkloadLabel>& label;
+  const std::string& uuid;
+  const std::string& name;
+  const std::vector<std::string>& unit_ids;
+};
+// The one VM object: each of `keys`, in that order; `vmId`, `org` and `tier` from the label (null
+// for an unlabelled domain, CONTRACT §7). Each place adds its own keys after these.
+json::object vm_json(const VmRef& vm, std::initializer_list<VmKey> keys);
 
 // Commit `change` (with its Idempotency-Key's answer, when it has one); once stored, answer
 // `answer` and write `log` (info). `apply_terms`: a term may be due at once (an amended endsAt).

@@ -16,6 +16,11 @@ namespace dh = discovery::health;
 
 namespace {
 
+// The 404 of a unit id that is not this node's (the admin socket's routes: nothing is hidden there).
+ApiResponse no_such_unit() {
+  return problem(404, "not-found", "no such unit on this node");
+}
+
 // What a unit is judged on, as a key: its id and members' addresses (a scan that changes it
 // rebuilds the targets).
 std::string membership(const Inventory& inventory) {
@@ -192,40 +197,27 @@ json::object NodeService::Impl::unit_health_json(const discovery::Unit& u) const
       {"unitId", u.id}, {"state", h["state"]}, {"reasons", h["reasons"]}, {"devices", devices}};
 }
 
-std::optional<Outcome> NodeService::Impl::health_route(const ApiRequest& q, const Caller& c) {
-  const auto seg = q.segments();
-  if (seg.size() == 3 && seg[2] == "health") {
-    if (q.method != "GET") return method_not_allowed("GET");
-    json::array units;
-    for (const auto& u : inventory.present()) units.emplace_back(unit_health_json(u));
-    return json_response(
-        json::object{{"nodeId", opt.node_id},
-                     {"enabled", health.enabled},
-                     {"polledAt", health.polled_at ? json::value(r::format_time(*health.polled_at))
-                                                   : json::value(nullptr)},
-                     {"units", std::move(units)}});
-  }
-  if (seg.size() < 5 || seg.size() > 6 || seg[2] != "units" || seg[4] != "health") return std::nullopt;
-  const auto* u = inventory.find(seg[3]);
-  if (seg.size() == 5) {
-    if (q.method != "GET") return method_not_allowed("GET");
-    if (u == nullptr) return problem(404, "not-found", "no such unit on this node");
-    return json_response(unit_health_json(*u));
-  }
-  if (seg[5] != "clear") return std::nullopt;
-  if (q.method != "POST") return method_not_allowed("POST");
-  const Asks asks(*this, q);
-  auto f = facts(asks);
-  f.health = &health;
-  return carry_out(routes::health_clear(f, q, c, seg[3]));
+ApiResponse NodeService::Impl::health_answer() const {
+  json::array units;
+  for (const auto& u : inventory.present()) units.emplace_back(unit_health_json(u));
+  return json_response(json::object{
+      {"nodeId", opt.node_id},
+      {"enabled", health.enabled},
+      {"polledAt", health.polled_at ? json::value(r::format_time(*health.polled_at)) : json::value(nullptr)},
+      {"units", std::move(units)}});
+}
+
+ApiResponse NodeService::Impl::unit_health_answer(std::string_view unit_id) const {
+  const auto* u = inventory.find(unit_id);
+  if (u == nullptr) return no_such_unit();
+  return json_response(unit_health_json(*u));
 }
 
 // ---- POST /v1/admin/units/{unitId}/health/clear, as a decision ------------------------------------
 namespace detail::routes {
 
 Decision health_clear(const Facts& f, const ApiRequest& q, const Caller& c, const std::string& unit_id) {
-  if (f.health == nullptr || !f.inventory.known(unit_id))
-    return problem(404, "not-found", "no such unit on this node");
+  if (f.health == nullptr || !f.inventory.known(unit_id)) return no_such_unit();
   auto idem = f.ask.idempotency(q, c);
   if (!idem) return std::move(idem.error());
   const auto reason = reason_of(q.body, true);

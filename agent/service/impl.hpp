@@ -6,8 +6,9 @@
 //   node_state.cpp          loading, commit, scan, terms, request plumbing, what a route may ask
 //                           (Asks), the committer (carry_out), the domains as listed, and
 //                           NodeService's public member functions
-//   reservation_routes.cpp  routing, the reads the store answers (audit, ended reservations),
-//                           reserved capacity
+//   routes.cpp              the route table's rows and handlers, the core thread's dispatch
+//   reservation_routes.cpp  the reads the store answers (audit, ended reservations), reserved
+//                           capacity
 //   reservation_decisions.cpp, spot_decisions.cpp: the mutating routes as decisions (decision.hpp)
 //   workload_routes.cpp     GET workloads, unentitled domains, the hook's domain admission
 //   spot_routes.cpp         termination batches: started, dry runs, finished, observed
@@ -35,6 +36,7 @@
 #include "gpunode/reservations/permissions.hpp"
 #include "gpunode/service/node_service.hpp"
 #include "gpunode/service/reservation_json.hpp"
+#include "gpunode/service/routes.hpp"
 #include "gpunode/service/spot_plan.hpp"
 #include "health_book.hpp"
 #include "inventory.hpp"
@@ -179,10 +181,15 @@ struct NodeService::Impl {
   void purge_idempotency();
   r::Time last_purge{};
 
-  // ---- reservation_routes.cpp --------------------------------------------------------------------
+  // ---- routes.cpp: the core's dispatch over the route table (gpunode/service/routes.hpp) ---------
   Outcome route(const ApiRequest& q);
-  ApiResponse method_not_allowed(std::string allow);
-  Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
+  // Whether the path's scope holds for this caller (else the 404): the node is this one and seen,
+  // the reservation found (into `x`, the stored one kept in `kept`) and seen, the org's capacity
+  // readable.
+  bool admits(const RouteMatch& m, const Caller& c, std::optional<r::Reservation>& kept,
+              const r::Reservation*& x);
+
+  // ---- reservation_routes.cpp --------------------------------------------------------------------
   // The committer: carries out what a route decided (decision.hpp), the one place a request's
   // change is committed. The facts the routes decide on, with `asks` for the reads beyond them.
   class Asks;
@@ -191,7 +198,7 @@ struct NodeService::Impl {
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   // GET reservations whose list holds ended ones: paged from the store (reads.cpp answers the rest).
   ApiResponse stored_reservations(const ApiRequest& q, const Caller& c);
-  ApiResponse reserved_capacity(const ApiRequest& q, const Caller& c, const std::string& org);
+  ApiResponse reserved_capacity(const Caller& c, const std::string& org);
 
   // ---- workload_routes.cpp: workloads (CONTRACT §5, §7 Occupancy) ------------------------------
   using Workload = detail::Workload;
@@ -242,14 +249,15 @@ struct NodeService::Impl {
   void count_rises(const std::vector<health::Rises>& rises, bool stored);
   void health_gauges(metrics::NodeGauges& g) const;
   json::object unit_health_json(const discovery::Unit& u) const;
-  // GET /v1/admin/health, GET /v1/admin/units/{unitId}/health, POST .../health/clear (admin socket
-  // only); nothing for another path.
-  std::optional<Outcome> health_route(const ApiRequest& q, const Caller& c);
+  // GET /v1/admin/health and GET /v1/admin/units/{unitId}/health (admin socket only); the clear is
+  // a decision (routes::health_clear).
+  ApiResponse health_answer() const;
+  ApiResponse unit_health_answer(std::string_view unit_id) const;
 
   // ---- checkpoints.cpp: signed audit checkpoints (CONTRACT §12) ---------------------------------
   std::shared_ptr<const proof::NodeKey> audit_key;  // set by the daemon at start
   ApiResponse audit_checkpoints(const ApiRequest& q, const Caller& c);
-  ApiResponse checkpoint_route(const ApiRequest& q);
+  ApiResponse checkpoint_route();  // POST /v1/admin/audit/checkpoint
   error::Result<std::pair<json::object, bool>> checkpoint_head();
 };
 
@@ -268,5 +276,16 @@ class NodeService::Impl::Asks final : public detail::Lookups {
   Impl& impl_;  // read only, but for the store's cached statements and the admitted domains' expiry
   const ApiRequest& q_;
 };
+
+namespace detail {
+// What a route's handler is given on the core thread (the route table's `handle`).
+struct RouteCall {
+  NodeService::Impl& impl;
+  const ApiRequest& q;
+  const Caller* caller;  // nullptr on a route answered before authentication (/healthz)
+  const RouteMatch& m;
+  const reservations::Reservation* reservation;  // Scope::reservation: the one the path names
+};
+}  // namespace detail
 
 }  // namespace gpunode::service

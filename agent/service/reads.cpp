@@ -113,7 +113,7 @@ json::array units_json(const r::NodeView& node, const ReservationTable& reservat
 // Anyone but an admin, an operator, the owner and managing orgs gets 404, as for a node it does not
 // see (CONTRACT §7 Who reads units): an audience org learns nothing from a 403 here.
 ApiResponse units_answer(const Snapshot& s, const r::Caller& who) {
-  if (!r::may(r::Action::list_units, who, on_node(s))) return problem(404, "not-found", "no such resource");
+  if (!r::may(r::Action::list_units, who, on_node(s))) return not_found();
   std::vector<std::string> sorted;
   return *s.answer(AnswerClass::of("units", who, sorted), [&] {
     return with_etag(json_response(json::object{
@@ -130,7 +130,7 @@ std::variant<ApiResponse, Park> state_answer(const Snapshot& s, const ApiRequest
     return problem(403, "forbidden", "the node's state is for platform admins and operators");
   auto poll = state_poll(q);
   if (!poll) return poll.error();
-  const std::string etag = fmt::format("\"{}\"", s.revision);
+  const std::string etag = entity_tag(s.revision);
   if (poll->after && s.revision <= *poll->after) {
     if (!q.wait_over && poll->wait.count() != 0) return Park{*poll->after, q.received + poll->wait};
     ApiResponse not_modified;
@@ -201,7 +201,7 @@ ApiResponse ReservationPage::answer() {
 
 ApiResponse reservation_answer(const r::Reservation& x) {
   auto resp = json_response(to_json(x));
-  resp.headers.emplace_back("ETag", fmt::format("\"{}\"", x.version));
+  resp.headers.emplace_back("ETag", entity_tag(x.version));
   return resp;
 }
 
@@ -244,7 +244,7 @@ std::expected<StoredPage, ApiResponse> stored_page(std::vector<std::pair<std::in
   for (const auto& [seq, text] : rows) {
     boost::system::error_code ec;
     auto v = json::parse(text, ec);
-    if (ec) return std::unexpected(problem(500, "internal", fmt::format("{} is not JSON", name_of(seq))));
+    if (ec) return std::unexpected(internal_error(fmt::format("{} is not JSON", name_of(seq))));
     page.documents.emplace_back(std::move(v));
   }
   return page;
@@ -265,7 +265,7 @@ std::expected<std::pair<std::size_t, std::string>, ApiResponse> paging(const Api
 }
 
 std::string strong_etag(std::string_view body) {
-  return fmt::format("\"{}\"", store::sha256_hex(body).value_or("0").substr(0, 20));
+  return entity_tag(store::sha256_hex(body).value_or("0").substr(0, 20));
 }
 
 // GETs carry an ETag and answer If-None-Match with 304.

@@ -86,12 +86,8 @@ bool on_any(const Workload& w, const std::vector<std::string>& units) {
 }
 
 json::object spot_json(const Workload& w) {
-  const auto& label = *w.domain.label;
-  return json::object{{"vmId", label.vm_id},
-                      {"domainUuid", w.domain.uuid},
-                      {"name", w.domain.name},
-                      {"org", label.org},
-                      {"unitIds", strings_json(w.unit_ids)}};
+  return vm_json({w.domain.label, w.domain.uuid, w.domain.name, w.unit_ids},
+                 {VmKey::vm_id, VmKey::domain_uuid, VmKey::name, VmKey::org, VmKey::unit_ids});
 }
 
 // The body's problems, then the rules' for the fields the body did not already fault.
@@ -135,9 +131,8 @@ std::optional<Decision> check_occupancy(const Facts& f, const r::Reservation& x,
     if (label && std::find(x.audience_org_ids.begin(), x.audience_org_ids.end(), label->org) !=
                      x.audience_org_ids.end())
       continue;
-    blockers.emplace_back(json::object{{"vmId", label ? json::value(label->vm_id) : json::value(nullptr)},
-                                       {"domainUuid", w.domain.uuid},
-                                       {"name", w.domain.name}});
+    blockers.emplace_back(vm_json({label, w.domain.uuid, w.domain.name, w.unit_ids},
+                                  {VmKey::vm_id, VmKey::domain_uuid, VmKey::name}));
   }
   if (blockers.empty()) return std::nullopt;
   json::object extra{{"workloads", blockers}};
@@ -190,7 +185,7 @@ Decision create(const Facts& f, const ApiRequest& q, const Caller& c) {
   body_out["spotWorkloads"] = std::move(spot);
   ApiResponse resp = json_response(body_out, 201);
   resp.headers.emplace_back("Location", fmt::format("/v1/nodes/{}/reservations/{}", f.node.node_id, x.id));
-  resp.headers.emplace_back("ETag", etag_of_version(x.version));
+  resp.headers.emplace_back("ETag", entity_tag(x.version));
   return CommitThen{.change = std::move(ch),
                     .answer = std::move(resp),
                     .log = fmt::format("RESERVATION={} created by {} UNITS={}", x.id, c.who.sub,
@@ -240,7 +235,7 @@ Decision amend(const Facts& f, const ApiRequest& q, const Caller& c, const r::Re
   }
   auto idem = f.ask.idempotency(q, c);
   if (!idem) return std::move(idem.error());
-  if (auto m = q.header("if-match"); m && !etag_matches(*m, etag_of_version(current.version))) {
+  if (auto m = q.header("if-match"); m && !etag_matches(*m, entity_tag(current.version))) {
     return problem(412, "version-mismatch", fmt::format("the reservation is at version {}", current.version));
   }
   if (current.ended()) return problem(409, "reservation-ended", "an ended reservation cannot be amended");
@@ -274,7 +269,7 @@ Decision amend(const Facts& f, const ApiRequest& q, const Caller& c, const r::Re
   // its event, the next version), after the amendment. The answer stays the amendment's, as stored
   // for an Idempotency-Key: a replay answers the same bytes.
   return CommitThen{.change = std::move(ch),
-                    .answer = with_header(json_response(out), "ETag", etag_of_version(x.version)),
+                    .answer = with_header(json_response(out), "ETag", entity_tag(x.version)),
                     .apply_terms = true};
 }
 
@@ -298,7 +293,7 @@ Decision end(const Facts& f, const ApiRequest& q, const Caller& c, const r::Rese
   ch.audits.push_back(AuditDraft{"reservation.end", x.id, x.unit_ids, {}, "ok", *reason});
   ch.events.push_back(EventDraft{"reservation.ended", json::object{{"reservation", to_json(x)}}});
   return CommitThen{.change = std::move(ch),
-                    .answer = with_header(json_response(to_json(x)), "ETag", etag_of_version(x.version))};
+                    .answer = with_header(json_response(to_json(x)), "ETag", entity_tag(x.version))};
 }
 
 Decision release(const Facts& f, const ApiRequest& q, const Caller& c, const r::Reservation& current) {
@@ -331,7 +326,7 @@ Decision release(const Facts& f, const ApiRequest& q, const Caller& c, const r::
   Change ch{.actor = c, .request_id = q.request_id, .at = f.now, .idempotency = std::move(*idem)};
   if (newly.empty()) {  // already released: a no-op, answered like a change (with its ETag)
     auto answer = with_header(json_response(json::object{{"reservation", to_json(current)}}), "ETag",
-                              etag_of_version(current.version));
+                              entity_tag(current.version));
     if (!ch.idempotency) return answer;
     // Its Idempotency-Key keeps this answer too: a retry (after a lost answer or a crash) must
     // replay it, not release again once the units were reclaimed meanwhile. The answer alone is
@@ -347,7 +342,7 @@ Decision release(const Facts& f, const ApiRequest& q, const Caller& c, const r::
       EventDraft{"units.released", json::object{{"reservationId", x.id}, {"unitIds", strings_json(newly)}}});
   return CommitThen{.change = std::move(ch),
                     .answer = with_header(json_response(json::object{{"reservation", to_json(x)}}), "ETag",
-                                          etag_of_version(x.version))};
+                                          entity_tag(x.version))};
 }
 
 Decision admission(const Facts& f, const ApiRequest& q, const Caller& c) {

@@ -1,5 +1,5 @@
-// NodeService::Impl's routes: dispatch, units, reservations, audit, state, reserved capacity, conditional
-// GETs.
+// NodeService::Impl's routes that the store answers: ended reservations, one reservation by id,
+// the audit log, and reserved capacity (routes.cpp dispatches to them).
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -12,106 +12,6 @@
 
 namespace gpunode::service {
 using namespace detail;
-
-namespace {
-
-ApiResponse not_found() {
-  // Holds nothing from the request: every 404 for an unseen node is byte-identical (§7).
-  return problem(404, "not-found", "no such resource");
-}
-
-}  // namespace
-
-// ---- routes ------------------------------------------------------------------------------------
-Outcome NodeService::Impl::route(const ApiRequest& q) {
-  if (q.path == "/healthz") {
-    if (q.method != "GET") return with_header(problem(405, "method-not-allowed", "GET only"), "Allow", "GET");
-    // Unauthenticated: over HTTPS it says only that the agent answers (no node id to enumerate
-    // nodes by, no version to pick exploits by); the admin socket's peers are admins.
-    if (!q.via_admin_socket()) return json_response(json::object{{"status", "ok"}});
-    return json_response(json::object{
-        {"status", "ok"}, {"nodeId", opt.node_id}, {"version", opt.version}, {"revision", store.revision()}});
-  }
-  if (auto bad = q.target_error()) return problem(400, "invalid-request", *bad);
-  auto caller = authenticate(q);
-  if (!caller) return caller.error();
-  if (q.path == "/v1/admin/rescan" && q.via_admin_socket()) {
-    // Operators' "scan now" (gpunodectl rescan); only on the admin socket.
-    if (q.method != "POST") return method_not_allowed("POST");
-    scan(false);
-    return json_response(json::object{{"revision", store.revision()}});
-  }
-  if (q.path == "/v1/admin/unentitled" && q.via_admin_socket()) {
-    if (q.method != "GET") return method_not_allowed("GET");
-    return unentitled_route();
-  }
-  if (q.path == "/v1/admin/audit/checkpoint" && q.via_admin_socket()) return checkpoint_route(q);
-  if (q.path == "/v1/admin/domain-admission" && q.via_admin_socket()) {
-    if (q.method != "POST") return method_not_allowed("POST");
-    return domain_admission(q);
-  }
-  if (q.via_admin_socket() && q.path.starts_with("/v1/admin/")) {
-    if (auto h = health_route(q, *caller)) return std::move(*h);  // unit health (CONTRACT §13)
-  }
-  const auto seg = q.segments();
-  if (seg.size() >= 3 && seg[0] == "v1" && seg[1] == "nodes") return node_route(q, *caller, seg);
-  if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "orgs" && seg[3] == "reserved-capacity") {
-    return reserved_capacity(q, *caller, seg[2]);
-  }
-  return not_found();
-}
-
-ApiResponse NodeService::Impl::method_not_allowed(std::string allow) {
-  return with_header(problem(405, "method-not-allowed", fmt::format("allowed: {}", allow)), "Allow", allow);
-}
-
-Outcome NodeService::Impl::node_route(const ApiRequest& q, const Caller& c,
-                                      const std::vector<std::string>& seg) {
-  // Asked whatever the node id (one lookup): a node id that is not this node costs what this node's
-  // does to a caller that does not see it (CONTRACT §10 "Hiding includes time").
-  const bool sees = allowed(r::Action::see_node, c);
-  if (seg[2] != opt.node_id || !sees) return not_found();
-  const std::size_t n = seg.size();
-  const Asks asks(*this, q);
-  auto decide = [&](std::string_view method, auto&& route, auto&&... args) -> Outcome {
-    if (q.method != method) return method_not_allowed(std::string(method));
-    return carry_out(route(facts(asks), q, c, args...));
-  };
-  if (n == 4 && seg[3] == "units")
-    return q.method == "GET" ? units_answer(*snapshot(), c.who) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "audit") return q.method == "GET" ? audit(q, c) : method_not_allowed("GET");
-  if (n == 5 && seg[3] == "audit" && seg[4] == "checkpoints")
-    return q.method == "GET" ? audit_checkpoints(q, c) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "state") {
-    if (q.method != "GET") return method_not_allowed("GET");
-    return std::visit([](auto&& a) -> Outcome { return std::move(a); }, state_answer(*snapshot(), q, c.who));
-  }
-  if (n == 4 && seg[3] == "workloads")
-    return q.method == "GET" ? workloads(asks, c) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "capacity")
-    return q.method == "GET" ? capacity_answer(*snapshot(), q, c.who) : method_not_allowed("GET");
-  if (n == 4 && seg[3] == "admission") return decide("POST", routes::admission);
-  if (n == 4 && seg[3] == "terminate-spot") return decide("POST", routes::terminate_spot);
-  if (n == 4 && seg[3] == "reservations") {
-    if (q.method == "GET") return stored_reservations(q, c);
-    if (q.method == "POST") return decide("POST", routes::create);
-    return method_not_allowed("GET, POST");
-  }
-  if (n >= 5 && seg[3] == "reservations") {
-    std::optional<r::Reservation> kept;
-    const auto* x = find_reservation(seg[4], kept);
-    if (x == nullptr || !allowed(r::Action::see_reservation, c, x)) return not_found();
-    if (n == 5) {
-      if (q.method == "GET") return reservation_answer(*x);
-      if (q.method == "PATCH") return decide("PATCH", routes::amend, *x);
-      return method_not_allowed("GET, PATCH");
-    }
-    if (n == 6 && seg[5] == "end") return decide("POST", routes::end, *x);
-    if (n == 6 && seg[5] == "release") return decide("POST", routes::release, *x);
-    if (n == 6 && seg[5] == "reclaim") return decide("POST", routes::reclaim, *x);
-  }
-  return not_found();
-}
 
 // GET reservations: a list of live states from the snapshot; one that holds ended reservations from
 // the store, a page at a time (an org's through reservation_orgs), each decided by the rules.
@@ -194,11 +94,9 @@ ApiResponse NodeService::Impl::audit(const ApiRequest& q, const Caller& c) {
       {"nextPageToken", got->next_after ? json::value(id_of(*got->next_after)) : json::value(nullptr)}});
 }
 
-ApiResponse NodeService::Impl::reserved_capacity(const ApiRequest& q, const Caller& c,
-                                                 const std::string& org) {
+// Scope::org: the caller may read this org's reserved capacity (NodeService::Impl::admits).
+ApiResponse NodeService::Impl::reserved_capacity(const Caller& c, const std::string& org) {
   const r::Subject about_org{node(), all_reservations(), nullptr, org};
-  if (!r::may(r::Action::read_reserved_capacity, c.who, about_org)) return not_found();
-  if (q.method != "GET") return method_not_allowed("GET");
   json::array entries;
   std::int64_t total_units = 0, total_gpus = 0;
   for (const auto& x : reservations) {

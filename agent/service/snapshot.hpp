@@ -97,6 +97,14 @@ struct Snapshot {
   mutable std::map<AnswerKey, std::shared_ptr<const ApiResponse>, AnswerLess> answers_;  // guarded by mu_
 };
 
+// What a read from the snapshot is given on a network thread (the route table's `read`).
+struct ReadCall {
+  const Snapshot& s;
+  const ApiRequest& q;
+  const reservations::Caller& who;
+  const reservations::Reservation* reservation;  // Scope::reservation: the one the path names
+};
+
 // The read routes, as functions of a snapshot and a caller: the same code answers on the core
 // thread and on a network thread. Each returns the answer: a 200 with its ETag, or a refusal.
 ApiResponse units_answer(const Snapshot& s, const reservations::Caller& who);

@@ -40,12 +40,10 @@ std::optional<std::string> NodeService::Impl::holder_of(const std::vector<std::s
 
 json::object NodeService::Impl::left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids,
                                           std::string_view reason) {
-  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-                      {"domainUuid", d.uuid},
-                      {"name", d.name},
-                      {"unitIds", strings_json(unit_ids)},
-                      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
-                      {"reason", reason}};
+  auto o = vm_json({d.label, d.uuid, d.name, unit_ids},
+                   {VmKey::vm_id, VmKey::domain_uuid, VmKey::name, VmKey::unit_ids, VmKey::tier});
+  o["reason"] = reason;
+  return o;
 }
 
 // Reclaiming units that no active spot workload occupies any more leave reclaimingUnitIds.
@@ -80,12 +78,7 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
   const auto underway = terminations.underway_domains();
   std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
     if (!underway.contains(vm->domain.uuid)) return false;
-    const auto& d = vm->domain;
-    b.terminating.emplace_back(
-        json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-                     {"domainUuid", d.uuid},
-                     {"name", d.name},
-                     {"unitIds", strings_json(vm->unit_ids)}});
+    b.terminating.emplace_back(terminated_json(vm->domain, vm->unit_ids));
     return true;
   });
   if (t.dry_run) return dry_run_answer(t);
@@ -110,21 +103,21 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
         "pending",
         fmt::format("terminating spot VM {} (domain {} {}) for capacity reclaim, grace {}s{}", d.label->vm_id,
                     d.name, d.uuid, grace.count(), reason ? "; reason: " + *reason : std::string())});
-    json::object doc{{"vmId", d.label->vm_id}, {"name", d.name}, {"unitIds", strings_json(vm->unit_ids)},
-                     {"by", b.caller.by()},    {"at", at},       {"grace", grace.count()}};
+    auto doc = vm_json({d.label, d.uuid, d.name, vm->unit_ids}, {VmKey::vm_id, VmKey::name, VmKey::unit_ids});
+    doc["by"] = b.caller.by();
+    doc["at"] = at;
+    doc["grace"] = grace.count();
     base.terminations.push_back(TerminationRow{0, d.uuid, json::serialize(doc), "pending", audit_of.back()});
     // CONTRACT §12: the notice, stored with the write-ahead record and before the guest is asked
     // to shut down (the batch runs after this commit); the destroy comes no earlier than `deadline`.
     if (grace.count() > 0) {
-      base.events.push_back(EventDraft{"workload.terminating",
-                                       json::object{{"vmId", d.label->vm_id},
-                                                    {"domainUuid", d.uuid},
-                                                    {"unitIds", strings_json(vm->unit_ids)},
-                                                    {"reservationId", opt_str(holder)},
-                                                    {"by", b.caller.by()},
-                                                    {"auditId", nullptr},  // the commit sets it
-                                                    {"deadline", r::format_time(base.at + grace)}},
-                                       audit_of.back()});
+      auto data = vm_json({d.label, d.uuid, d.name, vm->unit_ids},
+                          {VmKey::vm_id, VmKey::domain_uuid, VmKey::unit_ids});
+      data["reservationId"] = opt_str(holder);
+      data["by"] = b.caller.by();
+      data["auditId"] = nullptr;  // the commit sets it
+      data["deadline"] = r::format_time(base.at + grace);
+      base.events.push_back(EventDraft{"workload.terminating", std::move(data), audit_of.back()});
     }
   }
   auto committed = commit(base);
@@ -166,10 +159,8 @@ ApiResponse NodeService::Impl::dry_run_answer(const Terminate& t) {
 
 json::object NodeService::Impl::terminated_json(const vmctl::Domain& d,
                                                 const std::vector<std::string>& unit_ids) {
-  return json::object{{"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-                      {"domainUuid", d.uuid},
-                      {"name", d.name},
-                      {"unitIds", strings_json(unit_ids)}};
+  return vm_json({d.label, d.uuid, d.name, unit_ids},
+                 {VmKey::vm_id, VmKey::domain_uuid, VmKey::name, VmKey::unit_ids});
 }
 
 ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminated, json::array left,
@@ -185,7 +176,7 @@ ApiResponse NodeService::Impl::answer_batch(const Batch& b, json::array terminat
     const auto* x = changed != upserts.end() ? &*changed : find_reservation(*b.reservation_id, kept);
     if (x != nullptr) {
       out["reservation"] = to_json(*x);
-      return with_header(json_response(out), "ETag", etag_of_version(x->version));
+      return with_header(json_response(out), "ETag", entity_tag(x->version));
     }
   }
   return json_response(out);
@@ -216,13 +207,13 @@ void NodeService::Impl::record_outcome(const BatchVm& vm, const TermResult& resu
         {vm_id},
         "ok",
         fmt::format("{}spot VM {} (domain {}) is stopped: {}", who, vm_id, d.name, result->detail)});
-    ch.events.push_back(EventDraft{"workload.terminated", json::object{{"vmId", vm_id},
-                                                                       {"domainUuid", d.uuid},
-                                                                       {"unitIds", strings_json(vm.unit_ids)},
-                                                                       {"reservationId", opt_str(holder)},
-                                                                       {"by", vm.record.by},
-                                                                       {"auditId", vm.record.audit_id},
-                                                                       {"reason", "capacity-reclaim"}}});
+    auto data =
+        vm_json({d.label, d.uuid, d.name, vm.unit_ids}, {VmKey::vm_id, VmKey::domain_uuid, VmKey::unit_ids});
+    data["reservationId"] = opt_str(holder);
+    data["by"] = vm.record.by;
+    data["auditId"] = vm.record.audit_id;
+    data["reason"] = "capacity-reclaim";
+    ch.events.push_back(EventDraft{"workload.terminated", std::move(data)});
     row.state = "done";
     ++t.ok;
     t.terminated.emplace_back(terminated_json(d, vm.unit_ids));
@@ -250,7 +241,7 @@ ApiResponse NodeService::Impl::finish(
     std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   auto taken = terminations.take(id);
-  if (!taken) return problem(500, "internal", "unknown termination batch");
+  if (!taken) return internal_error("unknown termination batch");
   Batch b = std::move(*taken);
   const bool agent = b.kind == Batch::Kind::agent;
   Change ch{.actor = agent ? agent_caller() : b.caller,

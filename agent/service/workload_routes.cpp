@@ -11,6 +11,34 @@
 namespace gpunode::service {
 using namespace detail;
 
+json::object detail::vm_json(const VmRef& vm, std::initializer_list<VmKey> keys) {
+  const auto& label = vm.label;
+  json::object o;
+  for (const auto key : keys) {
+    switch (key) {
+      case VmKey::vm_id:
+        o["vmId"] = label ? json::value(label->vm_id) : json::value(nullptr);
+        break;
+      case VmKey::domain_uuid:
+        o["domainUuid"] = vm.uuid;
+        break;
+      case VmKey::name:
+        o["name"] = vm.name;
+        break;
+      case VmKey::org:
+        o["org"] = label ? json::value(label->org) : json::value(nullptr);
+        break;
+      case VmKey::tier:
+        o["tier"] = label ? json::value(vmctl::to_string(label->tier)) : json::value(nullptr);
+        break;
+      case VmKey::unit_ids:
+        o["unitIds"] = strings_json(vm.unit_ids);
+        break;
+    }
+  }
+  return o;
+}
+
 // ---- workloads (CONTRACT §5) ---------------------------------------------------------------------
 std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vector<vmctl::Domain> list) const {
   const auto owner = inventory.unit_of_address();
@@ -29,15 +57,12 @@ std::vector<NodeService::Impl::Workload> NodeService::Impl::occupants(std::vecto
 
 json::object NodeService::Impl::workload_json(const Workload& w) {
   const auto& d = w.domain;
-  return json::object{
-      {"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-      {"domainUuid", d.uuid},
-      {"name", d.name},
-      {"org", d.label ? json::value(d.label->org) : json::value(nullptr)},
-      {"tier", d.label ? json::value(vmctl::to_string(d.label->tier)) : json::value(nullptr)},
-      {"state", d.state},
-      {"unitIds", strings_json(w.unit_ids)},
-      {"terminationReason", d.termination ? json::value(d.termination->reason) : json::value(nullptr)}};
+  auto o = vm_json({d.label, d.uuid, d.name, w.unit_ids},
+                   {VmKey::vm_id, VmKey::domain_uuid, VmKey::name, VmKey::org, VmKey::tier});
+  o["state"] = d.state;
+  o["unitIds"] = strings_json(w.unit_ids);
+  o["terminationReason"] = d.termination ? json::value(d.termination->reason) : json::value(nullptr);
+  return o;
 }
 
 // GET workloads: the list kept current by the hypervisor's events, or one listed for this request.
@@ -90,13 +115,12 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
       reasons.emplace_back(json::object{{"code", e.code}, {"message", e.message}, {"unitId", u}});
     }
     if (reasons.empty()) continue;
-    json::object data{{"name", d.name},
-                      {"domainUuid", d.uuid},
-                      {"vmId", d.label ? json::value(d.label->vm_id) : json::value(nullptr)},
-                      {"org", org.empty() ? json::value(nullptr) : json::value(org)},
-                      {"tier", vmctl::to_string(tier)},
-                      {"unitIds", strings_json(w.unit_ids)},
-                      {"reasons", reasons}};
+    auto data =
+        vm_json({d.label, d.uuid, d.name, w.unit_ids}, {VmKey::name, VmKey::domain_uuid, VmKey::vm_id});
+    data["org"] = org.empty() ? json::value(nullptr) : json::value(org);
+    data["tier"] = vmctl::to_string(tier);
+    data["unitIds"] = strings_json(w.unit_ids);
+    data["reasons"] = reasons;
     if (!unentitled_reported.contains(d.uuid)) {
       std::vector<std::string> why;
       for (const auto& rv : reasons) {
@@ -199,16 +223,14 @@ void NodeService::Impl::report_refusal(const ApiRequest& q, const vmctl::DomainX
                   mode == config::EnforcementMode::audit ? " (audit mode: let start)" : "",
                   vmctl::to_string(tier), org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
   Change c{.actor = agent_caller(), .request_id = q.request_id, .at = now()};
-  c.events.push_back(
-      EventDraft{"workload.refused",
-                 json::object{{"name", facts.name},
-                              {"domainUuid", facts.uuid},
-                              {"vmId", facts.label ? json::value(facts.label->vm_id) : json::value(nullptr)},
-                              {"org", org.empty() ? json::value(nullptr) : json::value(org)},
-                              {"tier", vmctl::to_string(tier)},
-                              {"unitIds", strings_json(unit_ids)},
-                              {"reasons", reasons},
-                              {"mode", config::to_string(mode)}}});
+  auto data = vm_json({facts.label, facts.uuid, facts.name, unit_ids},
+                      {VmKey::name, VmKey::domain_uuid, VmKey::vm_id});
+  data["org"] = org.empty() ? json::value(nullptr) : json::value(org);
+  data["tier"] = vmctl::to_string(tier);
+  data["unitIds"] = strings_json(unit_ids);
+  data["reasons"] = reasons;
+  data["mode"] = config::to_string(mode);
+  c.events.push_back(EventDraft{"workload.refused", std::move(data)});
   (void)commit(c);
 }
 

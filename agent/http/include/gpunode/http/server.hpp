@@ -93,7 +93,10 @@ struct Answered {
 using Observer = std::function<void(const Answered&)>;
 
 using FieldError = gpunode::json::FieldError;
-using gpunode::json::problem;  // application/problem+json, titled by the status's reason phrase
+using gpunode::json::internal_error;      // the one 500
+using gpunode::json::method_not_allowed;  // the one 405
+using gpunode::json::not_found;           // the one 404
+using gpunode::json::problem;             // application/problem+json, titled by the status's reason phrase
 
 // True for an X-Request-Id the server echoes: 1..128 printable ASCII characters (0x20..0x7e).
 bool sane_request_id(std::string_view id);

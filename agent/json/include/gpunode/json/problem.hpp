@@ -33,4 +33,14 @@ std::string_view status_title(unsigned status);
 Response problem(unsigned status, std::string_view code, std::string_view detail,
                  const std::vector<FieldError>& errors = {}, const boost::json::object* extra = nullptr);
 
+// The three answers every layer gives alike, each built here and nowhere else:
+// 404 `not-found` "no such resource". It holds nothing from the request, so that every 404 for a
+// node the caller does not see is byte for byte the 404 of a node that is not there (CONTRACT §4,
+// §7): a security property, kept by there being one of it.
+Response not_found();
+// 405 `method-not-allowed` "allowed: ALLOW" with `Allow: ALLOW` (e.g. "GET, POST").
+Response method_not_allowed(std::string_view allow);
+// 500 `internal`: what could not be done, in words that name nothing private.
+Response internal_error(std::string_view detail = "the request could not be handled");
+
 }  // namespace gpunode::json

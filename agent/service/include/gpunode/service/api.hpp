@@ -43,11 +43,21 @@ using ApiResponse = gpunode::json::Response;  // one answer type for the transpo
 
 using FieldProblem = gpunode::json::FieldError;  // a field of the body or query and what is wrong with it
 
-using gpunode::json::problem;  // application/problem+json with every key of CONTRACT §4/§7
+using gpunode::json::internal_error;      // the one 500
+using gpunode::json::method_not_allowed;  // the one 405
+using gpunode::json::not_found;           // the one 404: every hidden thing's, byte for byte
+using gpunode::json::problem;             // application/problem+json with every key of CONTRACT §4/§7
 using gpunode::json::status_title;
 
 // 200 (or `status`) with a JSON body.
 ApiResponse json_response(const boost::json::value& body, unsigned status = 200);
+
+// The one ETag format: a strong entity tag, `"VALUE"` (a reservation's version, the state's revision,
+// a body digest's prefix). A number is written in decimal.
+std::string entity_tag(std::string_view value);
+inline std::string entity_tag(std::int64_t number) {
+  return entity_tag(std::to_string(number));
+}
 
 // Whether an If-None-Match header (a list of entity tags, or *) matches `etag`, by the weak
 // comparison (RFC 9110 §13.1.2).
