@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpunode/text/ascii.hpp"
+#include "gpunode/text/utf8.hpp"
 
 namespace gpunode::config::text {
 namespace {
@@ -16,32 +17,6 @@ constexpr std::size_t kQuoteLimit = 60;
 
 unsigned char byte_at(std::string_view s, std::size_t i) {
   return static_cast<unsigned char>(s[i]);
-}
-
-bool is_continuation(std::string_view s, std::size_t i, unsigned char low = 0x80, unsigned char high = 0xbf) {
-  if (i >= s.size()) return false;
-  const unsigned char b = byte_at(s, i);
-  return b >= low && b <= high;
-}
-
-// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
-// surrogates, nothing past U+10FFFF), or 0 when there is none.
-std::size_t utf8_length(std::string_view s, std::size_t i) {
-  const unsigned char b = byte_at(s, i);
-  if (b < 0x80) return 1;
-  if (b >= 0xc2 && b <= 0xdf) return is_continuation(s, i + 1) ? 2 : 0;
-  if (b >= 0xe0 && b <= 0xef) {
-    const unsigned char low = b == 0xe0 ? 0xa0 : 0x80;
-    const unsigned char high = b == 0xed ? 0x9f : 0xbf;
-    return is_continuation(s, i + 1, low, high) && is_continuation(s, i + 2) ? 3 : 0;
-  }
-  if (b >= 0xf0 && b <= 0xf4) {
-    const unsigned char low = b == 0xf0 ? 0x90 : 0x80;
-    const unsigned char high = b == 0xf4 ? 0x8f : 0xbf;
-    return is_continuation(s, i + 1, low, high) && is_continuation(s, i + 2) && is_continuation(s, i + 3) ? 4
-                                                                                                          : 0;
-  }
-  return 0;
 }
 
 // C0 controls other than tab, LF and CR; DEL; C1 controls other than NEL (U+0085). YAML allows
@@ -87,7 +62,7 @@ std::string escape(std::string_view s, std::size_t limit, bool& cut) {
   std::string out;
   std::size_t i = 0;
   while (i < s.size() && i < limit) {
-    const std::size_t length = utf8_length(s, i);
+    const std::size_t length = gpunode::text::utf8_sequence(s, i);
     if (length > 1 && !is_forbidden_control(s, i, length)) {
       out.append(s.substr(i, length));
       i += length;
@@ -119,7 +94,7 @@ std::optional<TextFault> find_binary(std::string_view s) {
   int column = 1;
   std::size_t i = s.starts_with("\xef\xbb\xbf") ? 3 : 0;  // yaml-cpp's columns do not count a BOM
   while (i < s.size()) {
-    const std::size_t length = utf8_length(s, i);
+    const std::size_t length = gpunode::text::utf8_sequence(s, i);
     if (length == 0) {
       return TextFault{
           line, column,

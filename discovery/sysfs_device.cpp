@@ -22,7 +22,7 @@ extern "C" {
 }
 
 #include "gpunode/discovery/rules.hpp"
-#include "gpunode/json/utf8.hpp"
+#include "gpunode/text/utf8.hpp"
 
 namespace gpunode::discovery::sysfs {
 namespace {
@@ -252,7 +252,7 @@ std::string sysfs_text(std::string_view raw) {
       ++i;
       continue;
     }
-    const std::size_t n = gpunode::json::utf8_sequence(raw, i);
+    const std::size_t n = gpunode::text::utf8_sequence(raw, i);
     if (n == 0) {
       escape(c);
       ++i;

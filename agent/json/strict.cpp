@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "gpunode/json/utf8.hpp"
+#include "gpunode/text/utf8.hpp"
 
 namespace gpunode::json {
 namespace {
@@ -165,7 +165,7 @@ std::string TextError::to_string() const {
 }
 
 std::expected<bj::value, TextError> parse_strict(std::string_view text, std::size_t max_depth) {
-  if (auto bad = invalid_utf8(text); bad != std::string_view::npos)
+  if (auto bad = gpunode::text::invalid_utf8(text); bad != std::string_view::npos)
     return std::unexpected(at(text, bad, "invalid UTF-8"));
   bj::parse_options opt;
   opt.max_depth = max_depth;

@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "gpunode/json/utf8.hpp"
+#include "gpunode/text/utf8.hpp"
 
 namespace gpunode::store {
 namespace {
@@ -166,7 +166,7 @@ class Writer {
 }  // namespace
 
 bool is_valid_utf8(std::string_view text) {
-  return gpunode::json::invalid_utf8(text) == std::string_view::npos;
+  return gpunode::text::invalid_utf8(text) == std::string_view::npos;
 }
 
 error::Result<std::string> canonical_json(const boost::json::value& value) {

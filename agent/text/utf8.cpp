@@ -1,6 +1,6 @@
-#include "gpunode/json/utf8.hpp"
+#include "gpunode/text/utf8.hpp"
 
-namespace gpunode::json {
+namespace gpunode::text {
 
 std::size_t utf8_sequence(std::string_view s, std::size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
@@ -40,4 +40,4 @@ std::size_t invalid_utf8(std::string_view s) {
   return std::string_view::npos;
 }
 
-}  // namespace gpunode::json
+}  // namespace gpunode::text
