@@ -19,6 +19,7 @@
 
 #include "document.hpp"
 #include "gpunode/config/file.hpp"
+#include "gpunode/text/printable.hpp"
 #include "problems.hpp"
 #include "text.hpp"
 #include "values.hpp"
@@ -467,7 +468,8 @@ LoadResult load_string(std::string_view source, const std::string& file, Purpose
         return std::tuple(x.line == 0, x.line, x.column) < std::tuple(y.line == 0, y.line, y.column);
       });
     } catch (const std::exception& e) {  // a yaml-cpp node API that throws: a bug here, not bad input
-      problems.add(kNowhere, "internal error while reading the config: " + text::printable(e.what()));
+      problems.add(kNowhere, "internal error while reading the config: " +
+                                 gpunode::text::printable(e.what(), gpunode::text::Escapes::c_string));
     }
   }
   result.problems = problems.take_sorted();

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "gpunode/text/printable.hpp"
 #include "text.hpp"
 
 namespace gpunode::config::document {
@@ -140,7 +141,7 @@ void report_syntax_error(std::string_view source, const YAML::ParserException& e
     problems.add({pos.line, *tab}, "syntax error: tab in indentation (YAML indents with spaces)");
     return;
   }
-  problems.add(pos, "syntax error: " + text::printable(e.msg));
+  problems.add(pos, "syntax error: " + gpunode::text::printable(e.msg, gpunode::text::Escapes::c_string));
 }
 
 }  // namespace
@@ -166,7 +167,8 @@ std::optional<YAML::Node> parse(std::string_view source, Problems& problems) {
   } catch (const YAML::ParserException& e) {
     report_syntax_error(source, e, problems);
   } catch (const std::exception& e) {  // yaml-cpp's other exceptions, std::bad_alloc
-    problems.add(kNowhere, "cannot parse: " + text::printable(e.what()));
+    problems.add(kNowhere,
+                 "cannot parse: " + gpunode::text::printable(e.what(), gpunode::text::Escapes::c_string));
   }
   return std::nullopt;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpunode/text/ascii.hpp"
+#include "gpunode/text/printable.hpp"
 #include "gpunode/text/utf8.hpp"
 
 namespace gpunode::config::text {
@@ -31,62 +32,15 @@ bool is_forbidden_control(std::string_view s, std::size_t i, std::size_t length)
   return false;
 }
 
-void append_escaped(std::string& out, unsigned char b) {
-  switch (b) {
-    case '"':
-      out += "\\\"";
-      break;
-    case '\\':
-      out += "\\\\";
-      break;
-    case '\n':
-      out += "\\n";
-      break;
-    case '\t':
-      out += "\\t";
-      break;
-    case '\r':
-      out += "\\r";
-      break;
-    default:
-      if (b < 0x20 || b >= 0x7f) {
-        out += fmt::format("\\x{:02x}", b);
-      } else {
-        out += static_cast<char>(b);
-      }
-  }
-}
-
-// `s` with escapes, up to the character that crosses `limit` bytes; `cut` tells whether text was left out.
-std::string escape(std::string_view s, std::size_t limit, bool& cut) {
-  std::string out;
-  std::size_t i = 0;
-  while (i < s.size() && i < limit) {
-    const std::size_t length = gpunode::text::utf8_sequence(s, i);
-    if (length > 1 && !is_forbidden_control(s, i, length)) {
-      out.append(s.substr(i, length));
-      i += length;
-    } else {
-      append_escaped(out, byte_at(s, i));
-      ++i;
-    }
-  }
-  cut = i < s.size();
-  return out;
-}
-
 }  // namespace
 
 std::string quote(std::string_view s) {
-  bool cut = false;
-  std::string out = "\"" + escape(s, kQuoteLimit, cut) + "\"";
-  if (cut) out += "...";
+  std::string out = "\"";
+  const std::size_t taken =
+      gpunode::text::append_printable(out, s, gpunode::text::Escapes::c_string, kQuoteLimit);
+  out += '"';
+  if (taken < s.size()) out += "...";
   return out;
-}
-
-std::string printable(std::string_view s) {
-  bool cut = false;
-  return escape(s, s.size(), cut);
 }
 
 std::optional<TextFault> find_binary(std::string_view s) {

@@ -10,13 +10,12 @@
 
 namespace gpunode::config::text {
 
-// `s` in double quotes with `"`, `\` and bytes that are not printable escaped; long text is cut
-// to its first 60 bytes (at a character boundary) followed by "...".
+// `s` in double quotes, escaped as gpunode::text::printable does with C's escapes (`"`, `\`, \t,
+// \n, \r; \xNN for the other controls and bytes that are not UTF-8); long text is cut to its
+// first 60 bytes (at a character boundary) followed by "...". Messages from yaml-cpp, which may
+// hold a byte of a multi-byte character, take gpunode::text::printable(s, Escapes::c_string)
+// whole.
 std::string quote(std::string_view s);
-
-// `s` with the same escapes as quote() but no quotes and no length limit (for messages from
-// yaml-cpp, which may hold a byte of a multi-byte character).
-std::string printable(std::string_view s);
 
 // Where and why a file is not UTF-8 text YAML can hold: invalid UTF-8, or a control character
 // other than tab, LF and CR. Line and column are 1-based; the column counts bytes, as

@@ -383,6 +383,9 @@ TEST_CASE("bad ids are reported at the value") {
         "a-z 0-9 . _ "
         "-\n"
         "agent.yaml:2:1: unknown top-level key \"a\\x01\\nb\"\n");
+  // NEL (U+0085) is a C1 control like CSI: escaped too, so no terminal takes it for a new line.
+  CHECK(problems_of("\"a\\u0085b\\u009b\": 1\n") ==
+        "agent.yaml:1:1: unknown top-level key \"a\\xc2\\x85b\\xc2\\x9b\"\n");
 }
 
 TEST_CASE("bad gpu vendors and reservable classes are reported at the entry") {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+using gpunode::text::Escapes;
 using gpunode::text::printable;
 
 TEST_CASE("printable: printable ASCII and UTF-8 pass; a backslash is doubled") {
@@ -26,4 +27,23 @@ TEST_CASE("printable: C0, DEL and C1 controls, and bytes that are not UTF-8, bec
   CHECK(printable("\xc0\xaf") == "\\xc0\\xaf");           // an overlong '/'
   CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // a surrogate
   CHECK(printable("\xe6\x9d") == "\\xe6\\x9d");           // cut short
+}
+
+TEST_CASE("printable with C's escapes: the config's style, for text shown in double quotes") {
+  CHECK(printable("a\"b\\c\tx\ny\rz", Escapes::c_string) == "a\\\"b\\\\c\\tx\\ny\\rz");
+  CHECK(printable("\x01\x7f\xff", Escapes::c_string) == "\\x01\\x7f\\xff");
+  CHECK(printable("\xc2\x85\xc2\xa0", Escapes::c_string) == "\\xc2\\x85\xc2\xa0");  // NEL escaped, NBSP not
+  CHECK(printable("a\"b") == "a\"b");  // a quote is escaped only in the C style
+}
+
+TEST_CASE("append_printable stops at the character that crosses the limit and says how far it read") {
+  std::string out;
+  CHECK(gpunode::text::append_printable(out,
+                                        "ab\xc3\xa9"
+                                        "cd",
+                                        Escapes::hex, 3) == 4);
+  CHECK(out == "ab\xc3\xa9");
+  out.clear();
+  CHECK(gpunode::text::append_printable(out, "ab", Escapes::hex, 10) == 2);
+  CHECK(out == "ab");
 }
