@@ -460,7 +460,8 @@ LoadResult load_string(std::string_view source, const std::string& file, Purpose
   if (source.size() > kMaxFileSize) {  // every reader, the hook's included, refuses what the agent refuses
     problems.add(kNowhere, "cannot read the file: larger than 1 MiB");
   } else if (const auto fault = text::find_binary(source)) {
-    problems.add({fault->line, fault->column}, fault->message);
+    // 1 MiB at most: a line and a column fit an int
+    problems.add({static_cast<int>(fault->line), static_cast<int>(fault->column)}, fault->what);
   } else if (const auto document = document::parse(source, problems)) {
     try {
       read_config(*document, purpose, problems, result.config, result.files);

@@ -43,28 +43,28 @@ std::string quote(std::string_view s) {
   return out;
 }
 
-std::optional<TextFault> find_binary(std::string_view s) {
-  int line = 1;
-  int column = 1;
+std::optional<gpunode::text::TextError> find_binary(std::string_view s) {
+  std::size_t line = 1;
+  std::size_t column = 1;
   std::size_t i = s.starts_with("\xef\xbb\xbf") ? 3 : 0;  // yaml-cpp's columns do not count a BOM
   while (i < s.size()) {
     const std::size_t length = gpunode::text::utf8_sequence(s, i);
     if (length == 0) {
-      return TextFault{
-          line, column,
-          fmt::format("invalid UTF-8 (byte 0x{:02x}): a config file must be UTF-8 text", byte_at(s, i))};
+      return gpunode::text::TextError{
+          fmt::format("invalid UTF-8 (byte 0x{:02x}): a config file must be UTF-8 text", byte_at(s, i)), i,
+          line, column};
     }
     if (is_forbidden_control(s, i, length)) {
       const unsigned code = length == 1 ? byte_at(s, i) : byte_at(s, i + 1);
-      return TextFault{line, column, fmt::format("control character U+{:04X} is not allowed in YAML", code)};
+      return gpunode::text::TextError{fmt::format("control character U+{:04X} is not allowed in YAML", code),
+                                      i, line, column};
     }
     if (s[i] == '\n') {
       ++line;
       column = 1;
     } else {
-      column += static_cast<int>(length);
+      column += length;
     }
-    if (line == std::numeric_limits<int>::max() || column >= std::numeric_limits<int>::max() - 4) break;
     i += length;
   }
   return std::nullopt;

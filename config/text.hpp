@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "gpunode/text/text_error.hpp"
+
 namespace gpunode::config::text {
 
 // `s` in double quotes, escaped as gpunode::text::printable does with C's escapes (`"`, `\`, \t,
@@ -20,12 +22,7 @@ std::string quote(std::string_view s);
 // Where and why a file is not UTF-8 text YAML can hold: invalid UTF-8, or a control character
 // other than tab, LF and CR. Line and column are 1-based; the column counts bytes, as
 // yaml-cpp's marks do.
-struct TextFault {
-  int line = 1;
-  int column = 1;
-  std::string message;
-};
-std::optional<TextFault> find_binary(std::string_view s);
+std::optional<gpunode::text::TextError> find_binary(std::string_view s);
 
 // Optimal string alignment distance (Levenshtein plus adjacent transpositions).
 std::size_t edit_distance(std::string_view a, std::string_view b);

@@ -96,8 +96,8 @@ std::string describe(const bj::error_code& ec) {
   return ec.message();
 }
 
-TextError at(std::string_view text, std::size_t offset, std::string what) {
-  TextError e{std::move(what), offset, 1, 1};
+text::TextError at(std::string_view text, std::size_t offset, std::string what) {
+  text::TextError e{std::move(what), offset, 1, 1};
   for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
     if (text[i] == '\n') {
       ++e.line;
@@ -160,11 +160,7 @@ constexpr const char* kLone = "a lone surrogate escape (\\uD800-\\uDFFF without 
 
 }  // namespace
 
-std::string TextError::to_string() const {
-  return fmt::format("line {}, column {} (byte {}): {}", line, column, offset, what);
-}
-
-std::expected<bj::value, TextError> parse_strict(std::string_view text, std::size_t max_depth) {
+std::expected<bj::value, text::TextError> parse_strict(std::string_view text, std::size_t max_depth) {
   if (auto bad = gpunode::text::invalid_utf8(text); bad != std::string_view::npos)
     return std::unexpected(at(text, bad, "invalid UTF-8"));
   bj::parse_options opt;
