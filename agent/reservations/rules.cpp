@@ -72,8 +72,8 @@ void apply(Reservation& r, const Transition& t) {
   r.reclaiming_unit_ids.clear();
 }
 
-std::vector<FieldError> validate_create(const CreateRequest& q, Time now) {
-  std::vector<FieldError> errors;
+std::vector<gpunode::json::FieldError> validate_create(const CreateRequest& q, Time now) {
+  std::vector<gpunode::json::FieldError> errors;
   if (q.unit_ids.empty()) errors.push_back({"unitIds", "must name at least one unit"});
   std::set<std::string> seen;
   for (const auto& u : q.unit_ids) {

@@ -61,7 +61,7 @@ inline ApiResponse storage_problem(const store::DbError& e, std::string_view wha
 // 422 unknown-unit naming each of `ids` that `current` does not hold (release, reclaim).
 inline std::optional<ApiResponse> units_not_held(const reservations::Reservation& current,
                                                  const std::vector<std::string>& ids) {
-  std::vector<FieldProblem> unknown;
+  std::vector<gpunode::json::FieldError> unknown;
   for (const auto& u : ids) {
     if (!current.holds_unit(u))
       unknown.push_back({"unitIds", fmt::format("{} is not a unit of reservation {}", u, current.id)});
@@ -126,7 +126,7 @@ using Decision = std::variant<ApiResponse, CommitThen, NeedsWorkloads, Terminate
 using WorkloadsOrNot = std::expected<const std::vector<Workload>*, std::variant<ApiResponse, NeedsWorkloads>>;
 
 // A body's "unitIds" that must name at least one unit: its problem, unless reading it found one.
-inline void require_unit_ids(std::vector<FieldProblem>& problems,
+inline void require_unit_ids(std::vector<gpunode::json::FieldError>& problems,
                              const std::optional<std::vector<std::string>>& ids) {
   if (ids && !ids->empty()) return;
   for (const auto& p : problems) {

@@ -31,7 +31,7 @@ std::expected<std::optional<std::string>, ApiResponse> reason_of(const std::stri
 }
 
 std::optional<ApiResponse> check_units(const Facts& f, const std::vector<std::string>& ids) {
-  std::vector<FieldProblem> unknown;
+  std::vector<gpunode::json::FieldError> unknown;
   json::array not_reservable;
   for (const auto& id : ids) {
     const auto* u = f.inventory.find(id);
@@ -91,11 +91,11 @@ json::object spot_json(const Workload& w) {
 }
 
 // The body's problems, then the rules' for the fields the body did not already fault.
-std::vector<FieldProblem> with_rule_problems(std::vector<FieldProblem> problems,
-                                             std::vector<FieldProblem> rules) {
+std::vector<gpunode::json::FieldError> with_rule_problems(std::vector<gpunode::json::FieldError> problems,
+                                                          std::vector<gpunode::json::FieldError> rules) {
   for (auto& e : rules) {
     if (std::none_of(problems.begin(), problems.end(),
-                     [&](const FieldProblem& p) { return p.field == e.field; }))
+                     [&](const gpunode::json::FieldError& p) { return p.field == e.field; }))
       problems.push_back(std::move(e));
   }
   return problems;
@@ -215,7 +215,7 @@ std::expected<r::Reservation, ApiResponse> amended(const Facts& f, const json::o
   if (auto v = fs.time("endsAt")) x.ends_at = *v;
   r::CreateRequest check{x.unit_ids, x.audience_org_ids, x.managing_org_ids, x.starts_at, x.ends_at, x.note};
   auto rules = r::validate_create(check, f.now);
-  std::erase_if(rules, [&](const FieldProblem& e) {
+  std::erase_if(rules, [&](const gpunode::json::FieldError& e) {
     return e.field == "endsAt" && !body.contains("endsAt") && !body.contains("startsAt");
   });
   auto problems = with_rule_problems(std::move(fs.problems()), std::move(rules));

@@ -25,7 +25,7 @@ std::expected<std::set<std::string>, ApiResponse> spot_targets(
     }
     return targets;
   }
-  std::vector<FieldProblem> unknown, outside;
+  std::vector<gpunode::json::FieldError> unknown, outside;
   for (const auto& u : *ids) {
     if (!f.inventory.known(u))
       unknown.push_back({"unitIds", fmt::format("{} is not a unit of node {}", u, f.node.node_id)});

@@ -92,7 +92,6 @@ struct Answered {
 // Called on an I/O thread for every answer; must not block (and a throw is ignored).
 using Observer = std::function<void(const Answered&)>;
 
-using FieldError = gpunode::json::FieldError;
 using gpunode::json::internal_error;      // the one 500
 using gpunode::json::method_not_allowed;  // the one 405
 using gpunode::json::not_found;           // the one 404

@@ -38,9 +38,9 @@ std::vector<Transition> due_transitions(ReservationsView reservations, Time now)
 void apply(Reservation& r, const Transition& t);
 
 // ---- requests --------------------------------------------------------------------------------
-// A field of the request and what is wrong with it: the same type problem() writes into an answer
-// (header-only, dependency-free: gpunode/json/field_error.hpp), so nothing converts between them.
-using FieldError = gpunode::json::FieldError;
+// A field of the request and what is wrong with it is gpunode::json::FieldError: the same type
+// problem() writes into an answer (header-only, dependency-free: gpunode/json/field_error.hpp), so
+// nothing converts between them.
 
 struct CreateRequest {
   std::vector<std::string> unit_ids;
@@ -58,7 +58,7 @@ std::size_t code_points(std::string_view utf8);
 
 // 400 invalid-request checks of a create body (shape and values only: unit existence, overlap
 // and occupancy are checked against the node's state elsewhere).
-std::vector<FieldError> validate_create(const CreateRequest& request, Time now);
+std::vector<gpunode::json::FieldError> validate_create(const CreateRequest& request, Time now);
 
 // ---- relations -------------------------------------------------------------------------------
 struct NodeView {

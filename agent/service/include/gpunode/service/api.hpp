@@ -41,8 +41,6 @@ struct ApiRequest : json::Request {
 
 using ApiResponse = gpunode::json::Response;  // one answer type for the transport and the API
 
-using FieldProblem = gpunode::json::FieldError;  // a field of the body or query and what is wrong with it
-
 using gpunode::json::internal_error;      // the one 500
 using gpunode::json::method_not_allowed;  // the one 405
 using gpunode::json::not_found;           // the one 404: every hidden thing's, byte for byte

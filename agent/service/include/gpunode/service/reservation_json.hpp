@@ -35,11 +35,11 @@ class Fields {
   std::optional<bool> boolean(const char* name);
   std::optional<std::int64_t> integer(const char* name, std::int64_t min, std::int64_t max);
   bool has(const char* name) const { return o_.contains(name); }
-  std::vector<FieldProblem>& problems() { return problems_; }
+  std::vector<gpunode::json::FieldError>& problems() { return problems_; }
 
  private:
   const boost::json::object& o_;
-  std::vector<FieldProblem> problems_;
+  std::vector<gpunode::json::FieldError> problems_;
 };
 
 }  // namespace gpunode::service
