@@ -119,17 +119,16 @@ error::Result<std::vector<Checkpoint>> read_checkpoints(const std::vector<json::
   return out;
 }
 
-// Whether `cp` is signed by `key` over NODE_ID\nSEQ\nHASH\nAT; the break's text, if not.
-std::optional<std::string> unsigned_by(const Checkpoint& cp, std::string_view node_id,
-                                       const auth::PublicKey& key) {
+// That `cp` is signed by `key` over NODE_ID\nSEQ\nHASH\nAT; corrupt with the break's text, if not.
+error::Result<void> signed_by(const Checkpoint& cp, std::string_view node_id, const auth::PublicKey& key) {
   if (cp.key_id != key.thumbprint)
-    return fmt::format("{}: signed by key {}, not by the given key {}", cp.where(), cp.key_id,
-                       key.thumbprint);
+    return broken(
+        fmt::format("{}: signed by key {}, not by the given key {}", cp.where(), cp.key_id, key.thumbprint));
   const auto raw = auth::from_base64url(cp.signature);
   const auto message = checkpoint_message(node_id, cp.seq, cp.hash, cp.at);
   if (!raw || raw->size() != 64 || !signature_verifies(key, *raw, message))
-    return fmt::format("{}: signature does not verify with key {}", cp.where(), key.thumbprint);
-  return std::nullopt;
+    return broken(fmt::format("{}: signature does not verify with key {}", cp.where(), key.thumbprint));
+  return {};
 }
 
 // Where the records must start: aud_1 after 64 zeros, or (an export made with --after ID) the record
@@ -146,7 +145,7 @@ error::Result<std::string> start_of(std::uint64_t first, const std::vector<Check
         "it: an export made with --after starts after a checkpoint's record, and carries that checkpoint",
         format_audit_id(first), format_audit_id(first - 1)));
   }
-  if (auto why = unsigned_by(*at, node_id, key)) return broken(std::move(*why));
+  if (auto ok = signed_by(*at, node_id, key); !ok) return std::unexpected(std::move(ok.error()));
   out.anchor = first - 1;
   return std::string(at->hash);
 }
@@ -167,7 +166,7 @@ error::Result<void> check_checkpoints(const std::vector<Checkpoint>& cps,
       return broken(fmt::format("{}: hash differs from {}'s: checkpoint {}, record {}", cp.where(),
                                 format_audit_id(seq), short_hash(cp.hash), short_hash(record_hash)));
     }
-    if (auto why = unsigned_by(cp, node_id, key)) return broken(std::move(*why));
+    if (auto ok = signed_by(cp, node_id, key); !ok) return std::unexpected(std::move(ok.error()));
   }
   return {};
 }
