@@ -55,14 +55,9 @@ error::Result<Outbox::Read> Outbox::read_batch(std::int64_t after, BatchBuilder&
     auto step = st->step();
     if (!step) return std::unexpected(step.error());
     if (*step == store::Statement::Step::done) return Read{};
-    switch (batch.add(st->column_int64(0), st->column_text(1))) {
-      case BatchBuilder::Add::taken:
-        continue;
-      case BatchBuilder::Add::full:
-        return Read{};
-      case BatchBuilder::Add::bad:
-        return Read{true};
-    }
+    const auto added = batch.add(st->column_int64(0), st->column_text(1));
+    if (!added) return Read{added.error()};
+    if (*added == BatchBuilder::Add::full) return Read{};
   }
 }
 

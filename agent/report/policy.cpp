@@ -89,7 +89,7 @@ BatchBuilder::BatchBuilder(std::string_view node_id, std::size_t max_events, std
           ",\"events\":[";
 }
 
-BatchBuilder::Add BatchBuilder::add(std::int64_t seq, std::string_view event) {
+error::Result<BatchBuilder::Add> BatchBuilder::add(std::int64_t seq, std::string_view event) {
   if (count_ >= max_events_) return Add::full;
   constexpr std::size_t kClose = 2;  // "]}"
   if (count_ > 0 && body_.size() + 1 + event.size() + kClose > max_bytes_) return Add::full;
@@ -97,13 +97,11 @@ BatchBuilder::Add BatchBuilder::add(std::int64_t seq, std::string_view event) {
   const json::value v = json::parse(event, ec);
   const json::object* o = ec ? nullptr : v.if_object();
   const json::value* s = o ? o->if_contains("seq") : nullptr;
-  if (o == nullptr) {
-    error_ = "outbox row " + std::to_string(seq) + " is not a JSON object";
-    return Add::bad;
-  }
+  if (o == nullptr)
+    return error::fail(error::Errc::corrupt, "outbox row " + std::to_string(seq) + " is not a JSON object");
   if (s == nullptr || !s->is_int64() || s->get_int64() != seq) {
-    error_ = "outbox row " + std::to_string(seq) + " holds an event whose seq is not " + std::to_string(seq);
-    return Add::bad;
+    return error::fail(error::Errc::corrupt, "outbox row " + std::to_string(seq) +
+                                                 " holds an event whose seq is not " + std::to_string(seq));
   }
   if (count_ > 0) body_ += ',';
   body_ += event;

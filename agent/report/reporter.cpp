@@ -280,7 +280,7 @@ struct Reporter::Impl {
       }
       if (batch.count() == 0) {
         if (read->bad) {
-          protocol_error(batch.error() +
+          protocol_error(read->bad->detail +
                          "; delivery is held there (nothing after it is sent) until the row is repaired");
           co_await sleep(backoff, Limits::kHold);
           continue;

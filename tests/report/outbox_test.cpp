@@ -119,9 +119,10 @@ TEST_CASE("a damaged row stops the batch before it and is reported") {
   report::BatchBuilder b("n");
   auto r = ob->read_batch(0, b);
   REQUIRE(r);
-  CHECK(r->bad);
+  REQUIRE(r->bad);
   CHECK(b.count() == 2);
-  CHECK(b.error() == "outbox row 3 is not a JSON object");
+  CHECK(r->bad->detail == "outbox row 3 is not a JSON object");
+  CHECK(r->bad->code == gpunode::error::Errc::corrupt);
 }
 
 TEST_CASE("no state file: an error naming it, and no file is made") {

@@ -152,11 +152,14 @@ TEST_CASE("batches: the byte limit leaves the next event for the next batch, but
 TEST_CASE("batches: a row that is not the event it should be is refused, never sent") {
   BatchBuilder b("n");
   CHECK(b.add(1, event(1)) == BatchBuilder::Add::taken);
-  CHECK(b.add(2, "{not json") == BatchBuilder::Add::bad);
-  CHECK(b.error() == "outbox row 2 is not a JSON object");
-  CHECK(b.add(2, event(3)) == BatchBuilder::Add::bad);
-  CHECK(b.error() == "outbox row 2 holds an event whose seq is not 2");
-  CHECK(b.add(2, "[1]") == BatchBuilder::Add::bad);
+  const auto not_json = b.add(2, "{not json");
+  REQUIRE(!not_json);
+  CHECK(not_json.error().detail == "outbox row 2 is not a JSON object");
+  CHECK(not_json.error().code == gpunode::error::Errc::corrupt);
+  const auto other_seq = b.add(2, event(3));
+  REQUIRE(!other_seq);
+  CHECK(other_seq.error().detail == "outbox row 2 holds an event whose seq is not 2");
+  CHECK(!b.add(2, "[1]"));
   CHECK(b.count() == 1);
   CHECK(b.last() == 1);
 }

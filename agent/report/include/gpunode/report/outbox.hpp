@@ -37,9 +37,10 @@ class Outbox {
   // `event_seq`), or 0.
   error::Result<std::int64_t> acknowledged();
   // Fills `batch` with the rows after `after`, in seq order, until it is full.
-  // `bad` is set when a row is not a valid event (the batch then holds the rows before it).
+  // `bad` is the refusal of a row that is not a valid event (the batch then holds the rows before
+  // it).
   struct Read {
-    bool bad = false;
+    std::optional<error::Error> bad;
   };
   error::Result<Read> read_batch(std::int64_t after, BatchBuilder& batch);
   // Deletes every row with seq <= `seq` (one transaction). Returns the rows deleted.

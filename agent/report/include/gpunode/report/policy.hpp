@@ -91,14 +91,13 @@ class BatchBuilder {
  public:
   explicit BatchBuilder(std::string_view node_id, std::size_t max_events = Limits::kBatchEvents,
                         std::size_t max_bytes = Limits::kBatchBytes);
-  enum class Add { taken, full, bad };
+  enum class Add { taken, full };
   // `full`: the batch is complete without this row (send it; the row comes first next time).
-  // `bad`: the row is not a valid event (error() says why); nothing was added.
-  Add add(std::int64_t seq, std::string_view event);
+  // An error (corrupt, the detail saying why) when the row is not a valid event; nothing was added.
+  error::Result<Add> add(std::int64_t seq, std::string_view event);
   [[nodiscard]] std::size_t count() const { return count_; }
   [[nodiscard]] std::int64_t first() const { return first_; }
   [[nodiscard]] std::int64_t last() const { return last_; }
-  [[nodiscard]] const std::string& error() const { return error_; }
   // The body; the builder is spent afterwards.
   std::string finish();
 
@@ -107,7 +106,6 @@ class BatchBuilder {
   std::string body_;
   std::size_t count_ = 0;
   std::int64_t first_ = 0, last_ = 0;
-  std::string error_;
 };
 
 // The "at" of a stored event, or nullopt when it has none (or is not JSON).
