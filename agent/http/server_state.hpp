@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpunode/error/error.hpp"
 #include "gpunode/http/server.hpp"
 
 namespace gpunode::http {
@@ -135,10 +136,11 @@ void start_plain_session(std::shared_ptr<ServerState> st, Peer peer, std::string
 void start_tls_session(std::shared_ptr<ServerState> st, Peer peer, std::string budget_address,
                        std::shared_ptr<ssl::context> ctx, tcp::socket socket);
 
-// tls.cpp: whether the client of `ssl` (its handshake done) presented a certificate that `current`
-// accepts now: its chain verified against current's client CA as a handshake would. True when
-// current requires no client certificate; else false and `why` says what was missing or wrong.
-bool client_certificate_accepted(SSL* ssl, SSL_CTX* current, std::string& why);
+// tls.cpp: that the client of `ssl` (its handshake done) presented a certificate that `current`
+// accepts now: its chain verified against current's client CA as a handshake would. Success when
+// current requires no client certificate; else permission (internal when the check could not
+// run), the detail saying what was missing or wrong.
+error::Result<void> client_certificate_accepted(SSL* ssl, SSL_CTX* current);
 
 }  // namespace detail
 }  // namespace gpunode::http

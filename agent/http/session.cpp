@@ -127,17 +127,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     if (closed_) return false;
     if (now == access_checked_) return true;
     access_checked_ = now;
-    std::string why;
-    if (admitted(why)) return true;
-    st_->log(fmt::format("http: {}: {}: connection closed", peer_.address, why));
+    const auto ok = admitted();
+    if (ok) return true;
+    st_->log(fmt::format("http: {}: {}: connection closed", peer_.address, ok.error().detail));
     close_now();
     return false;
   }
 
-  bool admitted(std::string& why) {
+  error::Result<void> admitted() {
     if constexpr (kTls) {
       auto current = st_->current_tls();
-      return !current || client_certificate_accepted(stream_.native_handle(), current->native_handle(), why);
+      if (!current) return {};
+      return client_certificate_accepted(stream_.native_handle(), current->native_handle());
     } else {
       bool ok = true;
       try {
@@ -145,11 +146,11 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       } catch (...) {
         ok = false;
       }
-      if (!ok)
-        why =
-            fmt::format("peer uid={} no longer admitted after a reload of the admin socket's uids and group",
-                        peer_.uid ? static_cast<long long>(*peer_.uid) : -1LL);
-      return ok;
+      if (ok) return {};
+      return error::fail(
+          error::Errc::permission,
+          fmt::format("peer uid={} no longer admitted after a reload of the admin socket's uids and group",
+                      peer_.uid ? static_cast<long long>(*peer_.uid) : -1LL));
     }
   }
 

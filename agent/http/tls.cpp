@@ -177,12 +177,12 @@ error::Result<void> check_key_pair(const std::string& cert, const std::string& k
 
 namespace detail {
 
-bool client_certificate_accepted(SSL* ssl, SSL_CTX* current, std::string& why) {
-  if ((SSL_CTX_get_verify_mode(current) & SSL_VERIFY_PEER) == 0) return true;  // no client CA now
+error::Result<void> client_certificate_accepted(SSL* ssl, SSL_CTX* current) {
+  if ((SSL_CTX_get_verify_mode(current) & SSL_VERIFY_PEER) == 0) return {};  // no client CA now
   X509* leaf = SSL_get0_peer_certificate(ssl);
   if (leaf == nullptr) {
-    why = "the client presented no certificate, and api.tls.client_ca now requires one";
-    return false;
+    return error::fail(error::Errc::permission,
+                       "the client presented no certificate, and api.tls.client_ca now requires one");
   }
   std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> check(X509_STORE_CTX_new(),
                                                                         &X509_STORE_CTX_free);
@@ -195,15 +195,20 @@ bool client_certificate_accepted(SSL* ssl, SSL_CTX* current, std::string& why) {
       X509_STORE_CTX_set_default(check.get(), "ssl_client") == 1 &&
       X509_VERIFY_PARAM_set1(X509_STORE_CTX_get0_param(check.get()), SSL_CTX_get0_param(current)) == 1;
   if (!ready) {
-    why = "the client certificate could not be checked against api.tls.client_ca: " + ssl_reason();
-    return false;
+    return error::fail(
+        error::Errc::internal,
+        "the client certificate could not be checked against api.tls.client_ca: " + ssl_reason());
   }
-  const bool ok = X509_verify_cert(check.get()) == 1;
-  if (!ok)
-    why = fmt::format("the client certificate is not accepted by api.tls.client_ca now: {}",
-                      X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get())));
+  if (X509_verify_cert(check.get()) != 1) {
+    auto refused =
+        error::fail(error::Errc::permission,
+                    fmt::format("the client certificate is not accepted by api.tls.client_ca now: {}",
+                                X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get()))));
+    ERR_clear_error();
+    return refused;
+  }
   ERR_clear_error();
-  return ok;
+  return {};
 }
 
 }  // namespace detail
