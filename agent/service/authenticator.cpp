@@ -13,8 +13,8 @@ ApiResponse unauthenticated(std::string_view detail, bool token_sent) {
 
 }  // namespace
 
-std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
-    const ApiRequest& q, std::chrono::system_clock::time_point now, std::string& why) {
+std::expected<detail::Caller, Unauthenticated> Authenticator::authenticate(
+    const ApiRequest& q, std::chrono::system_clock::time_point now) {
   if (q.via_admin_socket()) {
     return detail::Caller{
         {fmt::format("local:{}", q.peer.uid.value_or(0)), std::nullopt, {"platform-admin"}, "admin-socket"},
@@ -23,7 +23,8 @@ std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
   const std::string_view header = q.header("authorization").value_or("");
   const bool sent = !header.empty();
   std::lock_guard lock(mu_);
-  if (!verifier_) return std::unexpected(unauthenticated("no token keys are configured", sent));
+  if (!verifier_)
+    return std::unexpected(Unauthenticated{unauthenticated("no token keys are configured", sent), {}});
   if (auto hit = cache_.find(header); hit != cache_.end()) {
     const auto& cl = hit->second.claims;
     if (verifier_->in_time(cl, now)) {
@@ -35,11 +36,13 @@ std::expected<detail::Caller, ApiResponse> Authenticator::authenticate(
   }
   auto claims = verifier_->verify(header, now);
   if (!claims) {
-    why = fmt::format("{} ({})", auth::to_string(claims.error().why), claims.error().detail);
+    std::string why = fmt::format("{} ({})", auth::to_string(claims.error().why), claims.error().detail);
     if (claims.error().why == auth::Rejection::missing && !sent)
-      return std::unexpected(unauthenticated("a bearer token is required", false));
-    return std::unexpected(
-        unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent));
+      return std::unexpected(
+          Unauthenticated{unauthenticated("a bearer token is required", false), std::move(why)});
+    return std::unexpected(Unauthenticated{
+        unauthenticated(fmt::format("bearer token rejected: {}", auth::to_string(claims.error().why)), sent),
+        std::move(why)});
   }
   if (capacity_ == 0)
     return detail::Caller{{claims->sub, claims->org, claims->roles, "https"}, verifier_->expires(*claims)};

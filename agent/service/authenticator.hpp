@@ -28,6 +28,13 @@
 
 namespace gpunode::service {
 
+// A request the authenticator refuses: the 401 to answer and, for the log, why a token that was
+// sent is refused (`why` is empty when no token was checked).
+struct Unauthenticated {
+  ApiResponse answer;
+  std::string why;
+};
+
 class Authenticator {
  public:
   static constexpr std::size_t kDefaultCapacity = 4096;
@@ -36,11 +43,10 @@ class Authenticator {
       : verifier_(std::move(verifier)), capacity_(capacity) {}
 
   // The caller, or the 401 to answer (WWW-Authenticate: `Bearer` when no token was sent, with
-  // error="invalid_token" when one was and it is refused; RFC 6750 §3.1). `why` receives the
-  // reason of a refusal, for the log.
-  std::expected<detail::Caller, ApiResponse> authenticate(const ApiRequest& q,
-                                                          std::chrono::system_clock::time_point now,
-                                                          std::string& why);
+  // error="invalid_token" when one was and it is refused; RFC 6750 §3.1), with the reason of the
+  // refusal for the log.
+  std::expected<detail::Caller, Unauthenticated> authenticate(const ApiRequest& q,
+                                                              std::chrono::system_clock::time_point now);
   void set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier);
   [[nodiscard]] std::size_t cached() const {
     std::lock_guard lock(mu_);

@@ -193,12 +193,12 @@ std::optional<r::Time> NodeService::Impl::next_term() const {
 
 // ---- request plumbing ------------------------------------------------------------------------
 std::expected<Caller, ApiResponse> NodeService::Impl::authenticate(const ApiRequest& q) {
-  std::string why;
-  auto who = authenticator.authenticate(q, clock(), why);
+  auto who = authenticator.authenticate(q, clock());
   if (!who) {
+    const std::string& why = who.error().why;
     say(LogLevel::info,
         fmt::format("REQUEST={} unauthenticated: {}", q.request_id, why.empty() ? "no token" : why));
-    return std::unexpected(std::move(who.error()));
+    return std::unexpected(std::move(who.error().answer));
   }
   return std::move(*who);
 }

@@ -59,8 +59,7 @@ std::optional<ApiResponse> NodeService::Impl::read(const ApiRequest& q,
   if (!s || s->generation != generation.load(std::memory_order_acquire)) return std::nullopt;
   if (s->next_term && now >= *s->next_term) return std::nullopt;
   if (q.target_error()) return std::nullopt;
-  std::string why;
-  const auto caller = authenticator.authenticate(q, now, why);
+  const auto caller = authenticator.authenticate(q, now);
   if (!caller) return std::nullopt;
   const r::Caller& who = caller->who;
   const auto x = snapshot_admits(*s, m, who);
