@@ -255,28 +255,31 @@ std::string describe(const TransportError& e, uid_t uid, std::string_view progra
 UnixClient::UnixClient(std::string path, std::string user_agent, VetServer vet)
     : path_(std::move(path)), user_agent_(std::move(user_agent)), vet_(std::move(vet)) {}
 
-std::optional<std::string> vet_agent_socket(const std::string& path, int fd) {
+error::Result<void> vet_agent_socket(const std::string& path, int fd) {
   ucred peer{};
   socklen_t len = sizeof peer;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0)
-    return fmt::format("cannot tell who serves it: {}", std::strerror(errno));
+    return std::unexpected(error::from_errno(errno, "cannot tell who serves it"));
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0)
-    return fmt::format("cannot inspect its directory {}: {}", dir, std::strerror(errno));
+    return std::unexpected(error::from_errno(errno, fmt::format("cannot inspect its directory {}", dir)));
+  const auto refuse = [](std::string why) { return error::fail(error::Errc::permission, std::move(why)); };
   if (peer.uid != 0 && peer.uid != st.st_uid) {
-    return fmt::format("it is served by uid {}, neither root nor the owner (uid {}) of its directory {}",
-                       peer.uid, st.st_uid, dir);
+    return refuse(
+        fmt::format("it is served by uid {}, neither root nor the owner (uid {}) of its directory {}",
+                    peer.uid, st.st_uid, dir));
   }
   if (st.st_uid != 0 && st.st_uid != peer.uid)
-    return fmt::format("its directory {} belongs to uid {}, neither root nor the server", dir, st.st_uid);
+    return refuse(
+        fmt::format("its directory {} belongs to uid {}, neither root nor the server", dir, st.st_uid));
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return fmt::format(
+    return refuse(fmt::format(
         "its directory {} is writable by others (mode {:04o}): anyone could have put the socket there", dir,
-        st.st_mode & 07777);
+        st.st_mode & 07777));
   }
-  return std::nullopt;
+  return {};
 }
 
 std::expected<Response, TransportError> UnixClient::call(const Request& r) {
@@ -290,7 +293,8 @@ std::expected<Response, TransportError> UnixClient::call(const Request& r) {
   if (auto connected = connect_within(sock.get(), *address, x); !connected)
     return std::unexpected(connected.error());
   if (vet_) {
-    if (auto why = vet_(sock.get())) return x.fail(TransportError::Kind::untrusted, std::move(*why));
+    if (auto vetted = vet_(sock.get()); !vetted)
+      return x.fail(TransportError::Kind::untrusted, std::move(vetted.error().detail));
   }
   if (auto sent = send_all(sock.get(), *text, x); !sent) return std::unexpected(sent.error());
   return read_answer(sock.get(), x);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpunode/ctl/request.hpp"
+#include "gpunode/error/error.hpp"
 
 namespace gpunode::ctl {
 
@@ -51,9 +52,10 @@ class Transport {
   virtual std::expected<Response, TransportError> call(const Request& r) = 0;
 };
 
-// Checks the server on a connected socket before anything is written to it: why it is not to be
-// trusted, or nothing. Runs on the very connection the request then uses (no check-then-connect race).
-using VetServer = std::function<std::optional<std::string>(int fd)>;
+// Checks the server on a connected socket before anything is written to it: success, or an error
+// whose detail says why it is not to be trusted. Runs on the very connection the request then uses
+// (no check-then-connect race).
+using VetServer = std::function<error::Result<void>(int fd)>;
 
 class UnixClient final : public Transport {
  public:
@@ -68,7 +70,8 @@ class UnixClient final : public Transport {
 
 // CONTRACT §9 "Who answers": the server at the socket `path` (SO_PEERCRED of `fd`) runs as root or
 // as the owner of the socket's directory, and that directory is owned by root or by that user and
-// writable by no one else. Else why not, naming the uids and the mode.
-std::optional<std::string> vet_agent_socket(const std::string& path, int fd);
+// writable by no one else. Else permission (an errno's code when the socket or the directory cannot
+// be inspected), the detail saying why not, naming the uids and the mode.
+error::Result<void> vet_agent_socket(const std::string& path, int fd);
 
 }  // namespace gpunode::ctl
