@@ -182,8 +182,9 @@ struct NodeService::Impl {
   ApiResponse method_not_allowed(std::string allow);
   Outcome node_route(const ApiRequest& q, const Caller& c, const std::vector<std::string>& seg);
   // The committer: carries out what a route decided (decision.hpp), the one place a request's
-  // change is committed; the agent's own changes (terms, scans' events, health polls, outcomes)
-  // go through carry_out(Change), which a request's commit goes through too. After a change that
+  // change is committed; the agent's own changes (terms, health polls, a reclaim vacated) go
+  // through carry_out(Change), which a request's commit goes through too. A scan's units are stored
+  // by NodeState::replace_inventory with the inventory they make, in one step. After a change that
   // moved reservations, the last listing is judged again (rejudge), and its events stored at once
   // through `state`, never through carry_out: nothing re-enters the committer. The facts the
   // routes decide on, with `asks` for the reads beyond them.
