@@ -303,15 +303,17 @@ TEST_CASE(
   limits.max_connections = 5;
   limits.max_connections_per_client = 3;
   limits.max_unix_connections = 2;
+  // An hour: the connections held below stay open however slow the machine, and one the budgets
+  // admitted is never closed by a timeout here, so a close is the refusal at accept.
+  limits.handshake_timeout = std::chrono::hours(1);
   Fixture f(limits);
   auto port = f.listen();
   const auto closed_at_once = [](int fd) {
-    timeval tv{2, 0};
+    timeval tv{30, 0};  // a hang guard: a connection not refused is never closed
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char b = 0;
-    const auto t0 = Clock::now();
     const auto n = ::recv(fd, &b, 1, 0);
-    return n <= 0 && Clock::now() - t0 < 1s && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    return n == 0 || (n < 0 && errno == ECONNRESET);
   };
   // Three idle TCP connections (no handshake) from 127.0.0.1 hold the address's budget.
   std::vector<int> held;
@@ -416,57 +418,71 @@ TEST_CASE("Expect: 100-continue gets 100 Continue, then the body is read") {
   check_problem(*r, 413, "body-too-large");
 }
 
+// No wall-clock bound: the slow client's header_timeout is an hour while the others are served (it
+// is still open after them), then a second; every other timeout is an hour, so a close at all is
+// header_timeout's, and not before it. The client waits up to 30 s for it (a hang guard).
 TEST_CASE("a slow client is cut at header_timeout while others are served") {
-  Limits l = test_limits();
-  l.header_timeout = 1s;
-  Fixture f{l};
-  auto port = f.listen();
-  auto slow = Client::tls(port);
-  REQUIRE_MESSAGE(slow->ok, slow->error);
-  auto t0 = Clock::now();
-  REQUIRE(slow->send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Half: "));
+  for (const auto header_timeout : {std::chrono::seconds(std::chrono::hours(1)), std::chrono::seconds(1)}) {
+    CAPTURE(header_timeout.count());
+    Limits l = test_limits();
+    l.header_timeout = header_timeout;
+    l.handshake_timeout = l.read_timeout = l.write_timeout = l.idle_timeout = std::chrono::hours(1);
+    Fixture f{l};
+    auto port = f.listen();
+    auto slow = Client::tls(port);
+    REQUIRE_MESSAGE(slow->ok, slow->error);
+    slow->patience(30s);
+    auto t0 = Clock::now();
+    REQUIRE(slow->send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Half: "));
 
-  auto other = Client::tls(port);
-  REQUIRE_MESSAGE(other->ok, other->error);
-  for (int i = 0; i < 5; ++i) {
+    auto other = Client::tls(port);
+    REQUIRE_MESSAGE(other->ok, other->error);
+    for (int i = 0; i < 5; ++i) {
+      auto r = other->roundtrip(request("GET", "/echo"));
+      REQUIRE(r);
+      CHECK(r->status == 200);
+    }
+    if (header_timeout > 1s) {
+      CHECK(f.server->open_connections() == 2);  // the slow one held no one up, and is still open
+      continue;
+    }
+    CHECK(slow->closed_without_data());
+    CHECK(Clock::now() - t0 >= 900ms);
     auto r = other->roundtrip(request("GET", "/echo"));
     REQUIRE(r);
     CHECK(r->status == 200);
   }
-  CHECK(Clock::now() - t0 < 900ms);
-
-  CHECK(slow->closed_without_data());
-  auto elapsed = Clock::now() - t0;
-  CHECK(elapsed >= 900ms);
-  CHECK(elapsed < 3s);
-  auto r = other->roundtrip(request("GET", "/echo"));
-  REQUIRE(r);
-  CHECK(r->status == 200);
 }
 
+// Every other timeout is an hour: a close at all is the one under test's, and not before it. The
+// clients wait up to 30 s for it (a hang guard, not a bound on the server's speed).
 TEST_CASE(
     "an idle keep-alive connection is closed at idle_timeout; a silent TLS client at handshake_timeout") {
   Limits l = test_limits();
   l.idle_timeout = 1s;
   l.handshake_timeout = 1s;
+  l.header_timeout = l.read_timeout = l.write_timeout = std::chrono::hours(1);
   Fixture f{l};
   auto port = f.listen();
   auto c = Client::tls(port);
   REQUIRE_MESSAGE(c->ok, c->error);
   auto r = c->roundtrip(request("GET", "/echo"));
   REQUIRE(r);
+  c->patience(30s);
   auto t0 = Clock::now();
   CHECK(c->closed_without_data());
   CHECK(Clock::now() - t0 >= 800ms);
-  CHECK(Clock::now() - t0 < 3s);
 
   // A TCP client that never starts the handshake.
   int fd = connect_tcp(port);
   REQUIRE(fd >= 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   t0 = Clock::now();
   char b = 0;
-  CHECK(::recv(fd, &b, 1, 0) <= 0);
-  CHECK(Clock::now() - t0 < 3s);
+  const auto n = ::recv(fd, &b, 1, 0);
+  CHECK((n == 0 || (n < 0 && errno == ECONNRESET)));  // closed, not the client's timeout
+  CHECK(Clock::now() - t0 >= 800ms);
   ::close(fd);
   CHECK(eventually([&] { return f.server->open_connections() == 0; }));
 }
@@ -845,10 +861,12 @@ TEST_CASE("graceful shutdown: the request in flight completes, idle connections 
   REQUIRE(busy->send(request("GET", "/slow?ms=300")));
   REQUIRE(eventually([&] { return f.slow_started == 1; }));
 
+  // A drain of an hour: done runs when the last connection goes, not at the drain's end (the
+  // wait for it below is a hang guard, not a bound on the server's speed).
   auto t0 = Clock::now();
   auto p = std::make_shared<std::promise<void>>();
   auto done = p->get_future();
-  f.server->shutdown(2000ms, [p] { p->set_value(); });
+  f.server->shutdown(std::chrono::hours(1), [p] { p->set_value(); });
   CHECK(connect_tcp(port) < 0);
 
   CHECK(idle->closed_without_data());
@@ -860,13 +878,17 @@ TEST_CASE("graceful shutdown: the request in flight completes, idle connections 
   CHECK(r->header("connection") == "close");
   CHECK(Clock::now() - t0 >= 200ms);
   busy->close();
-  CHECK(done.wait_for(3s) == std::future_status::ready);
-  CHECK(Clock::now() - t0 < 2s);
+  CHECK(done.wait_for(30s) == std::future_status::ready);
   CHECK(f.server->open_connections() == 0);
 }
 
+// Every timeout is an hour: only the drain's end closes the two, and done runs then (the wait for
+// it is a hang guard, not a bound on the server's speed).
 TEST_CASE("graceful shutdown: after the drain every connection is closed") {
-  Fixture f;
+  Limits l = test_limits();
+  l.handshake_timeout = l.header_timeout = l.read_timeout = l.write_timeout = l.idle_timeout =
+      std::chrono::hours(1);
+  Fixture f{l};
   auto port = f.listen();
   auto stuck = Client::tls(port);
   REQUIRE_MESSAGE(stuck->ok, stuck->error);
@@ -878,10 +900,8 @@ TEST_CASE("graceful shutdown: after the drain every connection is closed") {
   auto p = std::make_shared<std::promise<void>>();
   auto done = p->get_future();
   f.server->shutdown(300ms, [p] { p->set_value(); });
-  REQUIRE(done.wait_for(3s) == std::future_status::ready);
-  auto elapsed = Clock::now() - t0;
-  CHECK(elapsed >= 250ms);
-  CHECK(elapsed < 2s);
+  REQUIRE(done.wait_for(30s) == std::future_status::ready);
+  CHECK(Clock::now() - t0 >= 250ms);
   CHECK(f.server->open_connections() == 0);
   CHECK_FALSE(stuck->response());
 }
