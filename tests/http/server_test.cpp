@@ -1,5 +1,7 @@
 // gpunode::http over real sockets on loopback: HTTPS on 127.0.0.1 (port 0) and the admin socket
 // in a temp dir, with the servers and clients of server_fixture.hpp.
+#include <sys/syscall.h>
+
 #include "server_fixture.hpp"
 
 using namespace server_test;
@@ -722,16 +724,39 @@ TEST_CASE("admin socket: mode 0660 and the admin group, its directory made 0750,
   other.stop_accepting();
 }
 
-TEST_CASE("admin socket: a group the process may not give the socket to is an error naming both") {
-  if (::geteuid() == 0) {
-    MESSAGE("root may give a file to any group: nothing to refuse");
-    return;
+// As root, this thread alone becomes nobody for the call (the kernel keeps credentials per thread;
+// the raw system calls do not spread them to the process's other threads as glibc's do), keeping
+// root as its saved uid to come back: root may give a file to any group, and the refusal would
+// never be tried.
+struct ThreadAsNobody {
+  bool was_root = ::geteuid() == 0;
+  ThreadAsNobody() {
+    if (!was_root) return;
+    REQUIRE(::syscall(SYS_setresgid, -1, 65534, -1) == 0);
+    REQUIRE(::syscall(SYS_setresuid, -1, 65534, -1) == 0);
   }
-  gid_t foreign = 4242;
-  while (own_groups().contains(foreign) || foreign == ::getegid()) ++foreign;
+  ~ThreadAsNobody() {
+    if (!was_root) return;
+    CHECK(::syscall(SYS_setresuid, -1, 0, -1) == 0);
+    CHECK(::syscall(SYS_setresgid, -1, 0, -1) == 0);
+  }
+  ThreadAsNobody(const ThreadAsNobody&) = delete;
+  ThreadAsNobody& operator=(const ThreadAsNobody&) = delete;
+};
+
+TEST_CASE("admin socket: a group the process may not give the socket to is an error naming both") {
   Fixture f;
+  if (::geteuid() == 0) REQUIRE(::chown(f.dir.path.c_str(), 65534, 65534) == 0);  // nobody's to bind in
+  std::optional<gpunode::error::Result<void>> refused;
   const auto path = f.dir.file("admin.sock");
-  auto lr = f.server->listen_unix(path, 0660, foreign, {});
+  gid_t foreign = 4242;
+  {
+    ThreadAsNobody nobody;
+    while (own_groups().contains(foreign) || foreign == ::getegid()) ++foreign;
+    refused = f.server->listen_unix(path, 0660, foreign, {});
+  }
+  REQUIRE(refused);
+  auto& lr = *refused;
   REQUIRE_FALSE(lr.has_value());
   CHECK(lr.error().detail.find(path) != std::string::npos);
   CHECK(lr.error().detail.find("group " + std::to_string(foreign)) != std::string::npos);
