@@ -1,7 +1,7 @@
-// The servers and clients of the http tests (server_test.cpp, access_test.cpp): real sockets on
-// loopback, HTTPS on 127.0.0.1 (port 0) and the admin socket in a temp dir. Certificates are made
-// with OpenSSL's API; the clients are plain blocking OpenSSL/POSIX clients, so every TLS knob
-// (versions, suites, renegotiation, client certs) is the test's to set.
+// The servers and clients of the http tests (server_test.cpp, admin_socket_test.cpp,
+// access_test.cpp): real sockets on loopback, HTTPS on 127.0.0.1 (port 0) and the admin socket in a
+// temp dir. Certificates are made with OpenSSL's API; the clients are plain blocking OpenSSL/POSIX
+// clients, so every TLS knob (versions, suites, renegotiation, client certs) is the test's to set.
 #pragma once
 
 #include <arpa/inet.h>
