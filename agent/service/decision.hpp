@@ -96,11 +96,18 @@ json::object vm_json(const VmRef& vm, std::initializer_list<VmKey> keys);
 
 // Commit `change` (with its Idempotency-Key's answer, when it has one); once stored, answer
 // `answer` and write `log` (info). `apply_terms`: a term may be due at once (an amended endsAt).
+// A change that cannot be stored answers 503 storage-unavailable: "`unstored_what` (why);
+// `unstored_after`", or, with `answer_anyway`, `answer` all the same (a refusal stands even when
+// its event is lost). The terminations it records count in gpunode_terminations_total once stored.
 struct CommitThen {
   Change change;
   ApiResponse answer;
   std::optional<std::string> log{};
   bool apply_terms = false;
+  std::string unstored_what = "the change could not be stored";
+  std::string unstored_after = "nothing was changed";
+  bool answer_anyway = false;
+  std::uint64_t terminations_ok = 0, terminations_failed = 0;
 };
 
 // Write the terminations of `plan` ahead together with `change` (a reclaim's), then run them

@@ -112,7 +112,7 @@ void NodeService::Impl::poll_health() {
     found[addr] = std::move(dv.findings);
     rises[i] = dv.rises;
   }
-  for (const auto& [addr, state] : health.devices) {
+  for (const auto& [addr, kept] : health.devices) {
     if (!found.contains(addr)) rows.devices_gone.push_back(addr);
   }
   for (const auto& [unit, mine] : health.unit_targets) {
@@ -127,7 +127,7 @@ void NodeService::Impl::poll_health() {
   if (!rows.empty()) {
     Change c{.actor = agent_caller(), .at = t};
     auto said = add_health_change(c, std::move(rows), inventory, health);
-    stored = commit(c).has_value();
+    stored = carry_out(c).has_value();
     if (stored) {
       for (const auto& [level, line] : said) say(level, line);
     }

@@ -1,5 +1,6 @@
 // NodeService::Impl and the helpers its translation units share; private to gpunode_service.
 //   state_store.cpp         StateStore: state.db, its migrations and the one commit
+//   state.cpp               NodeState: what a snapshot shows, behind the mutators that commit it
 //   inventory.cpp           Inventory: present and absent units; what a scan changes
 //   termination_ledger.cpp  TerminationLedger: terminations written ahead, running batches
 //   authenticator.cpp       Authenticator: bearer tokens and their cache
@@ -42,6 +43,7 @@
 #include "inventory.hpp"
 #include "reservation_table.hpp"
 #include "snapshot.hpp"
+#include "state.hpp"
 #include "state_store.hpp"
 #include "termination_ledger.hpp"
 
@@ -59,38 +61,49 @@ struct NodeService::Impl {
   const discovery::PciIds* names = nullptr;
   Clock clock;
   LogSink log;
-  detail::StateStore store;
+  detail::StateStore store;  // its reads; only `state` writes a change
   std::unique_ptr<discovery::SysfsReader> reader;
+  // Terminations written ahead and not decided, and the batches running them.
+  detail::TerminationLedger terminations;
+  detail::HealthBook health;  // unit health (health_routes.cpp)
 
-  detail::ReservationTable reservations;  // the ones not ended (StateStore counts the ended ones)
+  // What a snapshot shows, private behind the mutators that commit it and move its generation
+  // (state.hpp). What follows are read-only views of it, under the names the code reads them by:
+  // Impl cannot change them but through `state`, which moves the generation itself.
+  detail::NodeState state{store, terminations, health, opt.enforcement};
+  const detail::ReservationTable& reservations = state.reservations();  // the ones not ended
+  // The reservations not ended, by unit and start: what a create or an amend checks for overlap,
+  // so its cost follows the few terms near the candidate's, not the unit's whole calendar or the
+  // history.
+  const r::LiveIndex& live = state.live();
+  const detail::Inventory& inventory = state.inventory();
+  // The workloads as last listed (GET .../state shows them; a change moves the revision), and
+  // whether the hypervisor's events say the list still holds.
+  const json::array& observed_workloads = state.workloads();
+  const bool& listed_current = state.workloads_current();
+  // The reservations not ended, by the instant of their next term: apply_terms() and next_term()
+  // look only here, so their cost does not grow with the reservations kept in history.
+  const detail::NodeState::TermQueue& term_queue = state.term_queue();
+  // Moves with anything a snapshot shows: core thread writes (through `state`), any thread reads.
+  const std::atomic<std::uint64_t>& generation = state.generation();
+
   // A reservation by id: the live one, else the stored one (ended) moved into `kept`; nullptr when
   // there is none, or (logged) when the store could not be read.
   const r::Reservation* find_reservation(std::string_view id, std::optional<r::Reservation>& kept);
-  // The reservations not ended, by unit and start: what a create or an amend checks for overlap,
-  // so its cost follows the few terms near the candidate's, not the unit's whole calendar or the
-  // history. Follows `reservations` in load() and commit().
-  r::LiveIndex live;
-  detail::Inventory inventory;
   bool has_hypervisor = false;
   // The domains as last listed (for a request, or by the driver's refresh) and the units each
   // occupies; `listed_current` while the hypervisor's events say the list still holds (an event,
   // a failed list or a batch of terminations ends it). A route asks for them through Asks.
   std::shared_ptr<const WorkloadListing> listed;
   std::vector<detail::Workload> listed_workloads;
-  bool listed_current = false;
   // Takes a new list: what it shows is noted (the revision, unentitled domains, admitted ones
   // that now run) and kept.
   void take_listing(std::shared_ptr<const WorkloadListing> listing);
   void listing_stale();
-  // Terminations written ahead and not decided, and the batches running them.
-  detail::TerminationLedger terminations;
   using BatchVm = detail::BatchVm;
   using Batch = detail::Batch;
   // Domains the hook's admission let through that libvirt has not listed running yet.
   detail::AdmittedDomains admitted;
-  // The workloads as last listed (GET .../state shows them; a change moves the revision).
-  json::array observed_workloads;
-  std::string observed_digest;
   // CONTRACT §9 "What the hook cannot see": the active domains of the last listing that are on
   // units they are not entitled to, by domain uuid, each as its workload.unentitled data; and the
   // uuids whose event is stored (a domain gives one event while it stays unentitled; after a
@@ -100,16 +113,13 @@ struct NodeService::Impl {
   // The last listing, judged again when a commit changes reservations (a term starts, one ends):
   // entitlement moves with them, not only with the list.
   std::vector<spot::Occupant> last_workloads;
-  bool judging = false;
   Authenticator authenticator{nullptr};
   // The counters of /metrics (terminations by result, domain admissions by result) since start;
   // gauges() adds the rest. The last scan's duration (read and rules), in seconds.
   metrics::NodeGauges counted;
   double last_scan_seconds = 0;
 
-  Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {
-    store.on_revision_moved([this] { touch(); });  // before the commit's answer goes out
-  }
+  Impl(ServiceOptions o, detail::StateStore s) : opt(std::move(o)), store(std::move(s)) {}
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
@@ -122,18 +132,15 @@ struct NodeService::Impl {
   r::Time now() const { return detail::to_time(clock()); }
   r::ReservationsView all_reservations() const { return reservations.all(); }
 
-  // The snapshot (snapshot.hpp). `generation` moves with anything a snapshot shows (a commit, a
-  // revision bump, a reload setting, a new inventory): core thread writes, any thread reads.
-  // `published_` is the last one built: the core thread stores it, network threads copy it, under
-  // `publish_mu` (held for a shared_ptr copy).
-  std::atomic<std::uint64_t> generation{1};
+  // The snapshot (snapshot.hpp), built from `state` at its generation. `published_` is the last one
+  // built: the core thread stores it, network threads copy it, under `publish_mu` (held for a
+  // shared_ptr copy).
   mutable std::mutex publish_mu;
   std::shared_ptr<const detail::Snapshot> published_;  // guarded by publish_mu
   std::shared_ptr<const detail::Snapshot> published() const {
     std::lock_guard lock(publish_mu);
     return published_;
   }
-  void touch() { generation.fetch_add(1, std::memory_order_acq_rel); }
   // Core thread: the snapshot of the current state, built and published when the state moved.
   std::shared_ptr<const detail::Snapshot> snapshot();
   // The committer's last step: after every change (each public member of NodeService that may
@@ -155,9 +162,6 @@ struct NodeService::Impl {
   // loading: what the store read at open
   void load();
 
-  // the one way state changes: the store writes `c`, then memory follows
-  std::expected<detail::Committed, store::DbError> commit(const Change& c);
-
   // units
   void scan(bool first);
   // The reader's fingerprint taken before the last full read whose answer is in `inventory`
@@ -166,18 +170,12 @@ struct NodeService::Impl {
   void backstop_scan();
   metrics::NodeGauges gauges() const;
 
-  // terms: the reservations not ended, by the instant of their next term (scheduled: startsAt,
-  // active: endsAt), kept by commit() and load(). apply_terms() and next_term() look only here, so
-  // their cost does not grow with the reservations kept in history.
-  std::set<std::pair<r::Time, std::string>> term_queue;
-  std::map<std::string, r::Time, std::less<>> term_at;  // each queued reservation's key in term_queue
-  void queue_term(const r::Reservation& x);
+  // terms: due ones applied (each a change carried out), and the next one's instant
   std::optional<r::Time> apply_terms();
   std::optional<r::Time> next_term() const;
 
   // request plumbing
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
-  ApiResponse commit_response(Change& c, ApiResponse resp);
   void purge_idempotency();
   r::Time last_purge{};
 
@@ -191,10 +189,16 @@ struct NodeService::Impl {
 
   // ---- reservation_routes.cpp --------------------------------------------------------------------
   // The committer: carries out what a route decided (decision.hpp), the one place a request's
-  // change is committed. The facts the routes decide on, with `asks` for the reads beyond them.
+  // change is committed; the agent's own changes (terms, health polls, a reclaim vacated) go
+  // through carry_out(Change), which a request's commit goes through too. A scan's units are stored
+  // by NodeState::replace_inventory with the inventory they make, in one step. After a change that
+  // moved reservations, the last listing is judged again (rejudge), and its events stored at once
+  // through `state`, never through carry_out: nothing re-enters the committer. The facts the
+  // routes decide on, with `asks` for the reads beyond them.
   class Asks;
   detail::Facts facts(const Asks& asks) const;
   Outcome carry_out(detail::Decision d);
+  std::expected<detail::Committed, store::DbError> carry_out(const Change& c);
   ApiResponse audit(const ApiRequest& q, const Caller& c);
   // GET reservations whose list holds ended ones: paged from the store (reads.cpp answers the rest).
   ApiResponse stored_reservations(const ApiRequest& q, const Caller& c);
@@ -210,21 +214,37 @@ struct NodeService::Impl {
   // `count_health` false for a VM already running (a failing unit refuses new starts only, §13)
   r::Entitlement entitled(const std::string& org, vmctl::Tier tier, const std::string& unit_id,
                           bool count_health = true) const;
-  // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9).
+  // POST /v1/admin/domain-admission (admin socket only): the libvirt hook asks (CONTRACT §9); the
+  // answer, carried out from admission_decision (a refusal's event is stored with it).
   ApiResponse domain_admission(const ApiRequest& q);
+  detail::Decision admission_decision(const ApiRequest& q);
   std::vector<std::string> hostdev_units(const vmctl::DomainXmlFacts& facts, json::array& reasons) const;
-  void report_refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
-                      const std::vector<std::string>& unit_ids, const json::array& reasons);
+  Change refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
+                 const std::vector<std::string>& unit_ids, const json::array& reasons) const;
 
   // ---- spot_routes.cpp: the spot market, reclaim and terminate-spot (CONTRACT §4, §5, §7) ------
   bool note_workloads(const std::vector<Workload>& ws);
-  void judge_workloads(const std::vector<Workload>& ws);
+  // The entitlement of what runs: judged() is the judgement of a list (changes nothing); rejudge()
+  // takes it for the last listing and stores its events.
+  struct Judged {
+    std::map<std::string, json::object> unentitled;
+    Change events;
+    std::vector<std::string> fresh;  // reported by `events`
+  };
+  Judged judged(const std::vector<Workload>& ws) const;
+  void rejudge();
   ApiResponse unentitled_route() const;
   std::optional<std::string> holder_of(const std::vector<std::string>& unit_ids) const;
   static json::object left_json(const vmctl::Domain& d, const std::vector<std::string>& unit_ids,
                                 std::string_view reason);
   void vacate(const std::vector<Workload>& ws, Change& ch);
-  Outcome start_batch(detail::Terminate t);
+  // A Terminate carried out: what to do instead when no VM is to be stopped (a dry run's answer, a
+  // no-op, a change to commit); else the write-ahead records go into its change (their indexes in
+  // its audits returned), and once committed the batch runs.
+  std::optional<detail::Decision> without_batch(detail::Terminate& t);
+  std::vector<std::size_t> write_ahead(detail::Terminate& t);
+  Outcome run_batch(detail::Terminate t, const std::vector<std::size_t>& audit_of,
+                    const detail::Committed& done);
   ApiResponse answer_batch(const Batch& b, json::array terminated, json::array left,
                            const std::vector<reservations::Reservation>& upserts, bool dry_run = false);
   ApiResponse dry_run_answer(const detail::Terminate& t);
@@ -238,10 +258,11 @@ struct NodeService::Impl {
   void record_outcome(const BatchVm& vm, const TermResult& result, bool agent, Change& ch, BatchTally& t);
   ApiResponse finish(std::uint64_t id, std::vector<vmctl::TerminationOutcome> outcomes,
                      const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
+  detail::Decision finished(Batch b, std::vector<vmctl::TerminationOutcome> outcomes,
+                            const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after);
   std::optional<Work> observe(const std::vector<vmctl::Domain>& domains);
 
   // ---- health_routes.cpp: unit health (CONTRACT §13) -----------------------------------------------
-  detail::HealthBook health;
   // The functions each present unit is judged on, rebuilt when the inventory's membership changed.
   void refresh_health_targets();
   // One poll: read, judge, and commit what changed (nothing when nothing did).

@@ -1,4 +1,4 @@
-// NodeService::Impl's state: loading, migrations, commit, units and scan, terms, request plumbing;
+// NodeService::Impl's state: loading, units and scan, terms, request plumbing, the committer;
 // NodeService.
 #include <algorithm>
 
@@ -14,60 +14,16 @@ using namespace detail;
 // ---- loading -----------------------------------------------------------------------------------
 void NodeService::Impl::load() {
   auto loaded = store.take_loaded();
-  {
-    ReservationTable::List sorted;
-    sorted.reserve(loaded.reservations.size());
-    for (auto& [id, x] : loaded.reservations)
-      sorted.push_back(std::make_shared<const reservations::Reservation>(std::move(x)));
-    reservations.assign(std::move(sorted));
-  }
+  state.load(std::move(loaded.reservations), loaded.absent_units);
   terminations.load(std::move(loaded.pending));
-  inventory.set_absent(loaded.absent_units);
   health.enabled = opt.health.enabled;
   health.settings = opt.health.settings;
   health.devices = std::move(loaded.health_devices);
   health.verdicts = std::move(loaded.health_units);
-  live.clear();
-  for (const auto& x : reservations) {
-    live.follow(nullptr, &x);
-    queue_term(x);
-  }
   if (const auto n = terminations.pending().size(); n > 0) {
     say(LogLevel::warning,
         fmt::format("{} termination(s) were cut short: finishing them once libvirt answers", n));
   }
-}
-
-// ---- the one way state changes ----------------------------------------------------------------
-std::expected<detail::Committed, store::DbError> NodeService::Impl::commit(const Change& c) {
-  auto done = store.commit(c, clock());
-  if (!done) {
-    say(LogLevel::error, fmt::format("state commit failed: {}", done.error().to_string()));
-    return done;
-  }
-  // Committed: now memory follows.
-  for (const auto& x : c.upserts) {
-    live.follow(reservations.find(x.id), &x);
-    queue_term(x);
-    if (!x.ended())
-      reservations.put(x);
-    else
-      reservations.erase(x.id);  // it ended: from here on it is read from disk
-  }
-  for (const auto& row : c.terminations) {
-    TerminationRow stored = row;
-    if (row.audit_index) stored.audit_seq = done->audit_seqs[*row.audit_index];
-    terminations.follow(std::move(stored));
-  }
-  if (!c.health.empty()) {
-    health.follow(c.health);
-    if (!c.health.units.empty()) {
-      inventory = inventory.with_health([this](std::string_view id) { return health.unit_health(id); });
-      touch();
-    }
-  }
-  if (!c.upserts.empty()) judge_workloads(last_workloads);  // entitlement moved with the reservations
-  return done;
 }
 
 // ---- units ---------------------------------------------------------------------------------------
@@ -84,8 +40,8 @@ void NodeService::Impl::scan(bool first) {
   auto next = inventory.scan(std::move(fresh), first ? store.present_unit_ids() : std::vector<std::string>{},
                              [this](const std::string& id) { return store.unit_doc(id); });
   if (!next.changed(store.inventory_digest())) {
-    inventory = std::move(next.next);
-    touch();
+    (void)state.replace_inventory(std::move(next.next), nullptr,
+                                  clock());  // nothing to store: it cannot fail
     scanned_fingerprint = std::move(fingerprint);
     return;
   }
@@ -102,12 +58,11 @@ void NodeService::Impl::scan(bool first) {
       "inventory.changed", json::object{{"units", units_json(node(), reservations, next.next, admin.who)}}});
   c.inventory_digest = next.digest;
   // A failed commit keeps the old inventory: the next scan tries again (the stored digest is unchanged).
-  if (!commit(c)) {
+  if (auto stored = state.replace_inventory(std::move(next.next), &c, clock()); !stored) {
+    say(LogLevel::error, fmt::format("state commit failed: {}", stored.error().to_string()));
     scanned_fingerprint.reset();
     return;
   }
-  inventory = std::move(next.next);
-  touch();
   scanned_fingerprint = std::move(fingerprint);
   say(LogLevel::info, fmt::format("inventory changed: {} present unit(s), {} absent",
                                   inventory.present().size(), inventory.absent().size()));
@@ -146,17 +101,6 @@ metrics::NodeGauges NodeService::Impl::gauges() const {
 }
 
 // ---- terms ---------------------------------------------------------------------------------------
-void NodeService::Impl::queue_term(const r::Reservation& x) {
-  if (auto was = term_at.find(x.id); was != term_at.end()) {
-    term_queue.erase({was->second, x.id});
-    term_at.erase(was);
-  }
-  if (x.state == r::State::ended) return;
-  const r::Time at = x.state == r::State::scheduled ? std::min(x.starts_at, x.ends_at) : x.ends_at;
-  term_queue.emplace(at, x.id);
-  term_at.emplace(x.id, at);
-}
-
 std::optional<r::Time> NodeService::Impl::apply_terms() {
   const r::Time t = now();
   std::vector<r::Reservation> due;
@@ -178,7 +122,7 @@ std::optional<r::Time> NodeService::Impl::apply_terms() {
                    fmt::format("term {} at {}", activate ? "started" : "ended", r::format_time(tr.at))});
     c.events.push_back(EventDraft{activate ? "reservation.activated" : "reservation.expired",
                                   json::object{{"reservation", to_json(x)}}});
-    if (!commit(c)) break;  // next_term() says to retry in a second
+    if (!carry_out(c)) break;  // next_term() says to retry in a second
     say(LogLevel::info, fmt::format("RESERVATION={} {}", x.id, activate ? "activated" : "expired"));
   }
   return next_term();
@@ -280,37 +224,65 @@ detail::Facts NodeService::Impl::facts(const Asks& asks) const {
 }
 
 Outcome NodeService::Impl::carry_out(detail::Decision d) {
+  if (auto* t = std::get_if<detail::Terminate>(&d)) {
+    if (auto instead = without_batch(*t)) {
+      d = std::move(*instead);  // no VM to stop: carried out as what it is instead
+    } else {
+      const auto audit_of = write_ahead(*t);
+      auto done = carry_out(t->change);
+      if (!done)
+        return storage_problem(done.error(), "the change could not be stored",
+                               "nothing was changed or stopped");
+      return run_batch(std::move(*t), audit_of, *done);
+    }
+  }
   if (auto* c = std::get_if<detail::CommitThen>(&d)) {
-    auto out = commit_response(c->change, std::move(c->answer));
+    if (c->change.idempotency) c->change.idempotency->response = c->answer;
+    const auto done = carry_out(c->change);
+    if (done) {
+      counted.terminations_ok += c->terminations_ok;
+      counted.terminations_failed += c->terminations_failed;
+    }
+    ApiResponse out = done || c->answer_anyway
+                          ? std::move(c->answer)
+                          : storage_problem(done.error(), c->unstored_what, c->unstored_after);
     if (c->log && out.status < 300) say(LogLevel::info, *c->log);
     if (c->apply_terms) apply_terms();
     return out;
   }
-  if (auto* t = std::get_if<detail::Terminate>(&d)) return start_batch(std::move(*t));
   if (auto* n = std::get_if<NeedsWorkloads>(&d)) return *n;
   return std::move(std::get<ApiResponse>(d));
+}
+
+// The one way a change is stored: `state` commits it and moves what follows (memory, the generation);
+// then, when reservations moved, entitlement moved with them: the last listing is judged again.
+std::expected<detail::Committed, store::DbError> NodeService::Impl::carry_out(const Change& c) {
+  auto done = state.apply(c, clock());
+  if (!done) {
+    say(LogLevel::error, fmt::format("state commit failed: {}", done.error().to_string()));
+    return done;
+  }
+  if (!c.upserts.empty()) rejudge();
+  return done;
 }
 
 // ---- the domains as listed -----------------------------------------------------------------------
 void NodeService::Impl::take_listing(std::shared_ptr<const WorkloadListing> listing) {
   listed = std::move(listing);
-  listed_current = listed->current && listed->domains.has_value();
   listed_workloads.clear();
   if (!listed->domains) {
-    touch();
+    state.set_workloads_current(false);
     return;
   }
   listed_workloads = occupants(*listed->domains);
   // Served from the snapshot only while the snapshot shows this very list.
-  if (!note_workloads(listed_workloads)) listed_current = false;
+  const bool shown = note_workloads(listed_workloads);
+  state.set_workloads_current(listed->current && shown);
   admitted.seen(*listed->domains);
-  touch();
 }
 
 void NodeService::Impl::listing_stale() {
-  if (!listed_current) return;
-  listed_current = false;
-  touch();
+  state.set_workloads_current(false);
 }
 
 // Idempotency rows are kept 24 h (CONTRACT §4 Conventions), then deleted: at most once a minute,
@@ -322,13 +294,6 @@ void NodeService::Impl::purge_idempotency() {
   const auto cutoff = static_cast<std::int64_t>(t.time_since_epoch().count()) - kIdempotencyWindow.count();
   if (auto purged = store.purge_idempotency(cutoff); !purged)
     say(LogLevel::warning, "idempotency retention: " + purged.error().to_string());
-}
-
-ApiResponse NodeService::Impl::commit_response(Change& c, ApiResponse resp) {
-  if (c.idempotency) c.idempotency->response = resp;
-  if (auto ok = commit(c); !ok)
-    return storage_problem(ok.error(), "the change could not be stored", "nothing was changed");
-  return resp;
 }
 
 // ---- NodeService ---------------------------------------------------------------------------------
@@ -408,8 +373,7 @@ void NodeService::set_has_hypervisor(bool has) {
   impl_->has_hypervisor = has;
 }
 void NodeService::set_enforcement(config::EnforcementMode mode) {
-  impl_->opt.enforcement = mode;
-  impl_->touch();
+  impl_->state.set_enforcement(mode);
   impl_->publish();
 }
 void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifier) {
@@ -417,9 +381,8 @@ void NodeService::set_verifier(std::shared_ptr<const auth::TokenVerifier> verifi
 }
 void NodeService::set_unsellable(std::vector<std::string> unsellable) {
   impl_->opt.policy.unsellable = std::move(unsellable);
-  impl_->touch();
   impl_->reader.reset();
-  impl_->scan(false);
+  impl_->scan(false);  // the units as the policy makes them now: the inventory is replaced
   impl_->publish();
 }
 std::int64_t NodeService::revision() const {

@@ -14,19 +14,18 @@ using namespace detail;
 // A list that differs from the last one moves the revision (stored, so it never goes back).
 // Returns whether observed_workloads shows `ws` now.
 bool NodeService::Impl::note_workloads(const std::vector<Workload>& ws) {
-  judge_workloads(ws);  // at every listing: a reservation may have started under an unchanged list
+  // At every listing: a reservation may have started under an unchanged list.
+  if (&ws != &last_workloads) last_workloads = ws;
+  rejudge();
   json::array a;
   for (const auto& w : ws) a.emplace_back(workload_json(w));
   std::string digest = json::serialize(a);
-  if (digest == observed_digest) return true;
-  if (auto bumped = store.bump_revision(); !bumped) {
+  if (auto shown = state.replace_workloads(std::move(a), std::move(digest)); !shown) {
     say(LogLevel::warning,
         "workloads changed but the revision could not be stored (tried again with the next list): " +
-            bumped.error().to_string());
+            shown.error().to_string());
     return false;
   }
-  observed_workloads = std::move(a);
-  observed_digest = std::move(digest);
   return true;
 }
 
@@ -62,35 +61,41 @@ void NodeService::Impl::vacate(const std::vector<Workload>& ws, Change& ch) {
   }
 }
 
-// Writes the terminations ahead (each one's audit record, whose id goes into the domain's
-// termination record, and its pending row) together with `base` (a reclaim's change), then
-// hands the batch to the daemon. Without terminations, `base` is committed and answered at once.
-Outcome NodeService::Impl::start_batch(Terminate t) {
+// A batch with no VM to stop is no batch: a dry run's answer, a no-op's, or `t.change` (a reclaim's)
+// committed with its idempotent answer. A domain whose termination another call (or the agent) has
+// already started is not started again: it is listed as `terminating`, and that other termination
+// reports it. Nothing when VMs are to be stopped.
+std::optional<Decision> NodeService::Impl::without_batch(Terminate& t) {
   auto& b = t.batch;
-  auto& base = t.change;
-  const auto grace = t.grace;
-  const auto& reason = t.reason;
   for (const auto& l : t.plan.left_running)
     b.left_running.emplace_back(left_json(l.vm->domain, l.unit_ids, l.reason));
-  // A domain whose termination another call (or the agent) has already started is not started
-  // again: it is listed as `terminating`, and that other termination reports it.
-  spot::Plan& plan = t.plan;
   const auto underway = terminations.underway_domains();
-  std::erase_if(plan.terminate, [&](const spot::Occupant* vm) {
+  std::erase_if(t.plan.terminate, [&](const spot::Occupant* vm) {
     if (!underway.contains(vm->domain.uuid)) return false;
     b.terminating.emplace_back(terminated_json(vm->domain, vm->unit_ids));
     return true;
   });
   if (t.dry_run) return dry_run_answer(t);
-  if (plan.terminate.empty()) {
-    ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running), base.upserts);
-    base.idempotency = std::move(b.idempotency);
-    if (base.upserts.empty() && base.audits.empty() && !base.idempotency) return out;  // a no-op
-    return commit_response(base, std::move(out));  // the change and its idempotent answer: one commit
-  }
+  if (!t.plan.terminate.empty()) return std::nullopt;
+  auto& base = t.change;
+  ApiResponse out = answer_batch(b, json::array{}, json::array(b.left_running), base.upserts);
+  base.idempotency = std::move(b.idempotency);
+  if (base.upserts.empty() && base.audits.empty() && !base.idempotency) return out;  // a no-op
+  // The change and its idempotent answer: one commit.
+  return CommitThen{.change = std::move(base), .answer = std::move(out)};
+}
+
+// Each termination written ahead into `t.change` (with a reclaim's change): its audit record, whose
+// id goes into the domain's termination record, its pending row, and its notice. Returns each VM's
+// record's index in the change's audits.
+std::vector<std::size_t> NodeService::Impl::write_ahead(Terminate& t) {
+  const auto& b = t.batch;
+  auto& base = t.change;
+  const auto grace = t.grace;
+  const auto& reason = t.reason;
   const std::string at = r::format_time(base.at);
   std::vector<std::size_t> audit_of;  // per VM: its write-ahead record's index in base.audits
-  for (const auto* vm : plan.terminate) {
+  for (const auto* vm : t.plan.terminate) {
     const auto& d = vm->domain;
     const auto holder = holder_of(vm->unit_ids);
     audit_of.push_back(base.audits.size());
@@ -120,17 +125,21 @@ Outcome NodeService::Impl::start_batch(Terminate t) {
       base.events.push_back(EventDraft{"workload.terminating", std::move(data), audit_of.back()});
     }
   }
-  auto committed = commit(base);
-  if (!committed)
-    return storage_problem(committed.error(), "the change could not be stored",
-                           "nothing was changed or stopped");
-  // The audit ids the store assigned go into each domain's termination record.
-  for (std::size_t i = 0; i < plan.terminate.size(); ++i) {
-    const auto* vm = plan.terminate[i];
-    const std::int64_t seq = committed->audit_seqs[audit_of[i]];
+  return audit_of;
+}
+
+// Once written ahead: the audit ids the store assigned go into each domain's termination record,
+// and the batch goes to the daemon.
+Outcome NodeService::Impl::run_batch(Terminate t, const std::vector<std::size_t>& audit_of,
+                                     const Committed& done) {
+  auto& b = t.batch;
+  const std::string at = r::format_time(t.change.at);
+  for (std::size_t i = 0; i < t.plan.terminate.size(); ++i) {
+    const auto* vm = t.plan.terminate[i];
+    const std::int64_t seq = done.audit_seqs[audit_of[i]];
     vmctl::TerminationRecord record{"capacity-reclaim", at, b.caller.by(),
                                     store::format_audit_id(static_cast<std::uint64_t>(seq))};
-    b.vms.push_back(BatchVm{seq, vm->domain, vm->unit_ids, std::move(record), grace});
+    b.vms.push_back(BatchVm{seq, vm->domain, vm->unit_ids, std::move(record), t.grace});
   }
   say(LogLevel::info, fmt::format("REQUEST={} terminating {} spot VM(s) for {}", b.request_id.value_or("-"),
                                   b.vms.size(), b.caller.by()));
@@ -242,7 +251,14 @@ ApiResponse NodeService::Impl::finish(
     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   auto taken = terminations.take(id);
   if (!taken) return internal_error("unknown termination batch");
-  Batch b = std::move(*taken);
+  return std::get<ApiResponse>(carry_out(finished(std::move(*taken), std::move(outcomes), after)));
+}
+
+// A batch's outcomes as a decision: each VM's records and rows in one change, and the answer it
+// gives once stored (a 503 when libvirt went away: not a final answer, not kept for Idempotency-Key
+// replays); the outcomes count in gpunode_terminations_total once their records are stored.
+Decision NodeService::Impl::finished(Batch b, std::vector<vmctl::TerminationOutcome> outcomes,
+                                     const std::expected<std::vector<vmctl::Domain>, vmctl::VmError>& after) {
   const bool agent = b.kind == Batch::Kind::agent;
   Change ch{.actor = agent ? agent_caller() : b.caller,
             .request_id = agent ? std::nullopt : b.request_id,
@@ -257,45 +273,31 @@ ApiResponse NodeService::Impl::finish(
             : TermResult(std::unexpected(vmctl::VmError{error::Errc::internal, "no outcome"}));
     record_outcome(vm, result, agent, ch, t);
   }
-  json::array& terminated = t.terminated;
-  json::array& left = t.left;
-  const std::optional<std::string>& unavailable = t.unavailable;
-  const std::uint64_t ok = t.ok,
-                      failed = t.failed;  // outcomes recorded by this commit (gpunode_terminations_total)
   if (after) {
     const auto ws = occupants(*after);
     note_workloads(ws);
     vacate(ws, ch);
   }
   const bool changes = !ch.audits.empty() || !ch.upserts.empty();
-  auto counted_outcomes = [&] {  // once their records are committed
-    counted.terminations_ok += ok;
-    counted.terminations_failed += failed;
-  };
-  if (unavailable) {  // not a final answer: not kept for Idempotency-Key replays
-    if (changes) {
-      if (auto stored = commit(ch); !stored) {
-        return storage_problem(stored.error(), "the outcome could not be stored",
-                               "the agent records it once it can");
-      }
-    }
-    counted_outcomes();
-    json::object extra{{"terminated", std::move(terminated)}, {"leftRunning", std::move(left)}};
-    return problem(503, "hypervisor-unavailable",
-                   fmt::format("the hypervisor went away during the termination ({}); the VMs not listed are "
-                               "finished by the agent once it answers",
-                               *unavailable),
-                   {}, &extra);
+  ApiResponse answer;
+  if (t.unavailable) {
+    json::object extra{{"terminated", std::move(t.terminated)}, {"leftRunning", std::move(t.left)}};
+    answer = problem(503, "hypervisor-unavailable",
+                     fmt::format("the hypervisor went away during the termination ({}); the VMs not listed "
+                                 "are finished by the agent once it answers",
+                                 *t.unavailable),
+                     {}, &extra);
+  } else {
+    answer = answer_batch(b, std::move(t.terminated), std::move(t.left), ch.upserts);
+    ch.idempotency = std::move(b.idempotency);  // the outcome and its idempotent answer: one commit
   }
-  ApiResponse out = answer_batch(b, std::move(terminated), std::move(left), ch.upserts);
-  ch.idempotency = std::move(b.idempotency);
-  if (!changes && !ch.idempotency) return out;
-  if (ch.idempotency) ch.idempotency->response = out;  // the outcome and its idempotent answer: one commit
-  if (auto stored = commit(ch); !stored)
-    return storage_problem(stored.error(), "the outcome could not be stored",
-                           "the agent records it once it can");
-  counted_outcomes();
-  return out;
+  if (!changes && !ch.idempotency) return answer;
+  return CommitThen{.change = std::move(ch),
+                    .answer = std::move(answer),
+                    .unstored_what = "the outcome could not be stored",
+                    .unstored_after = "the agent records it once it can",
+                    .terminations_ok = t.ok,
+                    .terminations_failed = t.failed};
 }
 
 // The agent's own work after a fresh list: vacated reclaiming units, and pending terminations.
@@ -305,7 +307,7 @@ std::optional<Work> NodeService::Impl::observe(const std::vector<vmctl::Domain>&
   admitted.seen(domains);
   Change ch{.actor = agent_caller(), .at = now()};
   vacate(ws, ch);
-  if (!ch.upserts.empty()) (void)commit(ch);
+  if (!ch.upserts.empty()) (void)carry_out(ch);
   Batch run, gone;
   run.kind = gone.kind = Batch::Kind::agent;
   std::vector<vmctl::TerminationOutcome> gone_outcomes;

@@ -306,10 +306,7 @@ std::expected<Committed, DbError> StateStore::commit(const Change& c,
   audit_last_hash_ = std::move(t.last_hash);
   ended_ = t.ended;
   if (c.inventory_digest) inventory_digest_ = *c.inventory_digest;
-  if (moves) {
-    revision_ += 1;
-    if (on_moved_) on_moved_();
-  }
+  if (moves) revision_ += 1;
   t.out.revision = revision_;
   return std::move(t.out);
 }
@@ -473,7 +470,6 @@ std::expected<void, DbError> StateStore::bump_revision() {
   });
   if (!bumped) return std::unexpected(bumped.error());
   revision_ += 1;
-  if (on_moved_) on_moved_();
   return {};
 }
 

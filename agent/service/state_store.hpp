@@ -4,7 +4,7 @@
 // an idempotent answer and termination rows. `StateStore::commit` writes it whole or not at all
 // and returns what it assigned (the audit records' seqs): nothing outside the store predicts an
 // id. The counters it keeps (revision, audit seq, event seq, the audit chain's last hash, the
-// inventory digest) move only after the transaction committed.
+// inventory digest) move only after the transaction committed. Only NodeState (state.hpp) commits.
 #pragma once
 
 #include <boost/json.hpp>
@@ -152,20 +152,10 @@ class StateStore {
   // warning only, the commits grow the WAL as they would have.
   std::expected<void, store::DbError> preallocate_wal() { return db_.preallocate_wal(); }
 
-  // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed,
-  // SQLite's code kept (a full disk, a busy or a corrupt database are told apart).
-  std::expected<Committed, store::DbError> commit(const Change& c,
-                                                  std::chrono::system_clock::time_point wall);
-  // Moves the revision alone (the workloads' list changed: not a stored change of its own).
-  std::expected<void, store::DbError> bump_revision();
-
   std::int64_t revision() const { return revision_; }
   // The seq of the last event stored in the outbox (0 before the first): it moves with every commit
   // that stores an event, also one that does not move the revision (an audit checkpoint).
   std::int64_t event_seq() const { return event_seq_; }
-  // Called each time the revision moves, after the transaction committed and before commit()
-  // or bump_revision() returns.
-  void on_revision_moved(std::function<void()> f) { on_moved_ = std::move(f); }
   const std::string& inventory_digest() const { return inventory_digest_; }
   // How many ended reservations are kept (on disk only).
   std::int64_t ended_reservations() const { return ended_; }
@@ -211,6 +201,16 @@ class StateStore {
       std::int64_t after_seq, std::size_t limit);
 
  private:
+  // The writes that change what the node shows: NodeState (state.hpp) alone calls them, and moves
+  // its generation and memory with them, so no other caller can store a change and forget a step.
+  friend class NodeState;
+  // Writes `c` in one transaction. `wall` stamps the events' ids. The error says what failed,
+  // SQLite's code kept (a full disk, a busy or a corrupt database are told apart).
+  std::expected<Committed, store::DbError> commit(const Change& c,
+                                                  std::chrono::system_clock::time_point wall);
+  // Moves the revision alone (the workloads' list changed: not a stored change of its own).
+  std::expected<void, store::DbError> bump_revision();
+
   StateStore(store::Database db, std::string node_id) : db_(std::move(db)), node_id_(std::move(node_id)) {}
   std::expected<void, store::DbError> load();
   // Prepared once, reused by every commit (a prepare costs more than the insert it serves).
@@ -245,7 +245,6 @@ class StateStore {
   std::string node_id_;
   std::map<std::string, store::Statement, std::less<>> statements_;
   std::int64_t revision_ = 0, audit_seq_ = 0, event_seq_ = 0, ended_ = 0;
-  std::function<void()> on_moved_;
   std::string audit_last_hash_;
   std::string inventory_digest_;
   Loaded loaded_;

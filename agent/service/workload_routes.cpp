@@ -83,18 +83,9 @@ Outcome NodeService::Impl::workloads(const Asks& asks, const Caller& c) {
 // the agent down) gives one workload.unentitled event and a warning line when first found, and
 // counts in gpunode_unentitled_workloads while it stays. The agent never stops it. A spot domain on
 // a unit its reservation is reclaiming is not counted: it is there on the reclaim's own terms,
-// within its managers' reach until it goes.
-void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
-  if (judging) return;  // its own commit (events only) calls back through commit()
-  judging = true;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{judging};
-  if (&ws != &last_workloads) last_workloads = ws;
-  std::map<std::string, json::object> found;
-  Change ch{.actor = agent_caller(), .at = now()};
-  std::vector<std::string> fresh;
+// within its managers' reach until it goes. Judging changes nothing: rejudge() stores its events.
+NodeService::Impl::Judged NodeService::Impl::judged(const std::vector<Workload>& ws) const {
+  Judged j{.unentitled = {}, .events = Change{.actor = agent_caller(), .at = now()}, .fresh = {}};
   for (const auto& w : ws) {
     const auto& d = w.domain;
     if (!d.active() || w.unit_ids.empty() || d.uuid.empty()) continue;
@@ -133,15 +124,28 @@ void NodeService::Impl::judge_workloads(const std::vector<Workload>& ws) {
                                          "the agent leaves it running: {}",
                                          d.name, d.uuid, vmctl::to_string(tier),
                                          org.empty() ? "unlabelled" : "of " + org, fmt::join(why, "; ")));
-      ch.events.push_back(EventDraft{"workload.unentitled", data});
-      fresh.push_back(d.uuid);
+      j.events.events.push_back(EventDraft{"workload.unentitled", data});
+      j.fresh.push_back(d.uuid);
     }
-    found.emplace(d.uuid, std::move(data));
+    j.unentitled.emplace(d.uuid, std::move(data));
   }
-  unentitled = std::move(found);
+  return j;
+}
+
+// The last listing judged again (at every listing, and after every change that moved reservations:
+// entitlement moves with them). Its events carry no reservation, so storing them moves no
+// entitlement: they are stored through `state` directly, never through carry_out, and nothing
+// re-enters the committer.
+void NodeService::Impl::rejudge() {
+  auto j = judged(last_workloads);
+  unentitled = std::move(j.unentitled);
   std::erase_if(unentitled_reported, [&](const std::string& uuid) { return !unentitled.contains(uuid); });
+  if (j.events.events.empty()) return;
   // Reported once stored; an event that could not be stored is tried again at the next listing.
-  if (!ch.events.empty() && commit(ch)) unentitled_reported.insert(fresh.begin(), fresh.end());
+  if (auto stored = state.apply(j.events, clock()); stored)
+    unentitled_reported.insert(j.fresh.begin(), j.fresh.end());
+  else
+    say(LogLevel::error, fmt::format("state commit failed: {}", stored.error().to_string()));
 }
 
 // GET /v1/admin/unentitled (admin socket): the last listing's unentitled domains, for gpunodectl.
@@ -203,11 +207,12 @@ std::vector<std::string> NodeService::Impl::hostdev_units(const vmctl::DomainXml
   return {unit_set.begin(), unit_set.end()};
 }
 
-// A refusal (or, in audit mode, what would have been one): the warning line, and a workload.refused
-// event. The refusal stands even if it cannot be stored: the event is lost, the log line is not.
-void NodeService::Impl::report_refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
-                                       const std::vector<std::string>& unit_ids, const json::array& reasons) {
-  const auto mode = opt.enforcement;
+// A refusal (or, in audit mode, what would have been one): the warning line, and the change that
+// stores its workload.refused event.
+NodeService::Impl::Change NodeService::Impl::refusal(const ApiRequest& q, const vmctl::DomainXmlFacts& facts,
+                                                     const std::vector<std::string>& unit_ids,
+                                                     const json::array& reasons) const {
+  const auto mode = state.enforcement();
   const std::string org = facts.label ? facts.label->org : std::string();
   const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
   const std::string name = facts.name.empty() ? "(unnamed)" : facts.name;
@@ -231,7 +236,7 @@ void NodeService::Impl::report_refusal(const ApiRequest& q, const vmctl::DomainX
   data["reasons"] = reasons;
   data["mode"] = config::to_string(mode);
   c.events.push_back(EventDraft{"workload.refused", std::move(data)});
-  (void)commit(c);
+  return c;
 }
 
 // The domain's units are those its PCI hostdevs belong to; its org and tier come from its label
@@ -239,6 +244,12 @@ void NodeService::Impl::report_refusal(const ApiRequest& q, const vmctl::DomainX
 // is a GPU of no unit, a device discovery never saw, or an address that cannot be read, is
 // unknown-unit: nothing unaccounted for reaches a guest.
 ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
+  return std::get<ApiResponse>(carry_out(admission_decision(q)));
+}
+
+// The answer, and with a refusal the change that stores its event: the refusal stands even if that
+// cannot be stored (the event is lost, the log line is not).
+Decision NodeService::Impl::admission_decision(const ApiRequest& q) {
   auto body = parse_object(q.body, false);
   if (!body) return body.error();
   Fields f(*body, {"domainXml"});
@@ -251,7 +262,7 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
     return problem(400, "invalid-request", "domainXml is not a libvirt domain definition",
                    {{"domainXml", "must be <domain> XML"}});
   }
-  const auto mode = opt.enforcement;
+  const auto mode = state.enforcement();
   const std::string org = facts.label ? facts.label->org : std::string();
   const auto tier = facts.label ? facts.label->tier : vmctl::Tier::on_demand;
   json::array reasons;
@@ -269,17 +280,20 @@ ApiResponse NodeService::Impl::domain_admission(const ApiRequest& q) {
     vmctl::Domain d{facts.uuid, facts.name, "starting", facts.pci_addresses, facts.label, std::nullopt};
     if (!facts.uuid.empty() && !unit_ids.empty()) admitted.admit(std::move(d), unit_ids, clock());
   }
+  std::optional<Change> refused;
   if (allowed) {
     counted.count_admission(metrics::Admission::allowed);
   } else {
     counted.count_admission(mode == config::EnforcementMode::audit ? metrics::Admission::audit_refused
                                                                    : metrics::Admission::refused);
-    report_refusal(q, facts, unit_ids, reasons);
+    refused = refusal(q, facts, unit_ids, reasons);
   }
-  return json_response(json::object{{"allowed", allowed},
-                                    {"mode", config::to_string(mode)},
-                                    {"unitIds", strings_json(unit_ids)},
-                                    {"reasons", std::move(reasons)}});
+  auto answer = json_response(json::object{{"allowed", allowed},
+                                           {"mode", config::to_string(mode)},
+                                           {"unitIds", strings_json(unit_ids)},
+                                           {"reasons", std::move(reasons)}});
+  if (!refused) return answer;
+  return CommitThen{.change = std::move(*refused), .answer = std::move(answer), .answer_anyway = true};
 }
 
 }  // namespace gpunode::service

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -79,7 +80,7 @@ TEST_CASE("daemon: the first record after start is signed soon, not an audit.che
     return cps.empty() ? std::string() : fmt::format("aud_{}", cps.back().at("seq").as_int64());
   };
   REQUIRE_FALSE(head().empty());
-  CHECK(eventually([&] { return signed_head() == head(); }, 10s));
+  CHECK(eventually([&] { return signed_head() == head(); }, 30s));  // a hang guard, not a bound
 }
 
 TEST_CASE("daemon: a second agent on the same state directory refuses to start, naming it and the holder") {
@@ -131,7 +132,7 @@ TEST_CASE("daemon: a long poll is answered 304 at its own deadline, and at once 
   std::this_thread::sleep_for(200ms);
   CHECK(woken.wait_for(0s) == std::future_status::timeout);
   n.create(U1);
-  REQUIRE(woken.wait_for(5s) == std::future_status::ready);
+  REQUIRE(woken.wait_for(30s) == std::future_status::ready);  // a hang guard, not a bound
   auto w = woken.get();
   CHECK(w.status == 200);
   CHECK(Node::body(w).at("revision").as_int64() > rev);
@@ -248,6 +249,7 @@ TEST_CASE(
 TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, not at the next rescan" *
           doctest::test_suite("root")) {
   Node n;
+  n.rescan_every("1h");  // only the uevent can bring the new unit within the test
   n.start();
   auto units = [&] {
     return Node::body(n.call("GET", Node::path("/units"), n.admin())).at("units").as_array().size();
@@ -266,10 +268,9 @@ TEST_CASE("daemon: a PCI device the kernel announces is in the units at once, no
                     static_cast<ssize_t>(m.size());
   ::close(fd);
   REQUIRE_MESSAGE(sent, "sendto on the uevent group as root: " << std::strerror(errno));
-  // The rescan interval is 30 s: within 3 s, only the uevent can have brought the new unit.
-  const auto deadline = steady_clock::now() + 3s;
-  while (units() != 3 && steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-  CHECK(units() == 3);
+  // The rescan interval is an hour: only the uevent can bring the new unit (the 30 s is a hang guard,
+  // not a bound on the daemon's speed).
+  CHECK(eventually([&] { return units() == 3; }, 30s));
 }
 
 TEST_CASE(
@@ -299,19 +300,25 @@ TEST_CASE("daemon: SIGTERM answers parked polls and running terminations, then s
   const auto rev = n.revision();
   auto poll = n.submit(
       Node::request("GET", Node::path(fmt::format("/state?after={}&wait=120s", rev + 1000)), n.admin()));
+  // A grace of 300 s (the most a caller may ask): answered within the test's 30 s, it was cut short
+  // (the 30 s is a hang guard, not a bound on the daemon's speed).
   auto term = n.submit(
-      Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
-  std::this_thread::sleep_for(300ms);  // the termination is waiting out its grace
+      Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":300})"));
+  // The guest asked to stop: the termination is waiting out its grace.
+  REQUIRE(eventually(
+      [&] {
+        std::lock_guard lock{n.hv_->mu};
+        return std::find(n.hv_->calls.begin(), n.hv_->calls.end(), "shutdown uuid-s1") != n.hv_->calls.end();
+      },
+      30s));
   CHECK(term.wait_for(0s) == std::future_status::timeout);
-  const auto t0 = steady_clock::now();
   n.daemon_->stop();
-  REQUIRE(poll.wait_for(5s) == std::future_status::ready);
-  REQUIRE(term.wait_for(5s) == std::future_status::ready);
+  REQUIRE(poll.wait_for(30s) == std::future_status::ready);
+  REQUIRE(term.wait_for(30s) == std::future_status::ready);
   CHECK(poll.get().status == 304);
   auto t = term.get();
   CHECK(t.status == 503);  // cut short: nothing is recorded as terminated that was not
   n.net_.join();
-  CHECK(steady_clock::now() - t0 < 5s);
   CHECK(n.exit_code_ == 0);
   n.daemon_.reset();
   {
@@ -321,7 +328,7 @@ TEST_CASE("daemon: SIGTERM answers parked polls and running terminations, then s
   }
   // The next start finishes it, as the agent.
   n.start();
-  CHECK(eventually([&] { return n.vm_state("uuid-s1") == "shutoff"; }, 5s));
+  CHECK(eventually([&] { return n.vm_state("uuid-s1") == "shutoff"; }, 30s));
 }
 
 TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grace, not cut short") {
@@ -333,7 +340,7 @@ TEST_CASE("daemon: a terminate-spot with a 60 s grace is answered after its grac
   const auto t0 = steady_clock::now();
   auto term = n.submit(
       Node::request("POST", Node::path("/terminate-spot"), n.token(kOwner), R"({"gracePeriodSeconds":60})"));
-  REQUIRE(term.wait_for(75s) == std::future_status::ready);
+  REQUIRE(term.wait_for(150s) == std::future_status::ready);  // a hang guard, not a bound
   const auto took = steady_clock::now() - t0;
   auto r = term.get();
   CHECK(r.status == 200);

@@ -65,6 +65,10 @@ class CapturedLog {
   fs::path path_;
 };
 
+// How long a test waits for what must come (a log line, a state): a hang guard, not a bound on the
+// daemon's speed; it returns as soon as the thing is there.
+constexpr std::chrono::seconds kPatience{30};
+
 std::vector<json::object> audit(Node& n) {
   std::vector<json::object> out;
   const auto page = Node::body(n.call("GET", Node::path("/audit?limit=500"), n.admin()));
@@ -117,7 +121,7 @@ TEST_CASE(
   CHECK(gone.body.find("hypervisor-unavailable") != std::string::npos);
   CHECK(gone.body.find("fake hypervisor unavailable") != std::string::npos);
   CHECK(died.load() >= 1);
-  CHECK(log.wait_for("hypervisor: fake hypervisor unavailable", 2s));
+  CHECK(log.wait_for("hypervisor: fake hypervisor unavailable", kPatience));
   // What needs no hypervisor is served meanwhile; what was acknowledged is there.
   CHECK(n.call("GET", "/healthz", "").status == 200);
   CHECK(n.call("GET", Node::path("/reservations/" + rid), n.admin()).status == 200);
@@ -149,7 +153,7 @@ TEST_CASE(
   CHECK(
       log.wait_for("VM=vm-s1 DOMAIN=uuid-s1 termination cut short, left pending for the agent to finish: "
                    "fake hypervisor unavailable",
-                   2s));
+                   kPatience));
   CHECK(n.vm_state("uuid-s1") == "running");  // nothing recorded as terminated that was not
   auto terminations = [&] {
     std::vector<std::string> results;
@@ -163,9 +167,9 @@ TEST_CASE(
 
   // libvirtd is back: the agent finishes the termination as itself, without a request.
   libvirt_back(n);
-  CHECK(eventually([&] { return n.vm_state("uuid-s1") == "shutoff"; }, 10s));
-  CHECK(log.wait_for("VM=vm-s1 DOMAIN=uuid-s1 terminated for capacity reclaim", 3s));
-  CHECK(eventually([&] { return terminations().size() >= 2; }, 3s));
+  CHECK(eventually([&] { return n.vm_state("uuid-s1") == "shutoff"; }, kPatience));
+  CHECK(log.wait_for("VM=vm-s1 DOMAIN=uuid-s1 terminated for capacity reclaim", kPatience));
+  CHECK(eventually([&] { return terminations().size() >= 2; }, kPatience));
   CHECK(terminations() == std::vector<std::string>{"pending", "ok"});
   const auto last = audit(n).back();
   CHECK(str(last.at("actor").at("sub")) == "gpunode-agent");
@@ -257,8 +261,8 @@ TEST_CASE(
   ::clock_gettime(CLOCK_REALTIME, &now);
   REQUIRE_MESSAGE(::clock_settime(CLOCK_REALTIME, &now) == 0,
                   "clock_settime as root: " << std::strerror(errno));
-  CHECK(log.wait_for("the system clock was set: looking at the reservations' terms again", 2s));
-  CHECK(eventually([&] { return log.has("RESERVATION=" + id + " expired"); }, 5s));
+  CHECK(log.wait_for("the system clock was set: looking at the reservations' terms again", kPatience));
+  CHECK(eventually([&] { return log.has("RESERVATION=" + id + " expired"); }, kPatience));
   std::this_thread::sleep_for(500ms);
   const auto a = audit(n);
   CHECK(records(a, "reservation.activate", id) == 1);
@@ -290,10 +294,10 @@ TEST_CASE(
                       const bool logged_before = log.has(" created by ");
                       promise->set_value({std::move(r), logged_before});
                     });
-  REQUIRE(answered.wait_for(10s) == std::future_status::ready);
+  REQUIRE(answered.wait_for(kPatience) == std::future_status::ready);
   auto [r, logged_before] = answered.get();
   REQUIRE_MESSAGE(r.status == 201, r.body);
   CHECK_FALSE(logged_before);
   const std::string id(Node::body(r).at("id").as_string());
-  CHECK(log.wait_for("RESERVATION=" + id + " created by", 2s));
+  CHECK(log.wait_for("RESERVATION=" + id + " created by", kPatience));
 }

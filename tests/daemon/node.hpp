@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
 #include <chrono>
@@ -113,6 +114,7 @@ class Node {
   unsellable_units: {unsellable}
 discovery:
   host_root: {root}
+  rescan_interval: {rescan}
 api:
   listen: "{listen}"
   tls: {{cert: {dir}/tls.crt, key: {dir}/tls.key}}
@@ -132,7 +134,7 @@ log:
         fmt::arg("node", kNode), fmt::arg("owner", kOwner), fmt::arg("root", tree_.root().string()),
         fmt::arg("dir", dir_.string()), fmt::arg("issuer", kIssuer), fmt::arg("uid", ::getuid()),
         fmt::arg("extra", extra_admin), fmt::arg("listen", listen), fmt::arg("unsellable", unsellable),
-        fmt::arg("level", log_level_));
+        fmt::arg("level", log_level_), fmt::arg("rescan", rescan_interval_));
     fs::rename(dir_ / "agent.yaml.tmp", dir_ / "agent.yaml");
   }
 
@@ -143,11 +145,25 @@ log:
     return Daemon::start(std::move(o));
   }
   void start() {
+    std::size_t calls_before = 0;
+    {
+      std::lock_guard lock{hv_->mu};
+      calls_before = hv_->calls.size();
+    }
     auto d = make();
     REQUIRE_MESSAGE(d, (d ? "" : d.error().detail));
     daemon_ = std::move(*d);
     net_ = std::thread([this] { exit_code_ = daemon_->run(false); });
-    // The first workload refresh moves the revision once; tests start from a settled one.
+    // The first workload refresh moves the revision once; tests start from a settled one: its list
+    // asked of the hypervisor (however late the lists thread runs), then the revision still.
+    const auto listed = [this, calls_before] {
+      std::lock_guard lock{hv_->mu};
+      const auto from = hv_->calls.begin() + static_cast<std::ptrdiff_t>(calls_before);
+      return std::find(from, hv_->calls.end(), "list") != hv_->calls.end();
+    };
+    for (const auto until = steady_clock::now() + 30s; !listed() && steady_clock::now() < until;)
+      std::this_thread::sleep_for(10ms);
+    REQUIRE(listed());
     for (auto last = revision();;) {
       std::this_thread::sleep_for(100ms);
       const auto now = revision();
@@ -195,7 +211,7 @@ log:
   ApiResponse call(const std::string& method, const std::string& target, const std::string& tok,
                    const std::string& body = "") {
     auto f = submit(request(method, target, tok, body));
-    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    REQUIRE(f.wait_for(30s) == std::future_status::ready);  // a hang guard, not a bound
     return f.get();
   }
   static std::string path(const std::string& rest) { return std::string("/v1/nodes/") + kNode + rest; }
@@ -238,6 +254,11 @@ log:
     log_level_ = level;
     write_config("", listen_);
   }
+  // The config again, with this rescan interval (discovery.rescan_interval).
+  void rescan_every(const std::string& interval) {
+    rescan_interval_ = interval;
+    write_config("", listen_);
+  }
   std::string vm_state(const std::string& uuid) {
     std::lock_guard lock{hv_->mu};
     const auto* d = hv_->find(uuid);
@@ -245,6 +266,7 @@ log:
   }
 
   std::string log_level_ = "error";
+  std::string rescan_interval_ = "30s";
   gpunode::service::Clock clock_;  // empty: the system's
   std::chrono::milliseconds first_checkpoint_within_ = gpunode::daemon::AuditCheckpoints::kFirstWithin;
   gpunode::testing::Tree tree_;

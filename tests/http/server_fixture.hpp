@@ -1,7 +1,7 @@
-// The servers and clients of the http tests (server_test.cpp, access_test.cpp): real sockets on
-// loopback, HTTPS on 127.0.0.1 (port 0) and the admin socket in a temp dir. Certificates are made
-// with OpenSSL's API; the clients are plain blocking OpenSSL/POSIX clients, so every TLS knob
-// (versions, suites, renegotiation, client certs) is the test's to set.
+// The servers and clients of the http tests (server_test.cpp, admin_socket_test.cpp,
+// access_test.cpp): real sockets on loopback, HTTPS on 127.0.0.1 (port 0) and the admin socket in a
+// temp dir. Certificates are made with OpenSSL's API; the clients are plain blocking OpenSSL/POSIX
+// clients, so every TLS knob (versions, suites, renegotiation, client certs) is the test's to set.
 #pragma once
 
 #include <arpa/inet.h>
@@ -231,14 +231,25 @@ class Client {
     return true;
   }
 
-  // Reads more; false on end of stream, error or the 5 s receive timeout.
+  // Reads more; false on end of stream, error or the receive timeout (5 s unless patience() set
+  // it), which timed_out() tells apart.
   bool fill() {
     std::array<char, 16384> tmp{};
     long n = 0;
+    int saved = 0;
+    timed_out_ = false;
     if (ssl_ != nullptr) {
       n = SSL_read(ssl_, tmp.data(), static_cast<int>(tmp.size()));
+      saved = errno;
+      if (n <= 0) {
+        const int e = SSL_get_error(ssl_, static_cast<int>(n));
+        timed_out_ =
+            (e == SSL_ERROR_SYSCALL || e == SSL_ERROR_WANT_READ) && (saved == EAGAIN || saved == EWOULDBLOCK);
+      }
     } else {
       n = ::recv(fd_, tmp.data(), tmp.size(), 0);
+      saved = errno;
+      timed_out_ = n < 0 && (saved == EAGAIN || saved == EWOULDBLOCK);
     }
     if (n <= 0) {
       error = ssl_errors();
@@ -285,11 +296,20 @@ class Client {
     return response();
   }
 
-  // True when the server closes (or resets) the connection without sending anything more.
+  // True when the server closes (or resets) the connection without sending anything more; false on
+  // data, or when the receive timeout ran out first (the connection still open).
   bool closed_without_data() {
     if (!buf_.empty()) return false;
     if (fill()) return false;
-    return true;
+    return !timed_out_;
+  }
+
+  bool timed_out() const { return timed_out_; }
+
+  // How long a read waits for the server (SO_RCVTIMEO; 5 s unless set here).
+  void patience(std::chrono::seconds limit) {
+    timeval tv{static_cast<time_t>(limit.count()), 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
 
   void close() {
@@ -314,6 +334,7 @@ class Client {
   SSL_CTX* ctx_ = nullptr;
   SSL* ssl_ = nullptr;
   std::string buf_;
+  bool timed_out_ = false;
 };
 
 using gpunode::http::testing::request;  // a request as a client writes it

@@ -1,5 +1,6 @@
 // gpunode::http over real sockets on loopback: HTTPS on 127.0.0.1 (port 0) and the admin socket
-// in a temp dir, with the servers and clients of server_fixture.hpp.
+// in a temp dir, with the servers and clients of server_fixture.hpp: TLS, limits, budgets,
+// timeouts, shutdown, concurrency. The admin socket's own cases: admin_socket_test.cpp.
 #include "server_fixture.hpp"
 
 using namespace server_test;
@@ -303,15 +304,17 @@ TEST_CASE(
   limits.max_connections = 5;
   limits.max_connections_per_client = 3;
   limits.max_unix_connections = 2;
+  // An hour: the connections held below stay open however slow the machine, and one the budgets
+  // admitted is never closed by a timeout here, so a close is the refusal at accept.
+  limits.handshake_timeout = std::chrono::hours(1);
   Fixture f(limits);
   auto port = f.listen();
   const auto closed_at_once = [](int fd) {
-    timeval tv{2, 0};
+    timeval tv{30, 0};  // a hang guard: a connection not refused is never closed
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char b = 0;
-    const auto t0 = Clock::now();
     const auto n = ::recv(fd, &b, 1, 0);
-    return n <= 0 && Clock::now() - t0 < 1s && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    return n == 0 || (n < 0 && errno == ECONNRESET);
   };
   // Three idle TCP connections (no handshake) from 127.0.0.1 hold the address's budget.
   std::vector<int> held;
@@ -416,57 +419,71 @@ TEST_CASE("Expect: 100-continue gets 100 Continue, then the body is read") {
   check_problem(*r, 413, "body-too-large");
 }
 
+// No wall-clock bound: the slow client's header_timeout is an hour while the others are served (it
+// is still open after them), then a second; every other timeout is an hour, so a close at all is
+// header_timeout's, and not before it. The client waits up to 30 s for it (a hang guard).
 TEST_CASE("a slow client is cut at header_timeout while others are served") {
-  Limits l = test_limits();
-  l.header_timeout = 1s;
-  Fixture f{l};
-  auto port = f.listen();
-  auto slow = Client::tls(port);
-  REQUIRE_MESSAGE(slow->ok, slow->error);
-  auto t0 = Clock::now();
-  REQUIRE(slow->send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Half: "));
+  for (const auto header_timeout : {std::chrono::seconds(std::chrono::hours(1)), std::chrono::seconds(1)}) {
+    CAPTURE(header_timeout.count());
+    Limits l = test_limits();
+    l.header_timeout = header_timeout;
+    l.handshake_timeout = l.read_timeout = l.write_timeout = l.idle_timeout = std::chrono::hours(1);
+    Fixture f{l};
+    auto port = f.listen();
+    auto slow = Client::tls(port);
+    REQUIRE_MESSAGE(slow->ok, slow->error);
+    slow->patience(30s);
+    auto t0 = Clock::now();
+    REQUIRE(slow->send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Half: "));
 
-  auto other = Client::tls(port);
-  REQUIRE_MESSAGE(other->ok, other->error);
-  for (int i = 0; i < 5; ++i) {
+    auto other = Client::tls(port);
+    REQUIRE_MESSAGE(other->ok, other->error);
+    for (int i = 0; i < 5; ++i) {
+      auto r = other->roundtrip(request("GET", "/echo"));
+      REQUIRE(r);
+      CHECK(r->status == 200);
+    }
+    if (header_timeout > 1s) {
+      CHECK(f.server->open_connections() == 2);  // the slow one held no one up, and is still open
+      continue;
+    }
+    CHECK(slow->closed_without_data());
+    CHECK(Clock::now() - t0 >= 900ms);
     auto r = other->roundtrip(request("GET", "/echo"));
     REQUIRE(r);
     CHECK(r->status == 200);
   }
-  CHECK(Clock::now() - t0 < 900ms);
-
-  CHECK(slow->closed_without_data());
-  auto elapsed = Clock::now() - t0;
-  CHECK(elapsed >= 900ms);
-  CHECK(elapsed < 3s);
-  auto r = other->roundtrip(request("GET", "/echo"));
-  REQUIRE(r);
-  CHECK(r->status == 200);
 }
 
+// Every other timeout is an hour: a close at all is the one under test's, and not before it. The
+// clients wait up to 30 s for it (a hang guard, not a bound on the server's speed).
 TEST_CASE(
     "an idle keep-alive connection is closed at idle_timeout; a silent TLS client at handshake_timeout") {
   Limits l = test_limits();
   l.idle_timeout = 1s;
   l.handshake_timeout = 1s;
+  l.header_timeout = l.read_timeout = l.write_timeout = std::chrono::hours(1);
   Fixture f{l};
   auto port = f.listen();
   auto c = Client::tls(port);
   REQUIRE_MESSAGE(c->ok, c->error);
   auto r = c->roundtrip(request("GET", "/echo"));
   REQUIRE(r);
+  c->patience(30s);
   auto t0 = Clock::now();
   CHECK(c->closed_without_data());
   CHECK(Clock::now() - t0 >= 800ms);
-  CHECK(Clock::now() - t0 < 3s);
 
   // A TCP client that never starts the handshake.
   int fd = connect_tcp(port);
   REQUIRE(fd >= 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   t0 = Clock::now();
   char b = 0;
-  CHECK(::recv(fd, &b, 1, 0) <= 0);
-  CHECK(Clock::now() - t0 < 3s);
+  const auto n = ::recv(fd, &b, 1, 0);
+  CHECK((n == 0 || (n < 0 && errno == ECONNRESET)));  // closed, not the client's timeout
+  CHECK(Clock::now() - t0 >= 800ms);
   ::close(fd);
   CHECK(eventually([&] { return f.server->open_connections() == 0; }));
 }
@@ -584,200 +601,6 @@ TEST_CASE("set_tls_context: new connections get the new certificate, open ones k
   CHECK(r->status == 200);
 }
 
-TEST_CASE("admin socket: round trip with the peer's credentials; stale and foreign files") {
-  Fixture f;
-  auto path = f.dir.file("admin.sock");
-  // A stale socket left behind by a dead process is replaced.
-  {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-    REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
-    ::close(fd);
-  }
-  std::atomic<int> filtered{0};
-  auto lr = f.server->listen_unix(path, 0660, std::nullopt, [&](const Peer& p) {
-    ++filtered;
-    return p.uid == ::getuid();
-  });
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));  // mode and group: the next test
-
-  auto u = Client::plain_unix(path);
-  REQUIRE(u->ok);
-  for (int i = 0; i < 3; ++i) {
-    auto r = u->roundtrip(request("POST", "/echo", "x", {"X-Request-Id: local-1"}));
-    REQUIRE(r);
-    CHECK(r->status == 200);
-    CHECK(r->header("x-request-id") == "local-1");
-    auto o = json::parse(r->body).as_object();
-    CHECK(o["peerKind"].as_string() == "unix");
-    CHECK(o["peerAddress"].as_string() == path);
-    CHECK(o["uid"].to_number<uid_t>() == ::getuid());
-    CHECK(o["pid"].to_number<pid_t>() == ::getpid());
-  }
-  CHECK(filtered == 1);
-
-  // A live socket is not stolen; a file that is not a socket is not removed.
-  Server other{f.io, test_limits(), [](Request, Reply reply) { reply(Response{}); }, {}};
-  auto r2 = other.listen_unix(path, 0660, std::nullopt, {});
-  REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().detail.find(path) != std::string::npos);
-  CHECK(r2.error().code == gpunode::error::Errc::busy);
-  auto regular = f.dir.file("regular");
-  std::ofstream(regular) << "keep me\n";
-  r2 = other.listen_unix(regular, 0660, std::nullopt, {});
-  REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().detail.find(regular) != std::string::npos);
-  CHECK(r2.error().detail.find("not a socket") != std::string::npos);
-  CHECK(r2.error().code == gpunode::error::Errc::exists);
-  CHECK(fs::exists(regular));
-  auto nodir = f.dir.file("no/such/dir.sock");  // only the socket's own directory is made
-  r2 = other.listen_unix(nodir, 0660, std::nullopt, {});
-  REQUIRE_FALSE(r2.has_value());
-  CHECK(r2.error().detail.find(nodir) != std::string::npos);
-  CHECK(r2.error().code == gpunode::error::Errc::not_found);
-}
-
-namespace {
-
-// A group for the admin socket tests that differs from the process's own where possible, so that
-// a socket left with its creator's group is told apart: a supplementary group, or as root any gid.
-gid_t admin_test_group() {
-  std::vector<gid_t> groups(static_cast<std::size_t>(std::max(::getgroups(0, nullptr), 0)));
-  groups.resize(
-      static_cast<std::size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
-  for (gid_t g : groups) {
-    if (g != ::getegid()) return g;
-  }
-  if (::geteuid() == 0) return 4242;
-  MESSAGE("no group other than the primary one: the socket's group cannot be told from its creator's");
-  return ::getegid();
-}
-
-std::set<gid_t> own_groups() {
-  std::vector<gid_t> groups(static_cast<std::size_t>(std::max(::getgroups(0, nullptr), 0)));
-  int n = ::getgroups(static_cast<int>(groups.size()), groups.data());
-  REQUIRE(n >= 0);
-  groups.resize(static_cast<std::size_t>(n));
-  return {groups.begin(), groups.end()};
-}
-
-}  // namespace
-
-TEST_CASE("admin socket: mode 0660 and the admin group, its directory made 0750, whatever the umask") {
-  Fixture f;
-  const gid_t group = admin_test_group();
-  const auto dir = f.dir.path / "run";  // missing: listen_unix makes it
-  const auto path = (dir / "admin.sock").string();
-  auto old_mask = ::umask(077);
-  auto lr = f.server->listen_unix(path, 0660, group, {});
-  ::umask(old_mask);
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
-  struct stat st {};
-  REQUIRE(::stat(path.c_str(), &st) == 0);
-  CHECK(S_ISSOCK(st.st_mode));
-  CHECK((st.st_mode & 07777) == 0660);
-  CHECK(st.st_uid == ::geteuid());
-  CHECK(st.st_gid == group);
-  REQUIRE(::stat(dir.c_str(), &st) == 0);
-  CHECK(S_ISDIR(st.st_mode));
-  CHECK((st.st_mode & 07777) == 0750);
-  CHECK(st.st_uid == ::geteuid());
-  CHECK(st.st_gid == group);
-  auto u = Client::plain_unix(path);
-  REQUIRE(u->ok);
-  auto r = u->roundtrip(request("GET", "/echo"));
-  REQUIRE(r);
-  CHECK(r->status == 200);
-
-  // A directory that exists is left as it is; without a group the socket keeps its creator's.
-  Server other{f.io, test_limits(), [](Request, Reply reply) { reply(Response{}); }, {}};
-  fs::create_directory(f.dir.path / "mine");
-  fs::permissions(f.dir.path / "mine", fs::perms(0711));
-  const auto path2 = (f.dir.path / "mine" / "admin.sock").string();
-  lr = other.listen_unix(path2, 0660, std::nullopt, {});
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
-  REQUIRE(::stat((f.dir.path / "mine").c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0711);
-  REQUIRE(::stat(path2.c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0660);
-  CHECK(st.st_gid == ::getegid());
-  other.stop_accepting();
-}
-
-TEST_CASE("admin socket: a group the process may not give the socket to is an error naming both") {
-  if (::geteuid() == 0) {
-    MESSAGE("root may give a file to any group: nothing to refuse");
-    return;
-  }
-  gid_t foreign = 4242;
-  while (own_groups().contains(foreign) || foreign == ::getegid()) ++foreign;
-  Fixture f;
-  const auto path = f.dir.file("admin.sock");
-  auto lr = f.server->listen_unix(path, 0660, foreign, {});
-  REQUIRE_FALSE(lr.has_value());
-  CHECK(lr.error().detail.find(path) != std::string::npos);
-  CHECK(lr.error().detail.find("group " + std::to_string(foreign)) != std::string::npos);
-  CHECK(lr.error().code == gpunode::error::Errc::permission);
-  CHECK_FALSE(fs::exists(path));
-}
-
-TEST_CASE("admin socket: the peer's primary group and supplementary groups, read from the socket") {
-  Fixture f;
-  std::mutex mu;
-  std::optional<Peer> seen;
-  const auto path = f.dir.file("admin.sock");
-  auto lr = f.server->listen_unix(path, 0660, std::nullopt, [&](const Peer& p) {
-    std::lock_guard lock(mu);
-    seen = p;
-    return true;
-  });
-  REQUIRE_MESSAGE(lr.has_value(), (lr ? "" : lr.error().detail));
-
-  // As root, first take 100 distinctive groups (more than the server's first buffer holds, so the
-  // ERANGE retry is taken): the kernel keeps the credentials of the moment of connect.
-  std::vector<gid_t> saved;
-  const bool root = ::geteuid() == 0;
-  if (root) {
-    auto before = own_groups();
-    saved.assign(before.begin(), before.end());
-    std::vector<gid_t> many;
-    for (gid_t g = 5000; g < 5100; ++g) many.push_back(g);
-    REQUIRE(::setgroups(many.size(), many.data()) == 0);
-  }
-  const std::set<gid_t> expected = own_groups();
-  auto u = Client::plain_unix(path);
-  if (root) REQUIRE(::setgroups(saved.size(), saved.data()) == 0);
-  REQUIRE(u->ok);
-  if (root) CHECK(expected.size() == 100);
-
-  auto r = u->roundtrip(request("GET", "/echo"));
-  REQUIRE(r);
-  REQUIRE(r->status == 200);
-  auto o = json::parse(r->body).as_object();
-  CHECK(o["gid"].to_number<gid_t>() == ::getegid());
-  std::set<gid_t> got;
-  for (const auto& g : o["groups"].as_array()) got.insert(g.to_number<gid_t>());
-  CHECK(got == expected);
-  CHECK(o["groups"].as_array().size() == expected.size());
-  std::lock_guard lock(mu);
-  REQUIRE(seen);
-  CHECK(seen->gid == ::getegid());
-  CHECK(std::set<gid_t>(seen->groups.begin(), seen->groups.end()) == expected);
-}
-
-TEST_CASE("admin socket: a peer the filter refuses is closed without an answer, and logged") {
-  Fixture f;
-  auto path = f.listen_unix([](const Peer&) { return false; });
-  auto u = Client::plain_unix(path);
-  REQUIRE(u->ok);
-  u->send(request("GET", "/echo"));
-  CHECK(u->closed_without_data());
-  CHECK(eventually([&] { return f.logged("refused peer uid=" + std::to_string(::getuid())); }));
-  CHECK(f.server->open_connections() == 0);
-}
-
 TEST_CASE("no handler timeout: a 2 s answer outlasts a 1 s read_timeout; a throw or a Reply let go: 500") {
   // CONTRACT §7 "Deadlines": a request's deadline is its handler's (a long poll waits up to
   // 120 s, a terminate-spot up to 300 s of grace); the socket's timeouts never cut it short.
@@ -845,10 +668,12 @@ TEST_CASE("graceful shutdown: the request in flight completes, idle connections 
   REQUIRE(busy->send(request("GET", "/slow?ms=300")));
   REQUIRE(eventually([&] { return f.slow_started == 1; }));
 
+  // A drain of an hour: done runs when the last connection goes, not at the drain's end (the
+  // wait for it below is a hang guard, not a bound on the server's speed).
   auto t0 = Clock::now();
   auto p = std::make_shared<std::promise<void>>();
   auto done = p->get_future();
-  f.server->shutdown(2000ms, [p] { p->set_value(); });
+  f.server->shutdown(std::chrono::hours(1), [p] { p->set_value(); });
   CHECK(connect_tcp(port) < 0);
 
   CHECK(idle->closed_without_data());
@@ -860,13 +685,17 @@ TEST_CASE("graceful shutdown: the request in flight completes, idle connections 
   CHECK(r->header("connection") == "close");
   CHECK(Clock::now() - t0 >= 200ms);
   busy->close();
-  CHECK(done.wait_for(3s) == std::future_status::ready);
-  CHECK(Clock::now() - t0 < 2s);
+  CHECK(done.wait_for(30s) == std::future_status::ready);
   CHECK(f.server->open_connections() == 0);
 }
 
+// Every timeout is an hour: only the drain's end closes the two, and done runs then (the wait for
+// it is a hang guard, not a bound on the server's speed).
 TEST_CASE("graceful shutdown: after the drain every connection is closed") {
-  Fixture f;
+  Limits l = test_limits();
+  l.handshake_timeout = l.header_timeout = l.read_timeout = l.write_timeout = l.idle_timeout =
+      std::chrono::hours(1);
+  Fixture f{l};
   auto port = f.listen();
   auto stuck = Client::tls(port);
   REQUIRE_MESSAGE(stuck->ok, stuck->error);
@@ -878,10 +707,8 @@ TEST_CASE("graceful shutdown: after the drain every connection is closed") {
   auto p = std::make_shared<std::promise<void>>();
   auto done = p->get_future();
   f.server->shutdown(300ms, [p] { p->set_value(); });
-  REQUIRE(done.wait_for(3s) == std::future_status::ready);
-  auto elapsed = Clock::now() - t0;
-  CHECK(elapsed >= 250ms);
-  CHECK(elapsed < 2s);
+  REQUIRE(done.wait_for(30s) == std::future_status::ready);
+  CHECK(Clock::now() - t0 >= 250ms);
   CHECK(f.server->open_connections() == 0);
   CHECK_FALSE(stuck->response());
 }

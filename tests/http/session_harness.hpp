@@ -5,6 +5,8 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -94,6 +96,28 @@ class Conn {
       data.remove_prefix(static_cast<std::size_t>(n));
     }
     return true;
+  }
+
+  // One piece of a request, sent and then read by the session before this returns: SIOCOUTQ on a
+  // Unix stream socket counts what the peer has not read yet. The next piece therefore arrives in a
+  // read of its own: the session cannot find it in its buffer with the one before. False when the
+  // piece is not read within `limit` (a hang guard, not a bound on the session's speed).
+  bool send_piece(std::string_view piece, std::chrono::seconds limit = std::chrono::seconds(30)) {
+    if (!send(piece)) return false;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      int unread = -1;
+      if (::ioctl(fd_, SIOCOUTQ, &unread) != 0) return false;
+      if (unread == 0) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // How long a read waits for the session (SO_RCVTIMEO; 5 s unless set here).
+  void patience(std::chrono::seconds limit) {
+    timeval tv{static_cast<time_t>(limit.count()), 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
 
   // The next answer whole (its header up to 128 KiB: the session may send fields of 64 KiB).

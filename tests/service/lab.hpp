@@ -1,6 +1,6 @@
 // The node's API in process, as the service tests drive it (node_service_test.cpp,
-// callers_test.cpp): a node with three units, a clock the test moves, a key that signs tokens, the
-// daemon's driver on this thread.
+// workloads_test.cpp, terminate_test.cpp, admission_test.cpp, callers_test.cpp): a node with three
+// units, a clock the test moves, a key that signs tokens, the daemon's driver on this thread.
 #pragma once
 
 #include <doctest/doctest.h>
