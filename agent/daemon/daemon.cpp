@@ -13,6 +13,8 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/json.hpp>
 #include <filesystem>
+#include <future>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -44,6 +46,8 @@ namespace {
 // CONTRACT §11 Stopping: requests in progress get this long to finish after SIGTERM, so that the
 // agent exits within 2 s; idle connections are closed at once, parked polls answered at once.
 constexpr std::chrono::milliseconds kStopDrain{1500};
+// How long a reload waits for the core thread to apply what it changed before answering.
+constexpr std::chrono::seconds kReloadApplyWait{30};
 
 // Runs an io_context until it stops, logging whatever a handler throws: the thread's boundary.
 void run_guarded(asio::io_context& io, const Logger& log, const char* loop) {
@@ -402,13 +406,22 @@ struct Daemon::Parts {
     server->recheck_access();
     admin_server->recheck_access();
     say(LogLevel::info, token_keys_line(**v));
+    // What the node serves changes on the core thread; the reload is answered once it has, so that a
+    // read after "reloaded" sees it (the snapshot is published by then). The wait is bounded: a core
+    // that is stopping runs nothing more, and a task dropped unrun releases the promise.
+    auto applied = std::make_shared<std::promise<void>>();
+    auto done = applied->get_future();
     asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units,
-                      mode = fresh_config.enforcement.mode]() mutable {
+                      mode = fresh_config.enforcement.mode, applied]() mutable {
       node->set_verifier(std::move(v));
       node->set_unsellable(std::move(u));
       node->set_enforcement(mode);
       driver->changed();
+      applied->set_value();
     });
+    applied.reset();
+    if (done.wait_for(kReloadApplyWait) != std::future_status::ready)
+      say(LogLevel::warning, "reload: the core thread did not apply it within 30 s; answering anyway");
     say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, "
                                    "enforcement mode, admin peers, central API files"
                                  : "reloaded: TLS files, token keys, log level and format, unsellable units, "
