@@ -8,8 +8,11 @@ that release, with its compiler and its libraries:
 This machine's release comes from its own build (BUILD, the release preset `make build` made);
 each other release from a build in that release's build root: a cached mmdebstrap root (see
 scripts/debroot.py) whose build dependencies `scripts/install-deps.sh package` installed when the
-root was made, run with systemd-nspawn without network, the source tree read-only and
-build/SUITE (the release preset's settings, the tests not built) writable. `Depends` is what
+root was made, run with systemd-nspawn without network, the source tree read-only and the
+release's build tree writable (the release preset's settings, the tests not built). That tree is
+kept beside the build root, in $GPUNODE_TEST_CACHE/out-SUITE-KEY (KEY: the source tree's path), not
+under build/: every build/NAME/gpunode-agent runs on this machine, and a Debian 13 binary does not
+(it needs glibc 2.38). `Depends` is what
 dpkg-shlibdeps finds in each release.
 
 Usage: packages.py SOURCE_DIR BUILD_DIR OUT_DIR [--jobs N] [--revision N] [--release SUITE ...] [--roots-only]
@@ -21,6 +24,7 @@ Needs root (mmdebstrap, systemd-nspawn), and the network the first time a build 
 """
 import argparse
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
@@ -76,11 +80,31 @@ def package_native(build, out, rev):
         set_revision("")
 
 
+def release_build_dir(src, suite):
+    """`suite`'s build tree for the source tree `src`, kept between runs (a revision bump is a cpack,
+    not a build). One per source tree, named by its path (written in SOURCE inside); the trees of
+    source trees that are gone are removed here, so they do not pile up."""
+    src = os.path.realpath(src)
+    shutil.rmtree(os.path.join(src, "build", suite), ignore_errors=True)  # where make packages kept it before 0.4.0
+    for old in glob.glob(os.path.join(debroot.CACHE, f"out-{suite}-*")):
+        try:
+            with open(os.path.join(old, "SOURCE"), encoding="utf-8") as f:
+                gone = not os.path.isfile(os.path.join(f.read(), "CMakeLists.txt"))
+        except OSError:
+            gone = True
+        if gone:
+            shutil.rmtree(old, ignore_errors=True)
+    build = os.path.join(debroot.CACHE, f"out-{suite}-{hashlib.sha256(src.encode()).hexdigest()[:16]}")
+    os.makedirs(build, exist_ok=True)
+    with open(os.path.join(build, "SOURCE"), "w", encoding="utf-8") as f:
+        f.write(src)
+    return build
+
+
 def package_in_root(src, suite, out, rev, jobs):
     """The release preset's package targets built in `suite`'s build root, then cpack there."""
     root = cached_build_root(src, suite)
-    build = os.path.join(src, "build", suite)
-    os.makedirs(build, exist_ok=True)
+    build = release_build_dir(src, suite)
     inner_out = os.path.join(build, "deb")
     script = f"""set -e
 . /etc/os-release; echo "# in $PRETTY_NAME: $(gcc --version | head -1), $(cmake --version | head -1)"

@@ -114,6 +114,19 @@ def newer_repository(args, src, scratch, suites):
     return newer
 
 
+def host_builds_run(src):
+    """0 when every build/NAME/gpunode-agent runs `version` on this machine: what `make packages` built
+    for another release (a Debian 13 binary needs glibc 2.38) must not stand where a build of this
+    machine's does (scripts/packages.py keeps it beside its build root)."""
+    rc = 0
+    for agent in sorted(glob.glob(os.path.join(src, "build", "*", "gpunode-agent"))):
+        p = subprocess.run([agent, "version"], capture_output=True, text=True, timeout=60)
+        print(f"{'ok  ' if p.returncode == 0 else 'FAIL'} {os.path.relpath(agent, src)} version: exit {p.returncode}"
+              f"{'' if p.returncode == 0 else ': ' + p.stderr.strip()[-300:]}", flush=True)
+        rc |= 0 if p.returncode == 0 else 1
+    return rc
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source")
@@ -184,6 +197,9 @@ def main():
                 rc = run_step([python, os.path.join(HERE, "package_test.py"), step, pkg, src], root, src)
             results.append((suite, step, rc, time.monotonic() - t0))
     shutil.rmtree(scratch, ignore_errors=True)
+    t0 = time.monotonic()
+    print("\n### all host builds: every build/NAME/gpunode-agent runs here", flush=True)
+    results.append(("all", "host builds", host_builds_run(src), time.monotonic() - t0))
     print("\n# test-packages:")
     for suite, step, rc, seconds in results:
         word = {0: "ok", 77: "SKIP"}.get(rc, f"FAIL (exit {rc})")
