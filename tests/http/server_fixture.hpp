@@ -43,6 +43,7 @@
 #include "gpunode/http/server.hpp"
 #include "gpunode/http/tls_files.hpp"
 #include "raw_request.hpp"
+#include "recorders.hpp"
 #include "test_certs.hpp"
 
 namespace server_test {
@@ -373,7 +374,7 @@ struct Fixture {
   std::vector<std::thread> threads;
   TempDir dir;
   // What the server's observer saw (I/O threads write, the test reads): under log_mu.
-  std::vector<std::tuple<std::string, std::string, unsigned, Peer::Kind>> answered;
+  std::vector<gpunode::http::testing::Seen> answered;
   std::vector<Reply> parked;  // /park's, under log_mu; let go when the fixture goes
 
   explicit Fixture(Limits limits = test_limits()) {
@@ -382,14 +383,8 @@ struct Fixture {
     ::signal(SIGPIPE, SIG_IGN);
     server.emplace(
         io, limits, [this](Request r, Reply reply) { handle(std::move(r), std::move(reply)); },
-        [this](std::string_view m) {
-          std::lock_guard lock(log_mu);
-          logs.emplace_back(m);
-        },
-        [this](const gpunode::http::Answered& a) {
-          std::lock_guard lock(log_mu);
-          answered.emplace_back(std::string(a.method), std::string(a.path), a.status, a.via);
-        });
+        gpunode::http::testing::log_into(log_mu, logs),
+        gpunode::http::testing::answers_into(log_mu, answered));
     threads.emplace_back([this] { io.run(); });
     if (!limits.one_thread) threads.emplace_back([this] { io.run(); });
     threads.emplace_back([this] { work.run(); });

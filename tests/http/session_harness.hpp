@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "raw_request.hpp"
+#include "recorders.hpp"
 #include "server_state.hpp"
 
 namespace session_test {
@@ -198,7 +199,7 @@ struct Harness {
   std::mutex mu;  // guards what the handler, the logger and the observer write
   std::vector<Request> requests;
   std::vector<std::string> logs;
-  std::vector<std::tuple<std::string, std::string, unsigned, Peer::Kind>> answered;
+  std::vector<gpunode::http::testing::Seen> answered;
   std::optional<Reply> held;
   std::vector<std::function<void()>> copies;  // lambdas that each hold a copy of one Reply
   std::optional<net::io_context> side{std::in_place};
@@ -210,14 +211,7 @@ struct Harness {
   explicit Harness(Limits limits = test_limits()) {
     state = std::make_shared<ServerState>(
         io, limits, [this](Request r, Reply reply) { handle(std::move(r), std::move(reply)); },
-        [this](std::string_view m) {
-          std::lock_guard lock(mu);
-          logs.emplace_back(m);
-        },
-        [this](const gpunode::http::Answered& a) {
-          std::lock_guard lock(mu);
-          answered.emplace_back(std::string(a.method), std::string(a.path), a.status, a.via);
-        });
+        gpunode::http::testing::log_into(mu, logs), gpunode::http::testing::answers_into(mu, answered));
     thread = std::thread([this] { io.run(); });
   }
 
@@ -343,6 +337,6 @@ inline void check_problem(const HttpResponse& r, unsigned status, std::string_vi
   CHECK(o["detail"].as_string() == detail);
 }
 
-using Seen = std::tuple<std::string, std::string, unsigned, Peer::Kind>;
+using gpunode::http::testing::Seen;
 
 }  // namespace session_test
