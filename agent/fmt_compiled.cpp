@@ -5,6 +5,13 @@
 // sees them defined, needs no libfmt.so (--as-needed, agent/CMakeLists.txt).
 #include <fmt/format-inl.h>
 
+// fmt names these internals differently in each major version. A version this file does not know
+// must fail here, not link: libfmt.so, still on the link line through the static libraries, would
+// quietly supply what is missing and bring libstdc++.so back into the hook's process.
+#if FMT_VERSION < 90000 || FMT_VERSION >= 110000
+#error "fmt_compiled.cpp knows fmt 9 and 10: add this version's instantiations from its src/format.cc"
+#endif
+
 FMT_BEGIN_NAMESPACE
 namespace detail {
 

@@ -10,17 +10,6 @@
 #include "gpunode/proof/checkpoint.hpp"
 #include "module_abi.hpp"
 
-namespace {
-
-// `text` as a malloc'ed C string (the caller frees it); nullptr when there is no memory for it.
-char* malloced(const std::string& text) {
-  auto* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
-
-}  // namespace
-
 extern "C" GPUNODE_EXPORT int gpunode_agent_audit_verify(const char* lines, std::size_t lines_size,
                                                          const char* key_pem, std::size_t key_pem_size,
                                                          const char* key_label, char** message) {
@@ -35,6 +24,6 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_audit_verify(const char* lines, std:
         return v ? 0 : 1;
       },
       1);
-  *message = malloced(said);
+  *message = ::strdup(said.c_str());  // nullptr without memory: the caller has its own words
   return verdict;
 }

@@ -22,6 +22,7 @@ extern "C" {
 }
 
 #include "gpunode/discovery/rules.hpp"
+#include "gpunode/text/printable.hpp"
 #include "gpunode/text/utf8.hpp"
 
 namespace gpunode::discovery::sysfs {
@@ -233,35 +234,7 @@ FileText read_small(const std::string& path) {
 // sysfs holds bytes, not text: a garbled attribute must not make the API's JSON invalid or split
 // a log line.
 std::string sysfs_text(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(raw.size());
-  auto escape = [&](unsigned char c) {
-    out += "\\x";
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 0x0f]);
-  };
-  std::size_t i = 0;
-  while (i < raw.size()) {
-    const auto c = static_cast<unsigned char>(raw[i]);
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f)
-        escape(c);
-      else
-        out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    const std::size_t n = gpunode::text::utf8_sequence(raw, i);
-    if (n == 0) {
-      escape(c);
-      ++i;
-    } else {
-      out.append(raw.substr(i, n));
-      i += n;
-    }
-  }
-  return out;
+  return gpunode::text::printable(raw);
 }
 
 std::string describe(const FileText& f) {
