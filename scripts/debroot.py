@@ -131,8 +131,8 @@ def cached_root(kind, suite, packages, hooks=(), inputs=(), fmt="1", log=print):
     """The cached root `KIND-SUITE-HASH`: mmdebstrap's apt variant of `suite` with `packages`, then
     each of `hooks` (mmdebstrap --customize-hook commands, run with the root as "$1" and the
     network); `inputs` are [(name, bytes)], files the hooks find in "$GPUNODE_ROOT_INPUTS" (part of
-    the hash by their contents, not their paths). One builder at a time: others wait and take its
-    root."""
+    the hash by their contents, not their paths). One builder of a kind and suite at a time: others
+    wait and take its root."""
     if os.geteuid() != 0:
         raise Error("making a Debian root (mmdebstrap --mode=root) needs root")
     for tool in ("mmdebstrap",):
@@ -152,8 +152,10 @@ def cached_root(kind, suite, packages, hooks=(), inputs=(), fmt="1", log=print):
                 f.write(data)
         key = digest.hexdigest()[:16]
         root = os.path.join(CACHE, f"{kind}-{suite}-{key}")
-        with open(os.path.join(CACHE, ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others wait and reuse its root
+        # One builder of a kind and suite at a time (the others wait and reuse its root); roots of
+        # other kinds are made meanwhile (.ci/run makes the build root while make test boots its own).
+        with open(os.path.join(CACHE, f".lock-{kind}-{suite}"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             if os.path.exists(os.path.join(root, ".complete")):
                 log(f"# root: cached {root}")
                 return root

@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -304,6 +305,17 @@ struct Harness {
   std::size_t handled() {
     std::lock_guard lock(mu);
     return requests.size();
+  }
+
+  // Lets the io_context run what is queued now, twice round (a handler that posts once more is
+  // run too): a check after it sees what the session did with what it had read, not a moment
+  // before it got to it.
+  void settle() {
+    for (int round = 0; round < 2; ++round) {
+      std::promise<void> ran;
+      net::post(io, [&ran] { ran.set_value(); });
+      ran.get_future().wait();
+    }
   }
 
   bool logged(std::string_view line) {

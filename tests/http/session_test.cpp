@@ -126,6 +126,7 @@ TEST_CASE("session: requests sent together are answered in order; one sent in pi
   const auto header_end = whole.find("\r\n\r\n") + 4;
   REQUIRE(c->send_piece(whole.substr(0, 10)));
   REQUIRE(c->send_piece(whole.substr(10, header_end - 10)));
+  h.settle();
   CHECK(h.handled() == 3);
   REQUIRE(c->send_piece(whole.substr(header_end)));
   auto pieced = c->response();
@@ -147,6 +148,7 @@ TEST_CASE("session: a chunked body and headers over the limit, each arriving in 
   // Each piece read by the session before the next is sent (a read of its own).
   REQUIRE(c->send_piece(head + "5\r\nchu"));
   REQUIRE(c->send_piece("nk\r\n"));
+  h.settle();
   CHECK(h.handled() == 0);
   REQUIRE(c->send_piece("3\r\ned!\r\n0\r\n\r\n"));
   auto r = c->response();

@@ -332,9 +332,11 @@ def settings_cache(c, h, lab, dom):
         c.check("settings cache: deny again, from the cache: neither the config reader nor yaml-cpp is mapped",
                 rc == 1 and "gpunode-agent-tools.so" not in objs and not any("yaml" in o for o in objs), (rc, sorted(objs)))
         # The hook maps libc alone (module_abi.hpp); a sanitizer build keeps the shared C++ runtime.
-        sanitized = any("asan" in o or "tsan" in o for o in objs)
-        c.check("settings cache: a call that asks maps no C++ runtime or library of its own (sanitizer builds aside)",
-                sanitized or not (objs - {"libc.so.6"}), sorted(objs))
+        if any("asan" in o or "tsan" in o for o in objs):
+            print(f"# a sanitizer build keeps the shared C++ runtime: the hook maps {sorted(objs)}", flush=True)
+        else:
+            c.check("settings cache: a call that asks maps no C++ runtime or library of its own",
+                    not (objs - {"libc.so.6"}), sorted(objs))
     else:
         print("# not root: /run/gpunode-hook cannot be made, every call reads agent.yaml", flush=True)
     write_in_place("allow")  # the same file, rewritten at once
@@ -372,12 +374,14 @@ def fails_closed(c, lab, agent, dom):
     shutil.copy2(agent, os.path.join(alone, "gpunode-agent"))  # no modules beside it, none in ../lib
     # The hook is the executable itself: with its settings cached (by the runs above; only root has
     # the cache), it loads nothing and answers as the installed one does.
-    ref = subprocess.run(args, input=xml, capture_output=True, text=True, timeout=30)
-    p = subprocess.run([os.path.join(alone, "gpunode-agent"), *args[1:]], input=xml, capture_output=True, text=True,
-                       timeout=30)
-    c.check("no module installed, the settings cached: the hook answers as the installed one does",
-            os.geteuid() != 0 or (p.returncode == ref.returncode and ".so" not in p.stderr),
-            (p.returncode, p.stderr, ref.returncode))
+    if os.geteuid() == 0:
+        ref = subprocess.run(args, input=xml, capture_output=True, text=True, timeout=30)
+        p = subprocess.run([os.path.join(alone, "gpunode-agent"), *args[1:]], input=xml, capture_output=True,
+                           text=True, timeout=30)
+        c.check("no module installed, the settings cached: the hook answers as the installed one does",
+                p.returncode == ref.returncode and ".so" not in p.stderr, (p.returncode, p.stderr, ref.returncode))
+    else:
+        print("# not root: no settings cache, so the module-less hook's cached answer is not tried", flush=True)
     # A config it has not read before (other bytes: a miss) needs the agent's config reader, in a module.
     fresh = os.path.join(lab.dir, "hook-fresh.yaml")
     with open(fresh, "w") as f:

@@ -87,6 +87,10 @@ async function main() {
   for (const [key, n] of seen) console.log(`violation: ${key}${n > 1 ? ` (x${n})` : ''}`);
   console.log(`prism ${require('@stoplight/prism-http/package.json').version}: ${lines.length} exchanges, ` +
               `${validated} validated, ${undocumented} on routes the document does not have, ${violations} violations`);
+  if (validated === 0) {
+    console.error('no exchange validated: the traffic is empty or none of it is on the document\'s routes');
+    process.exit(1);
+  }
   process.exit(violations ? 1 : 0);
 }
 

@@ -32,7 +32,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
 sys.dont_write_bytecode = True
+import debroot  # noqa: E402  (scripts/debroot.py: os_release)
 import lab as L  # noqa: E402
 
 UNIT = "gpunode-agent.service"
@@ -48,16 +50,6 @@ LIBRARIES = {
     "13": ("libc6", "libstdc++6", "libgcc-s1", "libpci3", "libsqlite3-0", "libxml2", "libssl3t64", "libfmt10",
            "libyaml-cpp0.8", "libboost-json1.83.0", "libboost-url1.83.0"),
 }
-
-
-def os_release():
-    fields = {}
-    with open("/etc/os-release", encoding="utf-8") as f:
-        for line in f:
-            key, sep, value = line.strip().partition("=")
-            if sep:
-                fields[key] = value.strip("\"'")
-    return fields
 
 
 def run(cmd, **kw):
@@ -140,7 +132,7 @@ def cmd_contents(out, src):
     f = control(deb)
     c.eq("Package", f.get("Package"), "gpunode-agent")
     # Built for the release this runs in (its own, or its build root: CONTRACT §14): V-1~debNNu1.
-    release = os_release()
+    release = debroot.os_release()
     ours = release.get("VERSION_ID") if release.get("ID") == "debian" else None
     if ours in LIBRARIES:
         c.check(f"Version is VERSION-N~deb{ours}uM (built for Debian {ours}, {release.get('VERSION_CODENAME')})",
@@ -281,7 +273,7 @@ def cmd_lintian(out, src):
     c = L.Checks("package.lintian")
     deb = the_deb(out)
     version = run(["lintian", "--version"]).stdout.strip()
-    release = os_release().get("PRETTY_NAME", "?")
+    release = debroot.os_release().get("PRETTY_NAME", "?")
     p = run(["lintian", "--no-tag-display-limit", "--display-info", deb], timeout=600)
     print(f"# {version} of {release}, output:", flush=True)
     for line in p.stdout.splitlines():

@@ -44,8 +44,8 @@ libvirtd (13 packages no modular daemons), socket-activated (`libvirtd.socket`,
 /run and /usr/local/share), where libvirt's 60-libvirt.rules admits group libvirt by /etc/group.
 
 The root is cached in $GPUNODE_TEST_CACHE (default /var/cache/gpunode-tests) as
-`systemd-SUITE-HASH`, one directory per release, package list and apt sources (scripts/debroot.py),
-built once (about 90 s and 270 MB with the network) and never written to: each run boots an overlay
+`systemd-SUITE-HASH` (`systemd-upgrade-SUITE-HASH` with --upgrade-from), one directory per
+release, package list and apt sources (scripts/debroot.py), built once (about 90 s and 270 MB with the network) and never written to: each run boots an overlay
 of it. Needs root, systemd-nspawn (systemd-container) and mmdebstrap; without root it prints
 `SKIP: why` and exits 77.
 
@@ -105,7 +105,7 @@ def package_depends(deb):
 
 def cached_root(suite, deb, old_deb=None):
     """The root of `suite` with BASE_PACKAGES and the package's dependencies (debroot.cached_root,
-    kind `systemd`). With `old_deb` (the Debian 12 package, for the upgrade on a Debian 13 host) it
+    kind `systemd`, or `systemd-upgrade` with `old_deb`). With `old_deb` (the Debian 12 package, for the upgrade on a Debian 13 host) it
     also holds what that package needs beyond them as a host upgraded from Debian 12 keeps it: the
     libraries its release had and this one has not (libboost-json1.81.0, libfmt9, ...), installed
     from that release's archive, whose source is then removed again, as `apt full-upgrade` leaves
@@ -138,7 +138,10 @@ def cached_root(suite, deb, old_deb=None):
                  'echo "upgrade-from: $want"; apt-get install -y -qq --no-install-recommends $want\'',
                  'rm -rf "$1/tmp/old" "$1/tmp/old.deb" "$1"/etc/apt/sources.list.d/gpunode-upgrade-from-*']
     packages = BASE_PACKAGES + package_depends(deb)
-    return debroot.cached_root("systemd", suite, packages, hooks=hooks, inputs=inputs, fmt=ROOT_FORMAT,
+    # Its own kind with the upgrade's libraries: a host of `suite` that boots both (make test's root,
+    # test-packages' upgrade) keeps both, instead of each making the other stale.
+    kind = "systemd" if old_deb is None else "systemd-upgrade"
+    return debroot.cached_root(kind, suite, packages, hooks=hooks, inputs=inputs, fmt=ROOT_FORMAT,
                                log=lambda text: print(text, flush=True))
 
 

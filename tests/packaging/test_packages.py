@@ -85,11 +85,6 @@ def same_repository(a, b):
     return differ
 
 
-def run_logged(argv):
-    print("+ " + " ".join(argv), flush=True)
-    return subprocess.run(argv).returncode
-
-
 def key_args(args):
     return ["--key", args.key] if args.key else ["--key-home", args.key_home]
 
@@ -98,11 +93,11 @@ def newer_repository(args, src, scratch, suites):
     """The newer packages (revision 2) and their repository, signed as REPO_DIR was; its path, or
     None (what failed was printed)."""
     packages = os.path.join(scratch, "packages-2")
-    rc = run_logged([sys.executable, os.path.join(SRC, "scripts", "packages.py"), src, args.build, packages,
+    rc = run_step([sys.executable, os.path.join(SRC, "scripts", "packages.py"), src, args.build, packages,
                      "--revision", "2", "--jobs", str(args.jobs), *[f"--release={s}" for s in suites]])
     newer = os.path.join(scratch, "repo-2")
     if rc == 0:
-        rc = run_logged([sys.executable, os.path.join(SRC, "scripts", "repo.py"), packages, newer, *key_args(args),
+        rc = run_step([sys.executable, os.path.join(SRC, "scripts", "repo.py"), packages, newer, *key_args(args),
                          *[f"--release={s}" for s in suites]])
     if rc != 0:
         return None
@@ -118,8 +113,12 @@ def host_builds_run(src):
     """0 when every build/NAME/gpunode-agent runs `version` on this machine: what `make packages` built
     for another release (a Debian 13 binary needs glibc 2.38) must not stand where a build of this
     machine's does (scripts/packages.py keeps it beside its build root)."""
+    agents = sorted(glob.glob(os.path.join(src, "build", "*", "gpunode-agent")))
+    if not agents:
+        print("FAIL no build/NAME/gpunode-agent: the release build make packages uses is missing", flush=True)
+        return 1
     rc = 0
-    for agent in sorted(glob.glob(os.path.join(src, "build", "*", "gpunode-agent"))):
+    for agent in agents:
         p = subprocess.run([agent, "version"], capture_output=True, text=True, timeout=60)
         print(f"{'ok  ' if p.returncode == 0 else 'FAIL'} {os.path.relpath(agent, src)} version: exit {p.returncode}"
               f"{'' if p.returncode == 0 else ': ' + p.stderr.strip()[-300:]}", flush=True)
@@ -173,7 +172,7 @@ def main():
         t0 = time.monotonic()
         print(f"\n### repo again: {args.repo} made again from {out}", flush=True)
         again = os.path.join(scratch, "repo-again")
-        rc = run_logged([sys.executable, os.path.join(SRC, "scripts", "repo.py"), out, again, *key_args(args),
+        rc = run_step([sys.executable, os.path.join(SRC, "scripts", "repo.py"), out, again, *key_args(args),
                          *[f"--release={s}" for s in suites]])
         differ = same_repository(args.repo, again) if rc == 0 else ["not made"]
         print(f"# the same pool and indices as {args.repo}: {'yes' if not differ else 'no: ' + ', '.join(differ)}",
