@@ -11,10 +11,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_future.hpp>
 #include <boost/json.hpp>
 #include <filesystem>
 #include <future>
-#include <memory>
 #include <optional>
 #include <thread>
 
@@ -365,6 +365,15 @@ struct Daemon::Parts {
     asio::post(admin_io, [this] { admin_server->shutdown(kStopDrain, [this] { admin_io.stop(); }); });
   }
 
+  // Core thread: what a reload changes in the node.
+  void core_apply_reload(std::shared_ptr<const auth::TokenVerifier> v, std::vector<std::string> unsellable,
+                         config::EnforcementMode mode) {
+    node->set_verifier(std::move(v));
+    node->set_unsellable(std::move(unsellable));
+    node->set_enforcement(mode);
+    driver->changed();
+  }
+
   // Slow thread (one at a time: SIGHUP's and POST /v1/admin/reload's).
   ReloadOutcome reload_now() {
     ReloadOutcome outcome;
@@ -408,20 +417,23 @@ struct Daemon::Parts {
     say(LogLevel::info, token_keys_line(**v));
     // What the node serves changes on the core thread; the reload is answered once it has, so that a
     // read after "reloaded" sees it (the snapshot is published by then). The wait is bounded: a core
-    // that is stopping runs nothing more, and a task dropped unrun releases the promise.
-    auto applied = std::make_shared<std::promise<void>>();
-    auto done = applied->get_future();
-    asio::post(core, [this, v = *v, u = fresh_config.node.unsellable_units,
-                      mode = fresh_config.enforcement.mode, applied]() mutable {
-      node->set_verifier(std::move(v));
-      node->set_unsellable(std::move(u));
-      node->set_enforcement(mode);
-      driver->changed();
-      applied->set_value();
-    });
-    applied.reset();
-    if (done.wait_for(kReloadApplyWait) != std::future_status::ready)
-      say(LogLevel::warning, "reload: the core thread did not apply it within 30 s; answering anyway");
+    // thread that has stopped runs nothing more (a core destroyed with the task unrun breaks its
+    // promise, which ends the wait at once).
+    auto applied = asio::post(core, asio::use_future([this, v = *v, u = fresh_config.node.unsellable_units,
+                                                      mode = fresh_config.enforcement.mode]() mutable {
+                                core_apply_reload(std::move(v), std::move(u), mode);
+                              }));
+    if (applied.wait_for(kReloadApplyWait) != std::future_status::ready) {
+      say(LogLevel::warning,
+          fmt::format("reload: the core thread did not apply it within {} s; answering anyway",
+                      kReloadApplyWait.count()));
+    } else {
+      try {
+        applied.get();  // what the task threw, which the core thread's boundary no longer sees
+      } catch (const std::exception& e) {
+        say(LogLevel::error, fmt::format("reload: applying it on the core thread failed: {}", e.what()));
+      }
+    }
     say(LogLevel::info, reporter ? "reloaded: TLS files, token keys, log level and format, unsellable units, "
                                    "enforcement mode, admin peers, central API files"
                                  : "reloaded: TLS files, token keys, log level and format, unsellable units, "

@@ -16,13 +16,17 @@ namespace {
 
 // ---- matching ----------------------------------------------------------------------------------
 
-// Whether `path` is `pattern`'s, and its parameters. `seg` is the path's decoded segments, read
-// once and only when a pattern with parameters is tried.
+// Whether `path` is `pattern`'s, and its parameters, compared segment by segment once
+// percent-decoded, route names as parameters (`/v1/nodes/N/unit%73` is units). `seg` is the path's
+// decoded segments, read once and only when a plain comparison cannot decide.
 bool matches(std::string_view pattern, const gpunode::json::Request& q,
              std::optional<std::vector<std::string>>& seg,
              std::vector<std::pair<std::string_view, std::string>>& params) {
   params.clear();
-  if (pattern.find('{') == std::string_view::npos) return q.path == pattern;
+  if (pattern.find('{') == std::string_view::npos) {
+    if (q.path == pattern) return true;
+    if (q.path.find('%') == std::string::npos) return false;  // nothing to decode: not this one
+  }
   if (!seg) seg = q.segments();
   std::size_t i = 0;
   for (std::string_view rest = pattern.substr(1);; ++i) {

@@ -131,7 +131,10 @@ TEST_CASE("route table: what resolves where") {
       {"POST", "/v1/admin/rescan", kAdminSocket, "/v1/admin/rescan"},
       {"POST", "/v1/admin/reload", kAdminSocket, "/v1/admin/reload"},
       {"GET", "/v1/orgs/org-a/reserved-capacity", kHttps, "/v1/orgs/{orgId}/reserved-capacity"},
-      {"GET", "/v1/%61dmin/unentitled", kAdminSocket, nullptr},  // a route without parameters: raw
+      // Decoded before matching, route names too, whether the pattern has parameters or not.
+      {"GET", "/v1/%61dmin/unentitled", kAdminSocket, "/v1/admin/unentitled"},
+      {"GET", "/v1/%61dmin/units/x/health", kAdminSocket, "/v1/admin/units/{unitId}/health"},
+      {"GET", "/v1/nodes/n1/unit%73", kHttps, "/v1/nodes/{nodeId}/units"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.path);
