@@ -305,6 +305,14 @@ def loaded_objects(h, name, xml, config):
     return rc, names
 
 
+def sanitized(executable):
+    """Whether the executable was built with ASan or TSan: their runtimes' entry points are in it
+    (clang's static ASan) or named among its dynamic symbols (GCC's shared runtimes)."""
+    with open(executable, "rb") as f:
+        body = f.read()
+    return b"__asan_init" in body or b"__tsan_init" in body
+
+
 def settings_cache(c, h, lab, dom):
     """hook_settings.hpp: the hook takes admin.socket and when_agent_down from a cache of agent.yaml
     keyed by the file's bytes; each version of the file is obeyed at once, and a hit maps neither
@@ -331,8 +339,10 @@ def settings_cache(c, h, lab, dom):
     if cached:
         c.check("settings cache: deny again, from the cache: neither the config reader nor yaml-cpp is mapped",
                 rc == 1 and "gpunode-agent-tools.so" not in objs and not any("yaml" in o for o in objs), (rc, sorted(objs)))
-        # The hook maps libc alone (module_abi.hpp); a sanitizer build keeps the shared C++ runtime.
-        if any("asan" in o or "tsan" in o for o in objs):
+        # The hook maps libc alone (module_abi.hpp); a sanitizer build keeps the shared C++ runtime
+        # (and libvirt, vmctl/CMakeLists.txt). Told by the executable itself: clang links ASan's
+        # runtime statically, so no sanitizer library shows among the objects mapped.
+        if sanitized(h.agent):
             print(f"# a sanitizer build keeps the shared C++ runtime: the hook maps {sorted(objs)}", flush=True)
         else:
             c.check("settings cache: a call that asks maps no C++ runtime or library of its own",
