@@ -1,13 +1,42 @@
 #include "gpunode/daemon/admin_peers.hpp"
 
+#include <fmt/format.h>
 #include <grp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 
 namespace gpunode::daemon {
 
-AdminPeers::AdminPeers(const config::Config::Admin& admin) {
+namespace {
+
+// getgrnam_r with a buffer that grows for large groups (up to 1 MiB).
+AdminPeers::Lookup nss_lookup(const std::string& name) {
+  group g{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  int rc = 0;
+  while ((rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found)) == ERANGE &&
+         buf.size() < (1U << 20))
+    buf.resize(buf.size() * 2);
+  if (rc == 0 && found != nullptr) return {.gid = found->gr_gid, .error = 0};
+  return {.gid = std::nullopt, .error = rc == ENOENT || rc == ESRCH ? 0 : rc};
+}
+
+// The identity of the group file: inode, size, modification and change times ("" when it cannot
+// be stat'ed). Files are replaced by rename (a new inode) or written in place (new times).
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return fmt::format("{}:{}:{}.{}:{}.{}", st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                     st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+}
+
+}  // namespace
+
+AdminPeers::AdminPeers(const config::Config::Admin& admin, LookupFn lookup, std::string group_file)
+    : lookup_(lookup ? std::move(lookup) : LookupFn{nss_lookup}), group_file_(std::move(group_file)) {
   configure(admin);
 }
 
@@ -19,32 +48,39 @@ void AdminPeers::configure(const config::Config::Admin& admin) {
 }
 
 std::optional<gid_t> AdminPeers::resolve() {
+  return resolve_at(std::chrono::steady_clock::now());
+}
+
+std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_point at) {
   std::string name;
+  auto file = file_identity(group_file_);  // before the lookup: a change during it is seen next time
   {
     std::lock_guard lock{mu_};
     name = group_name_;
   }
-  std::optional<gid_t> found_gid;
-  if (!name.empty()) {
-    group g{};
-    group* found = nullptr;
-    std::vector<char> buf(16384);
-    int rc = 0;
-    while ((rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found)) == ERANGE &&
-           buf.size() < (1U << 20))
-      buf.resize(buf.size() * 2);
-    if (rc == 0 && found != nullptr) found_gid = found->gr_gid;
-    if (rc != 0 && rc != ENOENT && rc != ESRCH) {
-      // The lookup failed (an LDAP or NSS outage), which is not "no such group": the gid known
-      // before stays, so that the group's open admin connections are not closed by a reload or a
-      // rescan that could not ask.
-      std::lock_guard lock{mu_};
-      return name == group_name_ ? gid_ : std::nullopt;
-    }
-  }
+  const Lookup found = name.empty() ? Lookup{} : lookup_(name);
   std::lock_guard lock{mu_};
-  if (name == group_name_) gid_ = found_gid;  // unless configure() changed the name meanwhile
-  return found_gid;
+  asked_at_ = at;
+  asked_over_ = std::move(file);
+  failed_ = found.error != 0;
+  if (found.error != 0) {
+    // The lookup failed, which is not "no such group": the gid known before stays, so that the
+    // group's open admin connections are not closed by a reload or a rescan that could not ask.
+    return name == group_name_ ? gid_ : std::nullopt;
+  }
+  if (name == group_name_) gid_ = found.gid;  // unless configure() changed the name meanwhile
+  return found.gid;
+}
+
+bool AdminPeers::resolve_if_due(std::chrono::steady_clock::time_point now) {
+  const auto file = file_identity(group_file_);
+  bool due = false;
+  {
+    std::lock_guard lock{mu_};
+    due = !asked_at_ || failed_ || now - *asked_at_ >= kRecheck || file != asked_over_;
+  }
+  if (due) resolve_at(now);
+  return due;
 }
 
 std::optional<gid_t> AdminPeers::gid() const {

@@ -4,13 +4,19 @@
 // the socket itself: SO_PEERCRED and SO_PEERGROUPS) hold admin.allowed_group's gid, acts as
 // platform-admin. allowed() runs on the network thread for every admin-socket connection and
 // makes no NSS call: the group's name is resolved to a gid by resolve(), which the daemon runs at
-// start, on SIGHUP and at every rescan on a thread that may block (an LDAP stall stalls nothing
-// else), so a group created after start counts from the next rescan.
+// start and on SIGHUP, and by resolve_if_due() at every rescan, on a thread that may block (an
+// LDAP stall stalls nothing else). A lookup is the largest part of an idle agent's CPU (glibc reads
+// /etc/group, then asks systemd-userdbd over varlink when the group is not there: about 1 ms), so
+// a rescan asks again only when /etc/group changed or kRecheck has passed: a group created after
+// start counts from the next rescan when it is made in /etc/group, within kRecheck from another
+// NSS source (LDAP, systemd-userdb), and at once on a reload.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,22 +29,44 @@ namespace gpunode::daemon {
 
 class AdminPeers {
  public:
-  explicit AdminPeers(const config::Config::Admin& admin);
+  // What NSS says of a group name: its gid, nullopt when there is no such group, or an error
+  // number when the lookup itself failed (an LDAP or NSS outage).
+  struct Lookup {
+    std::optional<gid_t> gid;
+    int error = 0;
+  };
+  using LookupFn = std::function<Lookup(const std::string& name)>;
+  static constexpr std::chrono::minutes kRecheck{5};
+
+  // `lookup` and `group_file` are the system's (getgrnam_r, /etc/group) but for tests.
+  explicit AdminPeers(const config::Config::Admin& admin, LookupFn lookup = {},
+                      std::string group_file = "/etc/group");
 
   // Network thread: no system call, no NSS.
   [[nodiscard]] bool allowed(const http::Peer& peer) const;
   // May block (NSS): looks admin.allowed_group up again. Returns its gid if it exists.
   std::optional<gid_t> resolve();
+  // May block: resolve() when /etc/group changed since the last lookup, kRecheck has passed since
+  // it, or it failed. Returns whether it asked.
+  bool resolve_if_due(std::chrono::steady_clock::time_point now);
   // SIGHUP: new allowed_uids and allowed_group (resolved again by the next resolve()).
   void configure(const config::Config::Admin& admin);
   [[nodiscard]] std::optional<gid_t> gid() const;
 
  private:
+  std::optional<gid_t> resolve_at(std::chrono::steady_clock::time_point at);
+
+  LookupFn lookup_;
+  std::string group_file_;
   // Shared between the network thread (allowed) and the slow thread (resolve, configure).
   mutable std::mutex mu_;
   std::vector<std::uint32_t> uids_;
   std::string group_name_;
   std::optional<gid_t> gid_;
+  // When and over which /etc/group resolve() last asked, and whether that failed.
+  std::optional<std::chrono::steady_clock::time_point> asked_at_;
+  std::string asked_over_;  // /etc/group's inode, size and times then ("" when it could not stat)
+  bool failed_ = false;
 };
 
 }  // namespace gpunode::daemon
