@@ -130,37 +130,62 @@ bool has(int dir_fd, const char* name) {
   return ::faccessat(dir_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-// The AER files are read at every poll of every function: they are held open and read again from
-// offset 0 (sysfs shows an attribute afresh at each read from 0), one system call instead of three.
-// At most this many are held (the agent's own files have a budget: daemon/startup's open-file
-// check); past it they are opened for each read.
-constexpr std::size_t kMaxHeldAerFiles = 96;
-constexpr const char* kAerFiles[] = {"aer_dev_fatal", "aer_dev_nonfatal", "aer_dev_correctable"};
+// The files a poll reads every time (the AER counters of every function; the link width and config
+// head of a GPU and its port) are held open and read again from offset 0 (sysfs shows an attribute
+// afresh at each read from 0): one system call instead of three, and no path walked. power_state
+// is opened afresh at each poll: it says the function is still there before link or config are
+// read (sysfs fails a removed function's held files with ENODEV, other file systems read them as
+// they were). At most this many are held (the agent's own files have a budget, kOwnFiles in
+// daemon/startup.cpp: the directories below and these fit it with room for SQLite, libvirt and the
+// listeners); past it they are opened for each read.
+constexpr std::size_t kMaxHeldFiles = 128;
+enum Polled : std::size_t { aer_fatal, aer_nonfatal, aer_correctable, power, link_width, config_head };
+constexpr const char* kPolledFiles[] = {"aer_dev_fatal", "aer_dev_nonfatal",   "aer_dev_correctable",
+                                        "power_state",   "current_link_width", "config"};
+constexpr const char* kAerFiles[] = {kPolledFiles[aer_fatal], kPolledFiles[aer_nonfatal],
+                                     kPolledFiles[aer_correctable]};
 
 struct Watched {
   Target target;
   int fd = -1;  // the function's directory (O_PATH), -1 when it could not be opened
   bool aer = false, power_state = false;
-  std::optional<int> max_width;            // read once, in D0
-  std::array<int, 3> aer_fds{-1, -1, -1};  // kAerFiles, held open (or -1)
+  std::optional<int> max_width;                                           // read once, in D0
+  std::array<int, std::size(kPolledFiles)> held{-1, -1, -1, -1, -1, -1};  // kPolledFiles, held open (or -1)
+
+  // Whether kPolledFiles[i] of this function is held open (read at every poll; power_state never).
+  [[nodiscard]] bool holds(Polled i) const {
+    switch (i) {
+      case aer_fatal:
+      case aer_nonfatal:
+      case aer_correctable:
+        return aer;
+      case power:
+        return false;
+      case link_width:
+        return target.link_judged;
+      case config_head:
+        return target.gpu;
+    }
+    return false;
+  }
 };
 
-// Attribute `index` of kAerFiles: from its held descriptor (pread at 0), else opened for this read.
-// A held one that fails (the function was removed, and maybe added again at the same address) is
-// opened again for the next poll: this read is unknown, as any failed read is.
-void read_aer_file(Watched& w, std::size_t index, Attr& out) {
-  int& fd = w.aer_fds[index];
-  if (fd < 0) return read_attr(w.fd, kAerFiles[index], out);
+// kPolledFiles[i] of the function, at most `max` bytes: from its held descriptor (pread at 0), else
+// opened for this read. A held one that fails (the function was removed, and maybe added again at
+// the same address) is opened again for the next poll: this read is unknown, as any failed read is.
+void read_polled(Watched& w, Polled i, Attr& out, std::size_t max = sizeof(Attr::buf)) {
+  int& fd = w.held[i];
+  if (fd < 0) return read_attr(w.fd, kPolledFiles[i], out, max);
   out.len = 0;
   ssize_t n = 0;
   do {
-    n = ::pread(fd, out.buf, sizeof out.buf, 0);
+    n = ::pread(fd, out.buf, std::min(max, sizeof out.buf), 0);
   } while (n < 0 && errno == EINTR);
-  out.error = n < 0 ? errno : 0;
+  out.error = n < 0 ? (errno == EAGAIN ? EIO : errno) : 0;
   if (n > 0) out.len = static_cast<std::size_t>(n);
   if (n >= 0) return;
   ::close(fd);
-  fd = ::openat(w.fd, kAerFiles[index], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  fd = ::openat(w.fd, kPolledFiles[i], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 }
 
 }  // namespace
@@ -173,7 +198,7 @@ struct Reader::Impl {
   void close_all() {
     for (auto& w : watched) {
       if (w.fd >= 0) ::close(w.fd);
-      for (int fd : w.aer_fds) {
+      for (int fd : w.held) {
         if (fd >= 0) ::close(fd);
       }
     }
@@ -181,7 +206,7 @@ struct Reader::Impl {
   }
   void read_aer(Watched& w, Reading& r, Attr& a) const;
   void read_link(Watched& w, Reading& r, Attr& a) const;
-  void read_config(const Watched& w, Reading& r, Attr& a) const;
+  void read_config(Watched& w, Reading& r, Attr& a) const;
   Reading read_one(Watched& w, bool counts_only) const;
 };
 
@@ -220,9 +245,10 @@ void Reader::watch(std::vector<Target> targets) {
       w.aer = has(w.fd, "aer_dev_fatal") || has(w.fd, "aer_dev_nonfatal") || has(w.fd, "aer_dev_correctable");
       w.power_state = has(w.fd, "power_state");
     }
-    for (std::size_t i = 0; w.aer && i < w.aer_fds.size() && held < kMaxHeldAerFiles; ++i) {
-      w.aer_fds[i] = ::openat(w.fd, kAerFiles[i], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-      if (w.aer_fds[i] >= 0) ++held;
+    for (std::size_t i = 0; w.fd >= 0 && i < w.held.size() && held < kMaxHeldFiles; ++i) {
+      if (!w.holds(static_cast<Polled>(i))) continue;
+      w.held[i] = ::openat(w.fd, kPolledFiles[i], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      if (w.held[i] >= 0) ++held;
     }
     impl_->watched.push_back(w);
   }
@@ -260,7 +286,7 @@ Reading Reader::Impl::read_one(Watched& w, bool counts_only) const {
   if (counts_only || !(w.target.link_judged || w.target.gpu)) return r;
   if (!w.power_state) {
     r.power = Power::d0;  // no power_state file (a kernel before 4.20): judged as CONTRACT §13 says
-  } else if (read_attr(w.fd, "power_state", a, 64); a.error != 0) {
+  } else if (read_polled(w, power, a, 64); a.error != 0) {
     r.unknown.push_back({"power_state", std::strerror(a.error)});
   } else {
     r.power = parse_power_state(a.text());
@@ -279,7 +305,7 @@ void Reader::Impl::read_aer(Watched& w, Reading& r, Attr& a) const {
   static constexpr std::optional<std::uint64_t> Counts::*kCounts[] = {&Counts::fatal, &Counts::nonfatal,
                                                                       &Counts::correctable};
   for (std::size_t i = 0; i < 3; ++i) {
-    read_aer_file(w, i, a);
+    read_polled(w, static_cast<Polled>(aer_fatal + i), a);
     if (a.error != 0) {
       r.unknown.push_back({kAerFiles[i], std::strerror(a.error)});
       continue;
@@ -293,7 +319,7 @@ void Reader::Impl::read_aer(Watched& w, Reading& r, Attr& a) const {
 // The width, against max_link_width (read once); the speed only when the link is narrower than it
 // can be (for the reason's words): it is shown, never judged, and Reader::speed reads it on demand.
 void Reader::Impl::read_link(Watched& w, Reading& r, Attr& a) const {
-  if (read_attr(w.fd, "current_link_width", a, 64); a.error != 0) {
+  if (read_polled(w, link_width, a, 64); a.error != 0) {
     r.unknown.push_back({"current_link_width", std::strerror(a.error)});
   } else {
     r.width = parse_link_width(a.text());
@@ -312,8 +338,8 @@ void Reader::Impl::read_link(Watched& w, Reading& r, Attr& a) const {
   }
 }
 
-void Reader::Impl::read_config(const Watched& w, Reading& r, Attr& a) const {
-  read_attr(w.fd, "config", a, 4);
+void Reader::Impl::read_config(Watched& w, Reading& r, Attr& a) const {
+  read_polled(w, config_head, a, 4);
   if (a.error != 0) {
     r.config = ConfigAnswer::failed;
     r.config_error = std::strerror(a.error);
