@@ -15,7 +15,7 @@ token, and runs BUILD_DIR/tests/bench/api_bench (the C++ client) for:
      with libvirt's test driver (the occupancy check lists the domains); p50/p99 of each, and of an
      authenticated 404 asked between them on the same connection (create minus it: the commit's share);
   3. the reference for 2, in each round right after its creates: a bare SQLite WAL +
-     synchronous=FULL commit of one ~1 KiB row, and of three (reservation + audit + outbox), in the
+     synchronous=FULL commit of one 700-byte row, and of three (reservation + audit + outbox), in the
      lab dir, on the same filesystem as the state dir. Each round's ratio is its own share over its
      own bare commit; the table gives the median of the rounds' ratios;
   4. the agent's VmRSS / VmHWM at idle after start-up and after the load;
@@ -382,7 +382,8 @@ def main():
         r1, r3 = ref["one_row"], ref["three_rows"]
         say(f"bare SQLite {ref['sqlite']} commit (journal_mode={ref['journal_mode']}, synchronous={ref['synchronous']}"
             f" (2=FULL)) on {fs_of(lab.dir)}:")
-        for label, r in (("1 row of 1 KiB: ", r1), ("3 rows of 1 KiB:", r3)):
+        size = f"{ref['row_bytes']} B"
+        for label, r in ((f"1 row of {size}: ", r1), (f"3 rows of {size}:", r3)):
             say(f"  {label} p50 {r['p50_us']:.0f} µs  p90 {r['p90_us']:.0f} µs  p99 {r['p99_us']:.0f} µs  "
                 f"mean {r['mean_us']:.0f} µs")
         if why:
