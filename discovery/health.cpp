@@ -135,10 +135,11 @@ bool has(int dir_fd, const char* name) {
 // afresh at each read from 0): one system call instead of three, and no path walked. power_state
 // is opened afresh at each poll: it says the function is still there before link or config are
 // read (sysfs fails a removed function's held files with ENODEV, other file systems read them as
-// they were). At most this many are held (the agent's own files have a budget, kOwnFiles in
-// daemon/startup.cpp: the directories below and these fit it with room for SQLite, libvirt and the
-// listeners); past it they are opened for each read.
-constexpr std::size_t kMaxHeldFiles = 128;
+// they were). At most this many are held, past it they are opened for each read: the agent's own
+// files have a budget (kOwnFiles, 256, in daemon/startup.cpp) that also holds a directory per
+// watched function, SQLite, libvirt and the listeners. 96 holds every polled file of an 8-GPU host
+// (the demo host: at most 78, for its 18 functions).
+constexpr std::size_t kMaxHeldFiles = 96;
 enum Polled : std::size_t { aer_fatal, aer_nonfatal, aer_correctable, power, link_width, config_head };
 constexpr const char* kPolledFiles[] = {"aer_dev_fatal", "aer_dev_nonfatal",   "aer_dev_correctable",
                                         "power_state",   "current_link_width", "config"};
