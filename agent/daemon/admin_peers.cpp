@@ -20,8 +20,9 @@ AdminPeers::Lookup nss_lookup(const std::string& name) {
   while ((rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found)) == ERANGE &&
          buf.size() < (1U << 20))
     buf.resize(buf.size() * 2);
-  if (rc == 0 && found != nullptr) return {.gid = found->gr_gid, .error = 0};
-  return {.gid = std::nullopt, .error = rc == ENOENT || rc == ESRCH ? 0 : rc};
+  if (rc == 0 && found != nullptr) return found->gr_gid;
+  if (rc == 0 || rc == ENOENT || rc == ESRCH) return std::nullopt;  // no such group
+  return std::unexpected(rc);
 }
 
 // The identity of the group file: inode, size, modification and change times ("" when it cannot
@@ -58,18 +59,18 @@ std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_poin
     std::lock_guard lock{mu_};
     name = group_name_;
   }
-  const Lookup found = name.empty() ? Lookup{} : lookup_(name);
+  const Lookup found = name.empty() ? Lookup{std::nullopt} : lookup_(name);
   std::lock_guard lock{mu_};
   asked_at_ = at;
   asked_over_ = std::move(file);
-  failed_ = found.error != 0;
-  if (found.error != 0) {
+  failed_ = !found;
+  if (!found) {
     // The lookup failed, which is not "no such group": the gid known before stays, so that the
     // group's open admin connections are not closed by a reload or a rescan that could not ask.
     return name == group_name_ ? gid_ : std::nullopt;
   }
-  if (name == group_name_) gid_ = found.gid;  // unless configure() changed the name meanwhile
-  return found.gid;
+  if (name == group_name_) gid_ = *found;  // unless configure() changed the name meanwhile
+  return *found;
 }
 
 bool AdminPeers::resolve_if_due(std::chrono::steady_clock::time_point now) {

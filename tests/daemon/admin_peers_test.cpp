@@ -29,9 +29,9 @@ struct FakeNss {
   AdminPeers::LookupFn fn() {
     return [this](const std::string& name) {
       ++asked;
-      if (error != 0) return AdminPeers::Lookup{.gid = std::nullopt, .error = error};
+      if (error != 0) return AdminPeers::Lookup{std::unexpected(error)};
       const auto it = groups.find(name);
-      return it == groups.end() ? AdminPeers::Lookup{} : AdminPeers::Lookup{.gid = it->second, .error = 0};
+      return it == groups.end() ? AdminPeers::Lookup{std::nullopt} : AdminPeers::Lookup{it->second};
     };
   }
 };
