@@ -109,21 +109,31 @@ struct Attr {
   [[nodiscard]] std::string_view text() const { return {buf, len}; }
 };
 
-void read_attr(int dir_fd, const char* name, Attr& out, std::size_t max = sizeof(Attr::buf)) {
+// At most `max` bytes of `fd`, one read (sysfs gives an attribute whole): a held descriptor is read
+// again from offset 0 (sysfs shows an attribute afresh at each read from 0), one just opened where
+// it stands (a FIFO has no offset). Whether it could be read.
+bool read_into(int fd, bool held, Attr& out, std::size_t max) {
   out.len = 0;
   out.error = 0;
+  const std::size_t want = std::min(max, sizeof out.buf);
+  ssize_t n = 0;
+  do {
+    n = held ? ::pread(fd, out.buf, want, 0) : ::read(fd, out.buf, want);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) out.error = errno == EAGAIN ? EIO : errno;  // a FIFO with a silent writer: no answer
+  if (n > 0) out.len = static_cast<std::size_t>(n);
+  return n >= 0;
+}
+
+void read_attr(int dir_fd, const char* name, Attr& out, std::size_t max = sizeof(Attr::buf)) {
   const int fd = ::openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
+    out.len = 0;
     out.error = errno;
     return;
   }
-  ssize_t n = 0;
-  do {
-    n = ::read(fd, out.buf, std::min(max, sizeof out.buf));
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) out.error = errno == EAGAIN ? EIO : errno;  // a FIFO with a silent writer: no answer
+  read_into(fd, false, out, max);
   ::close(fd);
-  if (n > 0) out.len = static_cast<std::size_t>(n);
 }
 
 bool has(int dir_fd, const char* name) {
@@ -177,14 +187,7 @@ struct Watched {
 void read_polled(Watched& w, Polled i, Attr& out, std::size_t max = sizeof(Attr::buf)) {
   int& fd = w.held[i];
   if (fd < 0) return read_attr(w.fd, kPolledFiles[i], out, max);
-  out.len = 0;
-  ssize_t n = 0;
-  do {
-    n = ::pread(fd, out.buf, std::min(max, sizeof out.buf), 0);
-  } while (n < 0 && errno == EINTR);
-  out.error = n < 0 ? (errno == EAGAIN ? EIO : errno) : 0;
-  if (n > 0) out.len = static_cast<std::size_t>(n);
-  if (n >= 0) return;
+  if (read_into(fd, true, out, max)) return;
   ::close(fd);
   fd = ::openat(w.fd, kPolledFiles[i], O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 }
@@ -243,7 +246,8 @@ void Reader::watch(std::vector<Target> targets) {
     const std::string dir = impl_->devices + "/" + t.address.to_string();
     w.fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (w.fd >= 0) {
-      w.aer = has(w.fd, "aer_dev_fatal") || has(w.fd, "aer_dev_nonfatal") || has(w.fd, "aer_dev_correctable");
+      w.aer = std::any_of(std::begin(kAerFiles), std::end(kAerFiles),
+                          [&](const char* f) { return has(w.fd, f); });
       w.power_state = has(w.fd, "power_state");
     }
     for (std::size_t i = 0; w.fd >= 0 && i < w.held.size() && held < kMaxHeldFiles; ++i) {

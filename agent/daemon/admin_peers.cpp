@@ -1,6 +1,5 @@
 #include "gpunode/daemon/admin_peers.hpp"
 
-#include <fmt/format.h>
 #include <grp.h>
 #include <sys/stat.h>
 
@@ -25,16 +24,16 @@ AdminPeers::Lookup nss_lookup(const std::string& name) {
   return std::unexpected(rc);
 }
 
-// The identity of the group file: inode, size, modification and change times ("" when it cannot
-// be stat'ed). Files are replaced by rename (a new inode) or written in place (new times).
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {};
-  return fmt::format("{}:{}:{}.{}:{}.{}", st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
-                     st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
-}
-
 }  // namespace
+
+// The group file as stat(2) sees it (nullopt when it cannot): a file replaced by rename has another
+// inode, one written in place other times or size.
+std::optional<AdminPeers::FileId> AdminPeers::group_file_id() const {
+  struct stat st {};
+  if (::stat(group_file_.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_ino,          st.st_size,        st.st_mtim.tv_sec,
+                st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+}
 
 AdminPeers::AdminPeers(const config::Config::Admin& admin, LookupFn lookup, std::string group_file)
     : lookup_(lookup ? std::move(lookup) : LookupFn{nss_lookup}), group_file_(std::move(group_file)) {
@@ -49,12 +48,13 @@ void AdminPeers::configure(const config::Config::Admin& admin) {
 }
 
 std::optional<gid_t> AdminPeers::resolve() {
-  return resolve_at(std::chrono::steady_clock::now());
+  // The file before the lookup: a change made during it is seen by the next rescan.
+  return resolve_at(std::chrono::steady_clock::now(), group_file_id());
 }
 
-std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_point at) {
+std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_point at,
+                                            std::optional<FileId> file) {
   std::string name;
-  auto file = file_identity(group_file_);  // before the lookup: a change during it is seen next time
   {
     std::lock_guard lock{mu_};
     name = group_name_;
@@ -62,7 +62,7 @@ std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_poin
   const Lookup found = name.empty() ? Lookup{std::nullopt} : lookup_(name);
   std::lock_guard lock{mu_};
   asked_at_ = at;
-  asked_over_ = std::move(file);
+  asked_over_ = file;
   failed_ = !found;
   if (!found) {
     // The lookup failed, which is not "no such group": the gid known before stays, so that the
@@ -74,13 +74,13 @@ std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_poin
 }
 
 bool AdminPeers::resolve_if_due(std::chrono::steady_clock::time_point now) {
-  const auto file = file_identity(group_file_);
+  const auto file = group_file_id();
   bool due = false;
   {
     std::lock_guard lock{mu_};
     due = !asked_at_ || failed_ || now - *asked_at_ >= kRecheck || file != asked_over_;
   }
-  if (due) resolve_at(now);
+  if (due) resolve_at(now, file);
   return due;
 }
 

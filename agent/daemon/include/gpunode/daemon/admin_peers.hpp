@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <expected>
 #include <functional>
 #include <mutex>
@@ -52,7 +53,18 @@ class AdminPeers {
   [[nodiscard]] std::optional<gid_t> gid() const;
 
  private:
-  std::optional<gid_t> resolve_at(std::chrono::steady_clock::time_point at);
+  // /etc/group's inode, size and times: a change to any is a change of the file.
+  struct FileId {
+    ino_t inode;
+    off_t size;
+    time_t mtime_s;
+    long mtime_ns;
+    time_t ctime_s;
+    long ctime_ns;
+    bool operator==(const FileId&) const = default;
+  };
+  [[nodiscard]] std::optional<FileId> group_file_id() const;
+  std::optional<gid_t> resolve_at(std::chrono::steady_clock::time_point at, std::optional<FileId> file);
 
   LookupFn lookup_;
   std::string group_file_;
@@ -63,7 +75,7 @@ class AdminPeers {
   std::optional<gid_t> gid_;
   // When and over which /etc/group resolve() last asked, and whether that failed.
   std::optional<std::chrono::steady_clock::time_point> asked_at_;
-  std::string asked_over_;  // /etc/group's inode, size and times then ("" when it could not stat)
+  std::optional<FileId> asked_over_;  // /etc/group then (nullopt when it could not be stat'ed)
   bool failed_ = false;
 };
 
