@@ -140,15 +140,16 @@ bool has(int dir_fd, const char* name) {
   return ::faccessat(dir_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-// The files a poll reads every time (the AER counters of every function; the link width and config
-// head of a GPU and its port) are held open and read again from offset 0 (sysfs shows an attribute
-// afresh at each read from 0): one system call instead of three, and no path walked. power_state
-// is opened afresh at each poll: it says the function is still there before link or config are
-// read (sysfs fails a removed function's held files with ENODEV, other file systems read them as
-// they were). At most this many are held, past it they are opened for each read: the agent's own
-// files have a budget (kOwnFiles, 256, in daemon/startup.cpp) that also holds a directory per
+// The files a poll reads every time (the AER counters of every function; the power state, link
+// width and config head of a GPU and its port) are held open and read again from offset 0 (sysfs
+// shows an attribute afresh at each read from 0): one system call instead of three, and no path
+// walked. A function removed since it was watched fails its held files' reads (sysfs answers
+// ENODEV): that poll's power state is unknown, so neither link nor config is judged, and each
+// file is opened again for the next poll (a function added back at the same address is read
+// afresh). At most this many are held, past it they are opened for each read: the agent's own
+// files have a budget (kOwnFiles, 512, in daemon/startup.cpp) that also holds a directory per
 // watched function, SQLite, libvirt and the listeners. 96 holds every polled file of an 8-GPU host
-// (the demo host: at most 78, for its 18 functions).
+// (the demo host: at most 94, for its 18 functions).
 constexpr std::size_t kMaxHeldFiles = 96;
 enum Polled : std::size_t { aer_fatal, aer_nonfatal, aer_correctable, power, link_width, config_head };
 constexpr const char* kPolledFiles[] = {"aer_dev_fatal", "aer_dev_nonfatal",   "aer_dev_correctable",
@@ -163,7 +164,7 @@ struct Watched {
   std::optional<int> max_width;                                           // read once, in D0
   std::array<int, std::size(kPolledFiles)> held{-1, -1, -1, -1, -1, -1};  // kPolledFiles, held open (or -1)
 
-  // Whether kPolledFiles[i] of this function is held open (read at every poll; power_state never).
+  // Whether kPolledFiles[i] of this function is held open (read at every poll).
   [[nodiscard]] bool holds(Polled i) const {
     switch (i) {
       case aer_fatal:
@@ -171,7 +172,7 @@ struct Watched {
       case aer_correctable:
         return aer;
       case power:
-        return false;
+        return power_state && (target.link_judged || target.gpu);
       case link_width:
         return target.link_judged;
       case config_head:

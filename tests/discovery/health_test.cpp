@@ -63,10 +63,13 @@ struct Host {
     link(t, "0000:41:00.0", "D0", "16");
     t.write(t.dev("0000:41:00.0") / "config", std::string("\xde\x10\x30\x23", 4) + std::string(60, '\0'));
   }
-  std::vector<Reading> read(Reader& r) {
+  void watch(Reader& r) {
     const auto units = build_units(t.read(), Policy{});
     REQUIRE(units.size() == 1);
     r.watch(targets_of(units.front(), [&](const PciAddress& a) { return r.parent_of(a); }));
+  }
+  std::vector<Reading> read(Reader& r) {
+    watch(r);
     return r.read();
   }
 };
@@ -192,13 +195,16 @@ TEST_CASE("a function gone since it was watched is unknown; watched again, it is
   (void)h.read(r);
   aer(h.t, "0000:41:00.0", 1, 0, 0);  // in place, as sysfs changes: the held AER files see it
   CHECK(r.read()[0].counts == Counts{1, 0, 0});
+  // Removed, then the rescan that follows watches the unit's functions again. (What a poll reads
+  // before that rescan: sysfs fails the held files with ENODEV, the next case; tmpfs keeps removed
+  // files readable, so it is not checked here.)
   std::filesystem::remove_all(h.t.dev("0000:41:00.0"));
+  r.watch(r.targets());
   auto readings = r.read();
-  // Its power state cannot be read: not judged on link or config. (sysfs fails a held file's read
-  // with ENODEV, which reopens it; tmpfs keeps the removed files readable, so counts are not checked.)
   CHECK(readings[0].power == Power::unknown);
   CHECK_FALSE(readings[0].width);
   CHECK(readings[0].config == ConfigAnswer::not_read);
+  CHECK(readings[0].counts == Counts{});
   CHECK_FALSE(readings[0].unknown.empty());
   // Back (re-enumerated: its counters start at 0); a scan watches the unit's functions again.
   std::filesystem::remove(h.t.root() / "sys/bus/pci/devices/0000:41:00.0");
@@ -208,6 +214,31 @@ TEST_CASE("a function gone since it was watched is unknown; watched again, it is
   r.watch(r.targets());
   CHECK(r.read()[0].counts == Counts{0, 0, 0});
   CHECK(r.read()[0].power == Power::d0);
+}
+
+TEST_CASE("a held file whose read fails is unknown that poll and opened again for the next") {
+  // As sysfs fails a removed function's held files (ENODEV), and the function may come back at the
+  // same address before a rescan: here power_state is a directory when watched (its held
+  // descriptor's reads fail, EISDIR), then a file again.
+  Host h;
+  const auto power_state = h.t.dev("0000:41:00.0") / "power_state";
+  std::filesystem::remove(power_state);
+  std::filesystem::create_directory(power_state);
+  Reader r(h.t.root());
+  h.watch(r);
+  std::filesystem::remove(power_state);
+  h.t.write(power_state, "D0\n");
+  auto readings = r.read();
+  CHECK(readings[0].power == Power::unknown);  // not judged on link or config
+  CHECK_FALSE(readings[0].width);
+  CHECK(readings[0].config == ConfigAnswer::not_read);
+  REQUIRE(readings[0].unknown.size() == 1);
+  CHECK(readings[0].unknown[0].attribute == "power_state");
+  readings = r.read();
+  CHECK(readings[0].power == Power::d0);
+  CHECK(readings[0].width == 16);
+  CHECK(readings[0].config == ConfigAnswer::answers);
+  CHECK(readings[0].unknown.empty());
 }
 
 TEST_CASE("a counts-only look reads no power state, link or config") {
