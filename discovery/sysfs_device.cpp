@@ -281,12 +281,21 @@ std::optional<std::vector<std::string>> list_dir(const std::string& path, int* e
     if (error) *error = errno;
     return std::nullopt;
   }
-  std::vector<std::string> names;
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    names.emplace_back(entry->d_name);
-  }
+  auto names = read_entries(dir);
+  if (!names && error) *error = errno;
   ::closedir(dir);
+  return names;
+}
+
+std::optional<std::vector<std::string>> read_entries(DIR* dir) {
+  std::vector<std::string> names;
+  for (;;) {
+    errno = 0;  // readdir's end and its failure differ only by errno
+    const dirent* entry = ::readdir(dir);
+    if (entry == nullptr) break;
+    if (entry->d_name[0] != '.') names.emplace_back(entry->d_name);
+  }
+  if (errno != 0) return std::nullopt;
   return names;
 }
 

@@ -3,6 +3,8 @@
 // with their IOMMU groups into a HostSnapshot; everything it reads goes through here.
 #pragma once
 
+#include <dirent.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +54,9 @@ LinkName read_link_name(const std::string& path);
 // Entry names of a directory (not those starting with '.'); nullopt (with errno) if it cannot be
 // opened.
 std::optional<std::vector<std::string>> list_dir(const std::string& path, int* error = nullptr);
+// The same of a directory already open, read from where it stands (rewinddir first to read it all
+// again); nullopt (with errno) when a read fails.
+std::optional<std::vector<std::string>> read_entries(DIR* dir);
 
 struct DirFd {
   int fd;

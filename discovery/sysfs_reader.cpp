@@ -9,6 +9,7 @@
 // links). On the 1,088-function bench host that is one file read per function plus ~20 per GPU.
 #include "gpunode/discovery/sysfs_reader.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -29,12 +30,12 @@ namespace {
 
 using sysfs::describe;
 using sysfs::DeviceReader;
-using sysfs::DirFd;
 using sysfs::exists_nofollow;
 using sysfs::FileText;
 using sysfs::LinkName;
 using sysfs::list_dir;
 using sysfs::parse_integer;
+using sysfs::read_entries;
 using sysfs::read_link_name;
 using sysfs::read_small;
 using sysfs::sysfs_text;
@@ -84,6 +85,87 @@ void append_link_at(int dir_fd, const std::string& path, std::string& out) {
   else
     out += errno == ENOENT ? "-" : "?";
 }
+
+// fingerprint()'s descriptors, kept from one call to the next (an idle agent takes a fingerprint
+// every rescan_interval, and what one costs is its system calls and path walks): the devices
+// directory, read again from its start, and each listed function's own directory (O_PATH, at most
+// kMaxHeldDirs; past that a link is read through the bus's symlink), so that a readlink walks one
+// component instead of the symlink's several. A directory held for a function removed since reads
+// as unbound and groupless, so a fingerprint that differs from the last one is taken again through
+// fresh descriptors, and every SysfsReader::kFingerprintFreshEvery-th is anyway (a function
+// removed and added back at the same address, unbound and groupless before, would otherwise read
+// as before until then). The agent's own files have a budget (kOwnFiles in daemon/startup.cpp)
+// that counts these.
+class HeldDirs {
+ public:
+  static constexpr std::size_t kMaxHeldDirs = 64;
+
+  explicit HeldDirs(std::string devices_dir) : devices_dir_(std::move(devices_dir)) {}
+  ~HeldDirs() { drop(); }
+  HeldDirs(const HeldDirs&) = delete;
+  HeldDirs& operator=(const HeldDirs&) = delete;
+
+  std::optional<std::string> fingerprint() {
+    if (++taken_ % SysfsReader::kFingerprintFreshEvery == 0) drop();
+    const bool reused = devices_ != nullptr;
+    auto f = take();
+    if (reused && f != last_) {
+      drop();
+      f = take();
+    }
+    if (!f) drop();
+    last_ = f;
+    return f;
+  }
+
+ private:
+  std::optional<std::string> take() {
+    if (devices_ == nullptr)
+      devices_ = ::opendir(devices_dir_.c_str());
+    else
+      ::rewinddir(devices_);
+    if (devices_ == nullptr) return std::nullopt;
+    auto entries = read_entries(devices_);
+    if (!entries) return std::nullopt;
+    std::sort(entries->begin(), entries->end());
+    const int base = ::dirfd(devices_);
+    std::string out;
+    out.reserve(entries->size() * 96);
+    for (const auto& name : *entries) {
+      const int dir = dir_of(base, name);
+      out += name;
+      for (const char* link : {"driver", "iommu_group"}) {
+        out += ' ';
+        if (dir >= 0)
+          append_link_at(dir, link, out);
+        else
+          append_link_at(base, name + "/" + link, out);
+      }
+      out += '\n';
+    }
+    return out;
+  }
+  // `name`'s directory under `base`, held; -1 past kMaxHeldDirs or when it cannot be opened.
+  int dir_of(int base, const std::string& name) {
+    if (const auto it = dirs_.find(name); it != dirs_.end()) return it->second;
+    if (dirs_.size() >= kMaxHeldDirs) return -1;
+    const int fd = ::openat(base, name.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) dirs_.emplace(name, fd);
+    return fd;
+  }
+  void drop() {
+    if (devices_ != nullptr) ::closedir(devices_);
+    devices_ = nullptr;
+    for (const auto& [name, fd] : dirs_) ::close(fd);
+    dirs_.clear();
+  }
+
+  std::string devices_dir_;
+  DIR* devices_ = nullptr;
+  std::map<std::string, int, std::less<>> dirs_;
+  std::optional<std::string> last_;
+  unsigned taken_ = 0;
+};
 
 // The host's IOMMU groups (<groups_dir>/N/devices), each group's members listed when first needed.
 class IommuGroups {
@@ -160,6 +242,7 @@ struct SysfsReader::Impl {
   std::string devices_dir;  // <host_root>/sys/bus/pci/devices
   std::string groups_dir;   // <host_root>/sys/kernel/iommu_groups
   sysfs::PciLibrary pci;
+  HeldDirs held;  // fingerprint()'s
 
   Impl(std::filesystem::path root, Policy p, const PciIds* n)
       : host_root(std::move(root)),
@@ -168,7 +251,8 @@ struct SysfsReader::Impl {
         sys((host_root / "sys").string()),
         devices_dir(sys + "/bus/pci/devices"),
         groups_dir(sys + "/kernel/iommu_groups"),
-        pci(sys + "/bus/pci") {}
+        pci(sys + "/bus/pci"),
+        held(devices_dir) {}
 
   std::string dev_path(const PciAddress& a) const { return devices_dir + "/" + a.to_string(); }
 
@@ -337,23 +421,8 @@ HostSnapshot SysfsReader::read() {
   return impl_->read();
 }
 
-std::optional<std::string> SysfsReader::fingerprint() const {
-  int err = 0;
-  auto entries = list_dir(impl_->devices_dir, &err);
-  const DirFd devices{::open(impl_->devices_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_PATH)};
-  if (!entries || devices.fd < 0) return std::nullopt;
-  std::sort(entries->begin(), entries->end());
-  std::string out;
-  out.reserve(entries->size() * 96);
-  for (const auto& name : *entries) {
-    out += name;
-    out += ' ';
-    append_link_at(devices.fd, name + "/driver", out);
-    out += ' ';
-    append_link_at(devices.fd, name + "/iommu_group", out);
-    out += '\n';
-  }
-  return out;
+std::optional<std::string> SysfsReader::fingerprint() {
+  return impl_->held.fingerprint();
 }
 
 std::optional<std::uint32_t> pci_class_of(const std::filesystem::path& host_root,

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -182,7 +183,7 @@ TEST_CASE("rescans see changes") {
 TEST_CASE("the fingerprint moves with the functions, their drivers and their groups, and only with them") {
   Tree t;
   t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
-  const SysfsReader reader(t.root(), {}, nullptr);
+  SysfsReader reader(t.root(), {}, nullptr);
   const auto first = reader.fingerprint();
   REQUIRE(first);
   CHECK(first->find("0000:41:00.0 ") != std::string::npos);
@@ -214,4 +215,63 @@ TEST_CASE("the fingerprint moves with the functions, their drivers and their gro
 
   fs::remove_all(t.root() / "sys/bus/pci/devices");
   CHECK_FALSE(reader.fingerprint());  // nothing to compare: the caller reads the host in full
+}
+
+namespace {
+// The function at `a` removed (its directory, its bus link, its group's link), as the kernel does.
+void remove_function(Tree& t, const std::string& a, int group) {
+  fs::remove_all(t.dev(a));
+  fs::remove(t.root() / "sys/bus/pci/devices" / a);
+  if (group >= 0) fs::remove(t.root() / "sys/kernel/iommu_groups" / std::to_string(group) / "devices" / a);
+}
+std::optional<std::string> fresh_fingerprint(const Tree& t) {
+  return SysfsReader(t.root(), {}, nullptr).fingerprint();
+}
+}  // namespace
+
+TEST_CASE("the fingerprint through the directories it holds: a function removed and added back is seen") {
+  Tree t;
+  t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+  SysfsReader reader(t.root(), {}, nullptr);
+  const auto before = reader.fingerprint();
+  REQUIRE(before);
+  CHECK(reader.fingerprint() == before);  // through the directories it holds now
+  // Back at the same address, bound to another driver: the directory held is the removed one's.
+  remove_function(t, "0000:41:00.0", 3);
+  t.add("0000:41:00.0", "10de", "2330", "030200", "nvidia", 3);
+  const auto after = reader.fingerprint();
+  CHECK(after != before);
+  CHECK(after == fresh_fingerprint(t));
+  CHECK(after->find("drivers/nvidia") != std::string::npos);
+
+  SUBCASE("unbound and groupless before: the same as a dead directory reads, seen at the next fresh look") {
+    remove_function(t, "0000:41:00.0", 3);
+    t.add("0000:41:00.0", "10de", "2330", "030200", "", -1);
+    const auto unbound = reader.fingerprint();
+    REQUIRE(unbound == fresh_fingerprint(t));
+    remove_function(t, "0000:41:00.0", -1);
+    t.add("0000:41:00.0", "10de", "2330", "030200", "vfio-pci", 3);
+    unsigned calls = 1;
+    auto seen = reader.fingerprint();
+    for (; seen == unbound && calls < SysfsReader::kFingerprintFreshEvery; ++calls)
+      seen = reader.fingerprint();
+    CHECK(seen == fresh_fingerprint(t));
+    CHECK(calls <= SysfsReader::kFingerprintFreshEvery);
+  }
+}
+
+TEST_CASE("the fingerprint of more functions than it holds directories for reads as a fresh one does") {
+  Tree t;
+  for (int i = 0; i < 80; ++i)
+    t.add(fmt::format("0000:{:02x}:00.0", 0x10 + i), "10de", "2330", "030200", i % 2 == 0 ? "vfio-pci" : "",
+          i);
+  SysfsReader reader(t.root(), {}, nullptr);
+  const auto first = reader.fingerprint();
+  REQUIRE(first);
+  CHECK(std::count(first->begin(), first->end(), '\n') == 80);
+  CHECK(reader.fingerprint() == first);
+  CHECK(first == fresh_fingerprint(t));
+  REQUIRE(fs::remove(t.dev("0000:5e:00.0") / "driver"));  // past those held: read through the bus link
+  CHECK(reader.fingerprint() == fresh_fingerprint(t));
+  CHECK(reader.fingerprint() != first);
 }

@@ -36,8 +36,12 @@ class SysfsReader {
   // group changes: each function's address with its `driver` and `iommu_group` links, two
   // readlink calls a function instead of the dozen reads of read(). The daemon's periodic rescan
   // (the backstop to the kernel's uevents) reads the host again only when it differs from the one
-  // taken before the last read(). nullopt: the devices directory cannot be listed.
-  [[nodiscard]] std::optional<std::string> fingerprint() const;
+  // taken before the last read(). nullopt: the devices directory cannot be listed. It holds the
+  // directories it reads between calls (sysfs_reader.cpp, HeldDirs): one thread at a time.
+  [[nodiscard]] std::optional<std::string> fingerprint();
+  // Every this many fingerprints are taken through freshly opened directories (10 minutes at the
+  // default rescan_interval).
+  static constexpr unsigned kFingerprintFreshEvery = 20;
 
  private:
   struct Impl;
