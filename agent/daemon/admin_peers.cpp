@@ -73,13 +73,19 @@ std::optional<gid_t> AdminPeers::resolve_at(std::chrono::steady_clock::time_poin
   return *found;
 }
 
+bool AdminPeers::due_over(std::chrono::steady_clock::time_point now,
+                          const std::optional<FileId>& file) const {
+  std::lock_guard lock{mu_};
+  return !asked_at_ || failed_ || now - *asked_at_ >= kRecheck || file != asked_over_;
+}
+
+bool AdminPeers::due(std::chrono::steady_clock::time_point now) const {
+  return due_over(now, group_file_id());
+}
+
 bool AdminPeers::resolve_if_due(std::chrono::steady_clock::time_point now) {
   const auto file = group_file_id();
-  bool due = false;
-  {
-    std::lock_guard lock{mu_};
-    due = !asked_at_ || failed_ || now - *asked_at_ >= kRecheck || file != asked_over_;
-  }
+  const bool due = due_over(now, file);
   if (due) resolve_at(now, file);
   return due;
 }

@@ -191,8 +191,10 @@ struct Daemon::Parts {
       // The workloads: libvirt's events refresh them as they come; without events (none
       // registered, or the connection lost) the interval does.
       if (!stopping && !hypervisor->watching()) driver->refresh();
-      // A group created since start counts (admin_peers.hpp: when NSS is asked again).
-      asio::post(slow, [this] { peers->resolve_if_due(std::chrono::steady_clock::now()); });
+      // A group created since start counts (admin_peers.hpp: when NSS is asked again); the slow
+      // thread is woken only when a lookup is due.
+      if (peers->due(std::chrono::steady_clock::now()))
+        asio::post(slow, [this] { peers->resolve_if_due(std::chrono::steady_clock::now()); });
       arm_rescan();
     });
   }

@@ -1,6 +1,7 @@
 // Who may use the admin socket (admin_peers.hpp): the group's gid as NSS said it, and when a rescan
 // asks NSS again (a lookup is most of an idle agent's CPU): after /etc/group changed, after
-// kRecheck, after a lookup that failed; never twice in a row otherwise.
+// kRecheck, after a lookup that failed; never twice in a row otherwise (and due() says so without
+// asking).
 #include "gpunode/daemon/admin_peers.hpp"
 
 #include <doctest/doctest.h>
@@ -92,9 +93,12 @@ TEST_CASE(
   AdminPeers peers{admin("gpunode-admin"), nss.fn(), group_file.string()};
   const auto t0 = std::chrono::steady_clock::now();
 
+  CHECK(peers.due(t0));
+  CHECK(nss.asked == 0);            // due() itself never asks
   CHECK(peers.resolve_if_due(t0));  // never asked: asks
   CHECK(nss.asked == 1);
   CHECK_FALSE(peers.gid());
+  CHECK_FALSE(peers.due(t0 + 30s));
   CHECK_FALSE(peers.resolve_if_due(t0 + 30s));  // nothing changed: NSS is not asked
   CHECK_FALSE(peers.resolve_if_due(t0 + 4min));
   CHECK(nss.asked == 1);
@@ -103,6 +107,8 @@ TEST_CASE(
     nss.groups["gpunode-admin"] = 4242;
     write(group_file, "root:x:0:\ngpunode-admin:x:4242:\n");
     touch_later(group_file, 1);
+    CHECK(peers.due(t0 + 60s));
+    CHECK(nss.asked == 1);
     CHECK(peers.resolve_if_due(t0 + 60s));
     CHECK(peers.gid() == std::optional<gid_t>{4242});
     CHECK_FALSE(peers.resolve_if_due(t0 + 90s));
@@ -118,7 +124,9 @@ TEST_CASE(
   }
   SUBCASE("a group from another source (LDAP, userdb) counts within kRecheck") {
     nss.groups["gpunode-admin"] = 4242;
+    CHECK_FALSE(peers.due(t0 + AdminPeers::kRecheck - 1s));
     CHECK_FALSE(peers.resolve_if_due(t0 + AdminPeers::kRecheck - 1s));
+    CHECK(peers.due(t0 + AdminPeers::kRecheck));
     CHECK(peers.resolve_if_due(t0 + AdminPeers::kRecheck));
     CHECK(peers.gid() == std::optional<gid_t>{4242});
   }
@@ -142,6 +150,7 @@ TEST_CASE("admin peers: an NSS outage keeps the gid known and is asked again at 
   CHECK(peers.resolve_if_due(t0 + AdminPeers::kRecheck));
   CHECK(peers.gid() == std::optional<gid_t>{4242});  // not "no such group": open connections stay
   CHECK(peers.allowed(peer(2000, 4242)));
+  CHECK(peers.due(t0 + AdminPeers::kRecheck + 30s));
   CHECK(peers.resolve_if_due(t0 + AdminPeers::kRecheck + 30s));  // failed: asked again at once
   nss.error = 0;
   nss.groups.erase("gpunode-admin");

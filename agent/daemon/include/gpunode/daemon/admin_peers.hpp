@@ -4,12 +4,12 @@
 // the socket itself: SO_PEERCRED and SO_PEERGROUPS) hold admin.allowed_group's gid, acts as
 // platform-admin. allowed() runs on the network thread for every admin-socket connection and
 // makes no NSS call: the group's name is resolved to a gid by resolve(), which the daemon runs at
-// start and on SIGHUP, and by resolve_if_due() at every rescan, on a thread that may block (an
-// LDAP stall stalls nothing else). A lookup is the largest part of an idle agent's CPU (glibc reads
-// /etc/group, then asks systemd-userdbd over varlink when the group is not there: 0.5 ms here), so
-// a rescan asks again only when /etc/group changed or kRecheck has passed: a group created after
-// start counts from the next rescan when it is made in /etc/group, within kRecheck from another
-// NSS source (LDAP, systemd-userdb), and at once on a reload.
+// start and on SIGHUP, and by resolve_if_due() after a rescan that finds it due(), on a thread
+// that may block (an LDAP stall stalls nothing else). A lookup is the largest part of an idle agent's CPU
+// (glibc reads /etc/group, then asks systemd-userdbd over varlink when the group is not there: 0.5 ms here),
+// so a rescan asks again only when /etc/group changed or kRecheck has passed: a group created after start
+// counts from the next rescan when it is made in /etc/group, within kRecheck from another NSS source (LDAP,
+// systemd-userdb), and at once on a reload.
 #pragma once
 
 #include <sys/types.h>
@@ -45,8 +45,11 @@ class AdminPeers {
   [[nodiscard]] bool allowed(const http::Peer& peer) const;
   // May block (NSS): looks admin.allowed_group up again. Returns its gid if it exists.
   std::optional<gid_t> resolve();
-  // May block: resolve() when /etc/group changed since the last lookup, kRecheck has passed since
-  // it, or it failed. Returns whether it asked.
+  // Whether resolve_if_due() would ask NSS now: /etc/group changed since the last lookup, kRecheck
+  // has passed since it, or it failed. No NSS, one stat: the daemon asks it at every rescan and
+  // wakes the slow thread only when it says so.
+  [[nodiscard]] bool due(std::chrono::steady_clock::time_point now) const;
+  // May block: resolve() when due(now). Returns whether it asked.
   bool resolve_if_due(std::chrono::steady_clock::time_point now);
   // SIGHUP: new allowed_uids and allowed_group (resolved again by the next resolve()).
   void configure(const config::Config::Admin& admin);
@@ -64,6 +67,8 @@ class AdminPeers {
     bool operator==(const FileId&) const = default;
   };
   [[nodiscard]] std::optional<FileId> group_file_id() const;
+  [[nodiscard]] bool due_over(std::chrono::steady_clock::time_point now,
+                              const std::optional<FileId>& file) const;
   std::optional<gid_t> resolve_at(std::chrono::steady_clock::time_point at, std::optional<FileId> file);
 
   LookupFn lookup_;
