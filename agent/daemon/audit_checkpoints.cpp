@@ -5,6 +5,8 @@
 
 #include <filesystem>
 
+#include "gpunode/daemon/cadence.hpp"
+
 namespace gpunode::daemon {
 
 error::Result<std::shared_ptr<const proof::NodeKey>> load_audit_key(const config::Config& c,
@@ -32,7 +34,10 @@ void AuditCheckpoints::stop() {
 
 void AuditCheckpoints::arm() {
   if (stopped_) return;
-  timer_.expires_after(signed_since_start_ ? interval_ : first_within_);
+  // At the multiples of the interval (cadence.hpp): the idle agent's look every first_within
+  // shares the rescan's and the health poll's wake-up.
+  timer_.expires_at(
+      next_on_cadence(std::chrono::steady_clock::now(), signed_since_start_ ? interval_ : first_within_));
   timer_.async_wait([this](const boost::system::error_code& e) {
     if (e || stopped_) return;
     if (checkpoint(signed_since_start_ ? "periodic" : "first since start")) signed_since_start_ = true;

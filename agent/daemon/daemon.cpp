@@ -22,6 +22,7 @@
 #include "gpunode/config/config.hpp"
 #include "gpunode/daemon/admin_peers.hpp"
 #include "gpunode/daemon/audit_checkpoints.hpp"
+#include "gpunode/daemon/cadence.hpp"
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/log.hpp"
 #include "gpunode/daemon/policy.hpp"
@@ -182,8 +183,10 @@ struct Daemon::Parts {
       say(LogLevel::info, "uevents: the kernel's queue overflowed and some were lost; rescanning");
     if (!stopping) uevent_rescan.poke();
   }
+  // The backstop rescan, every discovery.rescan_interval at its multiples (cadence.hpp: with the
+  // health poll's, one wake-up for both).
   void arm_rescan() {
-    rescan_timer.expires_after(cfg.discovery.rescan_interval);
+    rescan_timer.expires_at(next_on_cadence(std::chrono::steady_clock::now(), cfg.discovery.rescan_interval));
     rescan_timer.async_wait([this](const boost::system::error_code& e) {
       if (e) return;
       node->rescan_if_changed();

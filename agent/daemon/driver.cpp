@@ -7,6 +7,8 @@
 #include <utility>
 #include <variant>
 
+#include "gpunode/daemon/cadence.hpp"
+
 namespace gpunode::daemon {
 namespace asio = boost::asio;
 using service::ApiRequest;
@@ -114,12 +116,12 @@ Driver::Driver(asio::io_context& core, service::NodeService& node,
 }
 
 // Unit health (CONTRACT §13): the service polled when it opened; from then on every health.interval,
-// on this thread. What a poll stored moves the revision like any change (it wakes the long polls
-// and the reporter).
+// on this thread, at the multiples of the interval (cadence.hpp: with the backstop rescan's). What a poll
+// stored moves the revision like any change (it wakes the long polls and the reporter).
 void Driver::arm_health() {
   const auto interval = node_.health_interval();
   if (!interval || stopping_) return;
-  health_timer_.expires_after(*interval);
+  health_timer_.expires_at(next_on_cadence(std::chrono::steady_clock::now(), *interval));  // cadence.hpp
   health_timer_.async_wait([this](const boost::system::error_code& e) {
     if (e || stopping_) return;
     try {

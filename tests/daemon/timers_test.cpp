@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpunode/daemon/cadence.hpp"
 #include "gpunode/daemon/debounce.hpp"
 #include "gpunode/daemon/uevents.hpp"
 #include "gpunode/daemon/wall_timer.hpp"
@@ -219,4 +220,23 @@ TEST_CASE(
   io.restart();
   io.run_for(100ms);
   CHECK_FALSE(ran);
+}
+
+TEST_CASE("cadence: the next multiple of the interval, so that equal intervals fire together") {
+  using gpunode::daemon::next_on_cadence;
+  using Steady = std::chrono::steady_clock;
+  const Steady::time_point at(std::chrono::hours(100) + 7s + 250ms);
+  CHECK(next_on_cadence(at, 30s) == Steady::time_point(std::chrono::hours(100) + 30s));
+  CHECK(next_on_cadence(Steady::time_point(std::chrono::hours(100) + 30s), 30s) ==
+        Steady::time_point(std::chrono::hours(100) + 60s));  // strictly after: never fires twice at once
+  // A rescan armed after its work and a health poll armed before it still meet.
+  CHECK(next_on_cadence(at + 3ms, 30s) == next_on_cadence(at, 30s));
+  CHECK(next_on_cadence(at, 200ms) == Steady::time_point(std::chrono::hours(100) + 7s + 400ms));
+  CHECK(next_on_cadence(at, 0s) == at);
+  for (const auto now : {Steady::now(), Steady::now() + 29999ms}) {
+    const auto next = next_on_cadence(now, 30s);
+    CHECK(next > now);
+    CHECK(next - now <= 30s);
+    CHECK(next.time_since_epoch() % 30s == Steady::duration::zero());
+  }
 }

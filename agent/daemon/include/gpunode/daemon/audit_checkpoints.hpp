@@ -1,7 +1,7 @@
 // gpunode/daemon/audit_checkpoints.hpp: the signed audit checkpoints' timer (CONTRACT §12), on the
 // core thread like the daemon's other timers: at start (a head an earlier run left unsigned, say
-// by a crash), every `first_within` until the first record written since start is signed (so the
-// chain is never unsigned for an hour after a start: "within a minute"), then every
+// by a crash), every `first_within` (at its multiples, cadence.hpp) until the first record written since
+// start is signed (so the chain is never unsigned for an hour after a start: "within a minute"), then every
 // audit.checkpoint_interval, and once at stop, NodeService::checkpoint_audit() signs and stores the
 // chain's head when it has grown. A look that finds nothing new is an in-memory compare and one
 // indexed read. The signing and the commit run there, never on a network thread.
