@@ -26,8 +26,11 @@ namespace gpunode::daemon {
 namespace {
 
 // Descriptors the agent holds besides its connections: SQLite and its journal, libvirt's socket,
-// the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's.
-constexpr std::size_t kOwnFiles = 256;
+// the lock, the listeners, the reporter's connection, pipes, netlink, the watchdog's and journal's,
+// the rescan fingerprint's directories (at most 65, discovery/sysfs_reader.cpp) and unit health's
+// files (at most 96, and a directory per watched function, a GPU's functions and its ports:
+// discovery/health.cpp): with room for 256 of those.
+constexpr std::size_t kOwnFiles = 512;
 
 // What a passed socket is: its family, whether it listens for streams, and where it is bound.
 struct Bound {
