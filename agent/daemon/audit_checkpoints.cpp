@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <utility>
 
 #include "gpunode/daemon/cadence.hpp"
 
@@ -34,10 +35,14 @@ void AuditCheckpoints::stop() {
 
 void AuditCheckpoints::arm() {
   if (stopped_) return;
-  // At the multiples of the interval (cadence.hpp): the idle agent's look every first_within
-  // shares the rescan's and the health poll's wake-up.
-  timer_.expires_at(
-      next_on_cadence(std::chrono::steady_clock::now(), signed_since_start_ ? interval_ : first_within_));
+  // The first look first_within after start, as said; the later ones at the multiples of their
+  // interval (cadence.hpp), so that an idle agent's look every first_within shares the rescan's and
+  // the health poll's wake-up.
+  const auto every = signed_since_start_ ? interval_ : first_within_;
+  if (std::exchange(armed_, true))
+    timer_.expires_at(next_on_cadence(std::chrono::steady_clock::now(), every));
+  else
+    timer_.expires_after(every);
   timer_.async_wait([this](const boost::system::error_code& e) {
     if (e || stopped_) return;
     if (checkpoint(signed_since_start_ ? "periodic" : "first since start")) signed_since_start_ = true;

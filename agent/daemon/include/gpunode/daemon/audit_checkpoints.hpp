@@ -1,9 +1,9 @@
 // gpunode/daemon/audit_checkpoints.hpp: the signed audit checkpoints' timer (CONTRACT §12), on the
 // core thread like the daemon's other timers: at start (a head an earlier run left unsigned, say
-// by a crash), every `first_within` (at its multiples, cadence.hpp) until the first record written since
-// start is signed (so the chain is never unsigned for an hour after a start: "within a minute"), then every
-// audit.checkpoint_interval, and once at stop, NodeService::checkpoint_audit() signs and stores the
-// chain's head when it has grown. A look that finds nothing new is an in-memory compare and one
+// by a crash), `first_within` after start and then at its multiples (cadence.hpp) until the first record
+// written since start is signed (so the chain is never unsigned for an hour after a start: "within a
+// minute"), then every audit.checkpoint_interval, and once at stop, NodeService::checkpoint_audit() signs and
+// stores the chain's head when it has grown. A look that finds nothing new is an in-memory compare and one
 // indexed read. The signing and the commit run there, never on a network thread.
 #pragma once
 
@@ -55,6 +55,7 @@ class AuditCheckpoints {
   std::chrono::milliseconds interval_;
   std::chrono::milliseconds first_within_;
   bool signed_since_start_ = false;  // a record written since start has been signed
+  bool armed_ = false;               // the first look (first_within after start) is armed
   std::function<void()> stored_;
   Say say_;
   bool stopped_ = false;

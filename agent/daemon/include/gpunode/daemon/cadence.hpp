@@ -1,10 +1,10 @@
 // gpunode/daemon/cadence.hpp: when a periodic timer of the core thread fires next.
 //
 // The core thread's periodic work (the backstop rescan, discovery.rescan_interval; the health poll,
-// health.interval; the audit checkpoints' looks, every 30 s until one is signed since start) runs at the
-// multiples of its interval on the monotonic clock, not an interval after it last ran: two with the same
-// interval (both 30 s by default) wake the thread once between them instead of twice, as a wake-up is much of
-// what an idle agent costs, and neither drifts by the time its work took.
+// health.interval; the audit checkpoints' looks after the first, every 30 s until one is signed since start)
+// runs at the multiples of its interval on the monotonic clock, not an interval after it last ran: two with
+// the same interval (both 30 s by default) wake the thread once between them instead of twice, as a wake-up
+// is much of what an idle agent costs, and neither drifts by the time its work took.
 #pragma once
 
 #include <chrono>
