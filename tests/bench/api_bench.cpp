@@ -4,7 +4,7 @@
 //                    [--conns N] [--per-conn N] [--save-body FILE]
 //   api_bench post   --port P --ca FILE --path PATH --token-file F --unit ID [--warmup N] [--requests N]
 //                    [--kind later|now] [--offset HOURS]
-//   api_bench commit --dir DIR [--warmup N] [--transactions N]
+//   api_bench commit --dir DIR [--warmup N] [--transactions N] [--pace-us P]
 //   api_bench pairs  --port P --ca FILE --token-file F --path-a A --path-b B [--pairs N] [--warmup N]
 //                    [--status S]
 //
@@ -16,10 +16,13 @@
 //         `warmup`. `later` (the default): the same unit, consecutive one-hour terms starting a
 //         year (and `offset` hours) from now, so none overlaps. `now`: a term that starts now (the
 //         create checks the unit's occupancy), then POST .../end of it (timed too), so the unit is
-//         free for the next. Every answer must be 201 (200 for an end).
+//         free for the next. Every answer must be 201 (200 for an end). `create_every`: the
+//         time from one create's start to the next's (the pace the agent commits at).
 // commit  the reference for post: a bare SQLite database in DIR (journal_mode=WAL,
 //         synchronous=FULL, as the agent's), `transactions` transactions inserting one row of
-//         kRowBytes each, then as many inserting three (the agent's reservation + audit + outbox).
+//         kRowBytes each, then as many inserting three (the agent's reservation + audit + outbox),
+//         back to back; with `pace-us`, as many three-row ones again, one every P µs (asleep in
+//         between): a commit costs more the longer the disk has been idle before it.
 // pairs   A and B asked alternately on one keep-alive connection, `pairs` times after `warmup` pairs,
 //         which of the two goes first in a pair drawn at random: each one's latencies, the median
 //         of the paired differences (A - B) and how often A was the slower. Every answer must be
@@ -345,7 +348,7 @@ int run_post(const Args& a) {
   const std::time_t base = (std::time(nullptr) / 3600 + 24 * 366 + a.num("offset", 0)) * 3600;
   Conn c(ctx, port);
   std::string body;
-  std::vector<double> lat, missing, ends;
+  std::vector<double> lat, missing, ends, every;
   lat.reserve(static_cast<std::size_t>(requests));
   missing.reserve(static_cast<std::size_t>(requests));
   // Between two creates, an authenticated GET of a reservation that does not exist, on the same
@@ -353,6 +356,7 @@ int run_post(const Args& a) {
   // state thread), so that create minus it is the commit's share.
   auto absent = make_request(bhttp::verb::get, path + "/r-api-bench-absent", token);
   absent.prepare_payload();
+  Clock::time_point last_start{};
   for (int i = 0; i < warmup + requests; ++i) {
     auto req = make_request(bhttp::verb::post, path, token);
     req.set(bhttp::field::content_type, "application/json");
@@ -366,6 +370,8 @@ int run_post(const Args& a) {
                   rfc3339(base + static_cast<std::time_t>(i + 1) * 3600), i);
     req.prepare_payload();
     auto t0 = Clock::now();
+    if (i > warmup) every.push_back(micros(t0 - last_start));
+    last_start = t0;
     unsigned st = c.roundtrip(req, body);
     auto dt = micros(Clock::now() - t0);
     expect(st, 201, "POST " + path, body);
@@ -393,10 +399,10 @@ int run_post(const Args& a) {
     if (i >= warmup) missing.push_back(dt);
   }
   fmt::print(
-      R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}, "end": {}}})"
+      R"({{"mode": "post", "path": "{}", "tls": "{}", "response_bytes": {}, "create": {}, "absent_get": {}, "end": {}, "create_every": {}}})"
       "\n",
       path, c.cipher(), body.size(), json_of(summarize(lat)), json_of(summarize(missing)),
-      ends.empty() ? std::string("null") : json_of(summarize(ends)));
+      ends.empty() ? std::string("null") : json_of(summarize(ends)), json_of(summarize(every)));
   return 0;
 }
 
@@ -470,13 +476,16 @@ constexpr std::size_t kRowBytes = 700;
 int run_commit(const Args& a) {
   const std::string dir = a.str("dir");
   const int warmup = a.num("warmup", 10), n = a.num("transactions", 300);
+  // --pace-us P: a third series, the 3-row transactions started P µs apart (as the agent's creates
+  // come, each after the last one's answer and a 404), the thread asleep in between.
+  const auto pace = std::chrono::microseconds(a.num("pace-us", 0));
   const std::string path = dir + "/bench-reference.db";
   std::remove(path.c_str());
   std::remove((path + "-wal").c_str());
   std::remove((path + "-shm").c_str());
   std::mt19937_64 rng{42};
   std::string mode, sync;
-  Summary one, three;
+  Summary one, three, paced;
   {
     Db db(path);
     mode = db.query1("PRAGMA journal_mode=WAL");
@@ -517,14 +526,25 @@ int run_commit(const Args& a) {
     for (int i = 0; i < n; ++i) l3.push_back(tx(3));
     one = summarize(l1);
     three = summarize(l3);
+    if (pace.count() > 0) {
+      std::vector<double> lp;
+      auto next = Clock::now();
+      for (int i = 0; i < n; ++i) {
+        next += pace;
+        std::this_thread::sleep_until(next);
+        lp.push_back(tx(3));
+      }
+      paced = summarize(lp);
+    }
   }
   std::remove(path.c_str());
   std::remove((path + "-wal").c_str());
   std::remove((path + "-shm").c_str());
   fmt::print(
-      R"({{"mode": "commit", "sqlite": "{}", "journal_mode": "{}", "synchronous": "{}", "row_bytes": {}, "one_row": {}, "three_rows": {}}})"
+      R"({{"mode": "commit", "sqlite": "{}", "journal_mode": "{}", "synchronous": "{}", "row_bytes": {}, "one_row": {}, "three_rows": {}, "pace_us": {}, "three_rows_paced": {}}})"
       "\n",
-      sqlite3_libversion(), mode, sync, kRowBytes, json_of(one), json_of(three));
+      sqlite3_libversion(), mode, sync, kRowBytes, json_of(one), json_of(three), pace.count(),
+      pace.count() > 0 ? json_of(paced) : std::string("null"));
   return 0;
 }
 
