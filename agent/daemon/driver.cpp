@@ -148,24 +148,25 @@ void Driver::submit(ApiRequest request, Respond respond) {
 
 void Driver::dispatch(ApiRequest request, std::shared_ptr<Answer> answer) {
   service::Outcome out;
-  // The request's log lines wait until its answer has gone (NodeService::handle): a line's write
-  // must not delay an acknowledgement. Whatever else the outcome is, they are written first.
+  // The request's log lines and the snapshot's publish wait until its answer has gone
+  // (NodeService::handle): neither may delay an acknowledgement. Whatever else the outcome is,
+  // after_answer() comes first.
   service::HeldLog held;
   try {
     out = node_.handle(request, held);
   } catch (...) {
-    node_.write_held(held);
+    node_.after_answer(held);
     say(LogLevel::error, fmt::format("REQUEST={} internal error: {} {}: {}", request.request_id,
                                      request.method, request.path, what_of(std::current_exception())));
     (*answer)(internal_error());
     return;
   }
-  if (!std::holds_alternative<ApiResponse>(out)) node_.write_held(held);
+  if (!std::holds_alternative<ApiResponse>(out)) node_.after_answer(held);
   std::visit(
       Overloaded{
           [&](ApiResponse& r) {
             (*answer)(std::move(r));
-            node_.write_held(held);
+            node_.after_answer(held);
           },
           [&](service::NeedsWorkloads&) {
             if (request.workloads || !hypervisor_) {  // asked twice: a bug, never a loop

@@ -328,10 +328,14 @@ Outcome NodeService::handle(const ApiRequest& request, HeldLog& held) {
     Impl& impl;
     ~Release() { impl.held_log = nullptr; }
   } release{*impl_};
-  return handle(request);
+  return impl_->respond(request);  // published by after_answer()
 }
 
-void NodeService::write_held(HeldLog& held) const {
+// After the answer: a read that comes before the publish finds the snapshot behind the generation
+// (the commit moved it) and is answered here, on the state thread, which publishes before it
+// answers anything else. Read-your-writes holds either way; the copy is off the answer's path.
+void NodeService::after_answer(HeldLog& held) {
+  impl_->publish();
   for (const auto& [level, text] : held.lines) {
     if (impl_->log) impl_->log(level, text);
   }
@@ -339,11 +343,16 @@ void NodeService::write_held(HeldLog& held) const {
 }
 
 Outcome NodeService::handle(const ApiRequest& request) {
-  impl_->apply_terms();  // never answer with a term the clock has passed
-  if (request.workloads && request.workloads != impl_->listed) impl_->take_listing(request.workloads);
-  Outcome out = impl_->route(request);
-  if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = conditional(request, std::move(*resp));
+  Outcome out = impl_->respond(request);
   impl_->publish();  // before the answer goes out
+  return out;
+}
+
+Outcome NodeService::Impl::respond(const ApiRequest& request) {
+  apply_terms();  // never answer with a term the clock has passed
+  if (request.workloads && request.workloads != listed) take_listing(request.workloads);
+  Outcome out = route(request);
+  if (auto* resp = std::get_if<ApiResponse>(&out)) *resp = conditional(request, std::move(*resp));
   return out;
 }
 

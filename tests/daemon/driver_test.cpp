@@ -1,6 +1,7 @@
 // The Driver's one answer (driver.hpp): a request it lets go unanswered (its list or its batch
 // dropped with an executor that never ran them, a parked poll dropped with the driver) is answered
-// 500 and logged naming it, once; at stop a parked poll is answered as its wait had ended.
+// 500 and logged naming it, once; at stop a parked poll is answered as its wait had ended. A change's
+// snapshot is published after its answer, and a read in between is left to the state thread.
 // Over tests/service's Lab (a node with three units, the fake hypervisor, a clock of its own).
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
@@ -112,4 +113,39 @@ TEST_CASE("driver: a parked poll is answered at stop (304), and 500 when the dri
   REQUIRE(d.answers.size() == 1);
   CHECK(d.answers[0].status == 500);
   CHECK(d.logged(dropped_line("GET", Lab::path("/state"))));
+}
+
+TEST_CASE(
+    "driver: a change is published after its answer, and a read before that is answered by the state "
+    "thread") {
+  Dropping d(Dropping::Drop::none);
+  const auto admin = d.lab.token("org-platform", {"platform-admin"});
+  const auto units = Lab::request("GET", Lab::path("/units"), admin);  // shows each unit's reservations
+  const auto at = d.lab.now_;
+  d.submit(units);  // answered by the state thread, which publishes after it
+  REQUIRE(d.answers.size() == 1);
+  CHECK(d.answers[0].status == 200);
+  REQUIRE(d.lab.service_->read(units, at));  // current: the network thread answers it
+  const std::string body =
+      R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"startsAt":"2098-01-01T00:00:00Z",)"
+      R"("endsAt":"2099-01-01T00:00:00Z"})";
+  std::optional<std::optional<ApiResponse>> read_at_answer;
+  std::optional<ApiResponse> created, listed_at_answer;
+  d.driver->submit(Lab::request("POST", Lab::path("/reservations"), admin, body), [&](ApiResponse r) {
+    // The answer is on its way and the snapshot not yet published: a read finds it behind and is
+    // left to the state thread, whose answer already holds the change.
+    read_at_answer = d.lab.service_->read(units, at);
+    created = std::move(r);
+  });
+  d.lab.drain();
+  REQUIRE(created);
+  REQUIRE(created->status == 201);
+  const auto id = std::string(Lab::body(*created).at("id").as_string());
+  REQUIRE(read_at_answer);
+  CHECK_FALSE(*read_at_answer);
+  // Published once answered: the network thread's read shows it.
+  const auto after = d.lab.service_->read(units, at);
+  REQUIRE(after);
+  CHECK(after->status == 200);
+  CHECK(after->body.find(id) != std::string::npos);
 }

@@ -113,13 +113,16 @@ class NodeService {
   // What to do with one request (see Outcome). Never throws for bad input; a request it cannot
   // answer for a reason of its own (a damaged state file) is a problem response.
   Outcome handle(const ApiRequest& request);
-  // The same, with the request's log lines held in `held` instead of written: the driver answers
-  // first and writes them after, so that a line's write (a write(2) to journald's stream, which
-  // blocks while journald is behind) does not stand between a commit and its acknowledgement.
-  // The lines are formatted when said, and stamped when written.
+  // The same, with what can wait until the answer is on its way held back: the request's log
+  // lines (a write(2) to journald's stream blocks while journald is behind) and the snapshot's
+  // publish (a copy of what the node shows). The driver answers first and calls after_answer(),
+  // so neither stands between a commit and its acknowledgement. Until then a read finds the
+  // published snapshot behind and goes to handle(). Lines are formatted when said, stamped when
+  // written.
   Outcome handle(const ApiRequest& request, HeldLog& held);
-  // Writes held lines to the service's log sink, in order, and empties `held`.
-  void write_held(HeldLog& held) const;
+  // Publishes the snapshot, then writes the held lines to the service's log sink, in order, and
+  // empties `held`. Called once after each handle(request, held), whatever its outcome.
+  void after_answer(HeldLog& held);
 
   // Records what happened to a batch's domains (`after`: the domains listed once they ran, used to
   // see which reclaiming units are vacated) in one transaction, and answers the request that
