@@ -175,13 +175,14 @@ struct NodeService::Impl {
   std::optional<r::Time> next_term() const;
 
   // request plumbing
+  // A request's outcome (route()), terms applied first and the answer made conditional; the
+  // caller publishes.
+  Outcome respond(const ApiRequest& q);
   std::expected<Caller, ApiResponse> authenticate(const ApiRequest& q);
   void purge_idempotency();
   r::Time last_purge{};
 
   // ---- routes.cpp: the core's dispatch over the route table (gpunode/service/routes.hpp) ---------
-  // A request's outcome, terms applied and the answer made conditional; the caller publishes.
-  Outcome respond(const ApiRequest& q);
   Outcome route(const ApiRequest& q);
   // Whether the path's scope holds for this caller (else the 404): the node is this one and seen,
   // the reservation found (into `x`, the stored one kept in `kept`) and seen, the org's capacity
