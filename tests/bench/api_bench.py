@@ -114,8 +114,9 @@ def one_round(client, lab, lab_now, per, bare, k):
     # The reference as issue 40 set it (back to back), and again at the later creates' pace.
     pace = round(later["create_every"]["p50_us"])
     ref = run_client(client, "commit", "--dir", lab.dir, "--transactions", bare, "--pace-us", pace)
+    paced = ref.get("three_rows_paced")  # none when a round had a single create (no pace)
     return {"run": later, "bare": ref, "bare3": ref["three_rows"]["p50_us"],
-            "bare3_paced": ref["three_rows_paced"]["p50_us"], "pace": pace,
+            "bare3_paced": paced["p50_us"] if paced else None, "pace": pace,
             "later": share(later), "now": share(now), "end": share(now, "end")}
 
 
@@ -459,16 +460,18 @@ def main():
     # The same share beside the bare commit made at the creates' pace: on a disk whose commit costs
     # more after an idle gap (docs/benchmarks.md), what the agent adds to a commit made as it makes
     # them. Shown beside the row above, never instead of it.
-    shares = [x["later"] for x in rounds]
-    ratios = [x["later"] / x["bare3_paced"] for x in rounds]
-    r = median(ratios)
-    say(f"the bare 3-row commit by round, one every {', '.join(str(x['pace']) for x in rounds)} µs (the later "
-        f"creates' pace): {', '.join(str(round(x['bare3_paced'])) for x in rounds)} µs; a create starting later's "
-        f"share over it: {', '.join(f'{v:.2f}x' for v in ratios)}")
-    summary.row(f"a create starting later: its commit share, beside a bare 3-row commit at the creates' pace, "
-                f"median of {len(rounds)} rounds", f"{median(shares):.0f} µs",
-                f"bare commit, one every {median([x['pace'] for x in rounds]):.0f} µs: "
-                f"{median([x['bare3_paced'] for x in rounds]):.0f} µs", r, "", None)
+    paced = [x for x in rounds if x["bare3_paced"]]
+    if paced:
+        shares = [x["later"] for x in paced]
+        ratios = [x["later"] / x["bare3_paced"] for x in paced]
+        r = median(ratios)
+        say(f"the bare 3-row commit by round, one every {', '.join(str(x['pace']) for x in paced)} µs (the "
+            f"later creates' pace): {', '.join(str(round(x['bare3_paced'])) for x in paced)} µs; a create "
+            f"starting later's share over it: {', '.join(f'{v:.2f}x' for v in ratios)}")
+        summary.row(f"a create starting later: its commit share, beside a bare 3-row commit at the creates' pace, "
+                    f"median of {len(paced)} rounds", f"{median(shares):.0f} µs",
+                    f"bare commit, one every {median([x['pace'] for x in paced]):.0f} µs: "
+                    f"{median([x['bare3_paced'] for x in paced]):.0f} µs", r, "", None)
     if floor:
         init = floor["initialised"]
         r = idle0["VmRSS"] / init["VmRSS"]
