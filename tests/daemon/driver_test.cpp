@@ -130,10 +130,10 @@ TEST_CASE(
       R"({"unitIds":["u-0000-42-00-0"],"audienceOrgIds":["org-a"],"startsAt":"2098-01-01T00:00:00Z",)"
       R"("endsAt":"2099-01-01T00:00:00Z"})";
   std::optional<std::optional<ApiResponse>> read_at_answer;
-  std::optional<ApiResponse> created, listed_at_answer;
+  std::optional<ApiResponse> created;
   d.driver->submit(Lab::request("POST", Lab::path("/reservations"), admin, body), [&](ApiResponse r) {
     // The answer is on its way and the snapshot not yet published: a read finds it behind and is
-    // left to the state thread, whose answer already holds the change.
+    // left to the state thread (which holds the change and publishes before anything else).
     read_at_answer = d.lab.service_->read(units, at);
     created = std::move(r);
   });
