@@ -18,6 +18,7 @@
 #include <system_error>
 #include <vector>
 
+#include "gathered_wal.hpp"
 #include "gpunode/text/ascii.hpp"
 
 namespace gpunode::store {
@@ -238,8 +239,9 @@ std::expected<Database, DbError> Database::open(const std::filesystem::path& fil
   ::close(fd);
 
   sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(
-      file.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
+  const int rc =
+      sqlite3_open_v2(file.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
+                      detail::gathering_vfs());
   if (rc != SQLITE_OK) {
     DbError e =
         error::from_sqlite(rc, fmt::format("{}: cannot open the database: {}", file.string(),

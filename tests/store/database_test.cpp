@@ -25,33 +25,17 @@
 #include <string>
 #include <vector>
 
+#include "database_helpers.hpp"
 #include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace gpunode::store;
+using gpunode::test::exec_ok;
+using gpunode::test::open_ok;
+using gpunode::test::query_int;
 using gpunode::test::TempDir;
 
 namespace {
-
-Database open_ok(const fs::path& file) {
-  auto db = Database::open(file);
-  REQUIRE_MESSAGE(db.has_value(), (db ? std::string() : db.error().detail));
-  return std::move(*db);
-}
-
-void exec_ok(Database& db, std::string_view sql) {
-  auto r = db.exec(sql);
-  REQUIRE_MESSAGE(r.has_value(), (r ? std::string() : r.error().detail));
-}
-
-std::int64_t query_int(Database& db, std::string_view sql) {
-  auto st = db.prepare(sql);
-  REQUIRE_MESSAGE(st.has_value(), (st ? std::string() : st.error().detail));
-  auto row = st->step();
-  REQUIRE(row.has_value());
-  REQUIRE(*row == Statement::Step::row);
-  return st->column_int64(0);
-}
 
 bool has_table(Database& db, const std::string& name) {
   auto st = db.prepare("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1");
