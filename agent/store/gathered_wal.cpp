@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
-#include <memory>
 #include <new>
+#include <type_traits>
 
 namespace gpunode::store::detail {
 namespace {
@@ -19,51 +19,87 @@ namespace {
 constexpr int kMostGathered = 64 * 1024;
 static_assert(kMostGathered <= 0x1ffff, "the unix VFS writes at most 0x1ffff bytes in one call");
 
+// SQLite's WAL write lock: the first of the shared-memory locks (wal.c's WAL_WRITE_LOCK). A
+// connection holds it exclusively from its first frame to the end of its transaction.
+constexpr int kWalWriteLock = 0;
+
 std::atomic<unsigned long long> g_asked{0}, g_written{0};  // any thread: relaxed counters
 
 // The default VFS: set once by register_once (under the static's initialisation lock) before the
 // VFS is registered, so before any thread can open through it; only read after that.
 sqlite3_vfs* g_base = nullptr;
 
+struct DbFile;
+
 // A WAL file: our methods in front, the default VFS's file behind (in the same allocation, at
-// kRealAt). `pending` holds bytes [at, at + used) not yet written; each file is used by one
-// connection at a time (SQLite's own locking), so the file needs no lock of its own.
+// kRealAt). `pending` holds the bytes [at, at + used) not yet written. `db` is its database's file,
+// whose write lock bounds what may stay pending. Both files belong to one connection and are used
+// by its thread only: they need no lock of their own.
 struct WalFile {
   sqlite3_file io;  // first: SQLite sees this
   sqlite3_file* real;
-  std::unique_ptr<char[]> pending;
+  DbFile* db;     // nullptr: not paired, nothing is gathered
+  char* pending;  // kMostGathered bytes once the first write is gathered
   sqlite3_int64 at;
   int used;
 };
-constexpr std::size_t kRealAt =
-    (sizeof(WalFile) + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t);
+// The main database file: the default VFS's, with the shared-memory lock watched.
+struct DbFile {
+  sqlite3_file io;
+  sqlite3_file* real;
+  WalFile* wal;  // while its WAL is open
+};
+static_assert(std::is_standard_layout_v<WalFile> && std::is_standard_layout_v<DbFile> &&
+                  std::is_trivially_destructible_v<WalFile> && std::is_trivially_destructible_v<DbFile>,
+              "SQLite hands back the sqlite3_file at the start of each");
 
+constexpr std::size_t round_up(std::size_t n) {
+  return (n + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t);
+}
+constexpr std::size_t kRealAt = round_up(std::max(sizeof(WalFile), sizeof(DbFile)));
+
+sqlite3_file* real_behind(sqlite3_file* f) {
+  return reinterpret_cast<sqlite3_file*>(reinterpret_cast<char*>(f) + kRealAt);
+}
 WalFile& wal(sqlite3_file* f) {
   return *reinterpret_cast<WalFile*>(f);
 }
-const sqlite3_io_methods& real_io(WalFile& w) {
-  return *w.real->pMethods;
+DbFile& db(sqlite3_file* f) {
+  return *reinterpret_cast<DbFile*>(f);
+}
+const sqlite3_io_methods& io(sqlite3_file* real) {
+  return *real->pMethods;
 }
 
+// Writes what is gathered. Whatever the outcome it is not written again: a failure fails the call
+// that asked (a sync fails the commit).
 int write_pending(WalFile& w) {
   if (w.used == 0) return SQLITE_OK;
   const int n = w.used;
-  w.used = 0;  // written or failed, it is not written again: a failure fails the commit
+  w.used = 0;
   g_written.fetch_add(1, std::memory_order_relaxed);
-  return real_io(w).xWrite(w.real, w.pending.get(), n, w.at);
+  return io(w.real).xWrite(w.real, w.pending, n, w.at);
+}
+// The same, before a call that is not a write: an error becomes an I/O error, so SQLite rolls the
+// whole transaction back (a "disk full" there would roll back only the statement, keeping frames
+// that never reached the file).
+int write_pending_before(WalFile& w) {
+  const int rc = write_pending(w);
+  return rc == SQLITE_OK ? rc : SQLITE_IOERR_WRITE;
 }
 
 int wal_close(sqlite3_file* f) {
   auto& w = wal(f);
   const int wrote = write_pending(w);
-  const int rc = real_io(w).xClose(w.real);
-  w.~WalFile();
+  if (w.db != nullptr) w.db->wal = nullptr;
+  const int rc = io(w.real).xClose(w.real);
+  delete[] w.pending;
   return wrote != SQLITE_OK ? wrote : rc;
 }
 int wal_read(sqlite3_file* f, void* out, int n, sqlite3_int64 off) {
   auto& w = wal(f);
-  if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-  return real_io(w).xRead(w.real, out, n, off);
+  if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
+  return io(w.real).xRead(w.real, out, n, off);
 }
 int wal_write(sqlite3_file* f, const void* data, int n, sqlite3_int64 off) {
   auto& w = wal(f);
@@ -71,55 +107,55 @@ int wal_write(sqlite3_file* f, const void* data, int n, sqlite3_int64 off) {
   const bool follows = w.used > 0 && off == w.at + w.used && n <= kMostGathered - w.used;
   if (!follows) {
     if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-    if (n > kMostGathered) {
+    if (w.db != nullptr && w.pending == nullptr) w.pending = new (std::nothrow) char[kMostGathered];
+    if (w.db == nullptr || w.pending == nullptr || n > kMostGathered) {  // written as it comes
       g_written.fetch_add(1, std::memory_order_relaxed);
-      return real_io(w).xWrite(w.real, data, n, off);
+      return io(w.real).xWrite(w.real, data, n, off);
     }
-    if (!w.pending) w.pending = std::make_unique_for_overwrite<char[]>(kMostGathered);
     w.at = off;
   }
-  std::memcpy(w.pending.get() + w.used, data, static_cast<std::size_t>(n));
+  std::memcpy(w.pending + w.used, data, static_cast<std::size_t>(n));
   w.used += n;
   return SQLITE_OK;
 }
 int wal_truncate(sqlite3_file* f, sqlite3_int64 size) {
   auto& w = wal(f);
-  if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-  return real_io(w).xTruncate(w.real, size);
+  if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
+  return io(w.real).xTruncate(w.real, size);
 }
 int wal_sync(sqlite3_file* f, int flags) {
   auto& w = wal(f);
   if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-  return real_io(w).xSync(w.real, flags);
+  return io(w.real).xSync(w.real, flags);
 }
 int wal_file_size(sqlite3_file* f, sqlite3_int64* size) {
   auto& w = wal(f);
-  if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-  return real_io(w).xFileSize(w.real, size);
+  if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
+  return io(w.real).xFileSize(w.real, size);
 }
 int wal_lock(sqlite3_file* f, int level) {
-  return real_io(wal(f)).xLock(wal(f).real, level);
+  return io(wal(f).real).xLock(wal(f).real, level);
 }
 int wal_unlock(sqlite3_file* f, int level) {
-  return real_io(wal(f)).xUnlock(wal(f).real, level);
+  return io(wal(f).real).xUnlock(wal(f).real, level);
 }
 int wal_check_reserved(sqlite3_file* f, int* out) {
-  return real_io(wal(f)).xCheckReservedLock(wal(f).real, out);
+  return io(wal(f).real).xCheckReservedLock(wal(f).real, out);
 }
 int wal_file_control(sqlite3_file* f, int op, void* arg) {
   auto& w = wal(f);
-  if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-  return real_io(w).xFileControl(w.real, op, arg);
+  if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
+  return io(w.real).xFileControl(w.real, op, arg);
 }
 int wal_sector_size(sqlite3_file* f) {
-  return real_io(wal(f)).xSectorSize(wal(f).real);
+  return io(wal(f).real).xSectorSize(wal(f).real);
 }
 int wal_device(sqlite3_file* f) {
-  return real_io(wal(f)).xDeviceCharacteristics(wal(f).real);
+  return io(wal(f).real).xDeviceCharacteristics(wal(f).real);
 }
 
 // Version 1: a WAL file has no shared memory and is never mapped (SQLite asks those of the
-// database file, which is the default VFS's own, untouched).
+// database file).
 constexpr sqlite3_io_methods kWalMethods = {
     .iVersion = 1,
     .xClose = wal_close,
@@ -142,19 +178,124 @@ constexpr sqlite3_io_methods kWalMethods = {
     .xUnfetch = nullptr,
 };
 
+// The database file: every call is the default VFS's, and the release of the WAL's write lock
+// first writes what its WAL gathered. Under synchronous=FULL a commit's frames were written at its
+// sync, so what is left then is a transaction's that did not commit (pages SQLite spilled, then
+// rolled back): written as the default VFS would have, before another connection may write frames
+// where they lie. An error is ignored: those frames are past the last commit, nothing reads them.
+int db_shm_lock(sqlite3_file* f, int offset, int n, int flags) {
+  auto& d = db(f);
+  const int release = SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE;
+  if (d.wal != nullptr && (flags & release) == release && offset <= kWalWriteLock &&
+      kWalWriteLock < offset + n)
+    (void)write_pending(*d.wal);
+  return io(d.real).xShmLock(d.real, offset, n, flags);
+}
+int db_close(sqlite3_file* f) {
+  auto& d = db(f);
+  if (d.wal != nullptr) d.wal->db = nullptr;
+  return io(d.real).xClose(d.real);
+}
+int db_read(sqlite3_file* f, void* out, int n, sqlite3_int64 off) {
+  return io(db(f).real).xRead(db(f).real, out, n, off);
+}
+int db_write(sqlite3_file* f, const void* data, int n, sqlite3_int64 off) {
+  return io(db(f).real).xWrite(db(f).real, data, n, off);
+}
+int db_truncate(sqlite3_file* f, sqlite3_int64 size) {
+  return io(db(f).real).xTruncate(db(f).real, size);
+}
+int db_sync(sqlite3_file* f, int flags) {
+  return io(db(f).real).xSync(db(f).real, flags);
+}
+int db_file_size(sqlite3_file* f, sqlite3_int64* size) {
+  return io(db(f).real).xFileSize(db(f).real, size);
+}
+int db_lock(sqlite3_file* f, int level) {
+  return io(db(f).real).xLock(db(f).real, level);
+}
+int db_unlock(sqlite3_file* f, int level) {
+  return io(db(f).real).xUnlock(db(f).real, level);
+}
+int db_check_reserved(sqlite3_file* f, int* out) {
+  return io(db(f).real).xCheckReservedLock(db(f).real, out);
+}
+int db_file_control(sqlite3_file* f, int op, void* arg) {
+  return io(db(f).real).xFileControl(db(f).real, op, arg);
+}
+int db_sector_size(sqlite3_file* f) {
+  return io(db(f).real).xSectorSize(db(f).real);
+}
+int db_device(sqlite3_file* f) {
+  return io(db(f).real).xDeviceCharacteristics(db(f).real);
+}
+int db_shm_map(sqlite3_file* f, int region, int size, int extend, void volatile** out) {
+  return io(db(f).real).xShmMap(db(f).real, region, size, extend, out);
+}
+void db_shm_barrier(sqlite3_file* f) {
+  io(db(f).real).xShmBarrier(db(f).real);
+}
+int db_shm_unmap(sqlite3_file* f, int remove) {
+  return io(db(f).real).xShmUnmap(db(f).real, remove);
+}
+int db_fetch(sqlite3_file* f, sqlite3_int64 off, int n, void** out) {
+  *out = nullptr;  // no mapping: SQLite reads instead
+  const auto& m = io(db(f).real);
+  return m.iVersion >= 3 ? m.xFetch(db(f).real, off, n, out) : SQLITE_OK;
+}
+int db_unfetch(sqlite3_file* f, sqlite3_int64 off, void* p) {
+  const auto& m = io(db(f).real);
+  return m.iVersion >= 3 ? m.xUnfetch(db(f).real, off, p) : SQLITE_OK;
+}
+
+constexpr sqlite3_io_methods kDbMethods = {
+    .iVersion = 3,
+    .xClose = db_close,
+    .xRead = db_read,
+    .xWrite = db_write,
+    .xTruncate = db_truncate,
+    .xSync = db_sync,
+    .xFileSize = db_file_size,
+    .xLock = db_lock,
+    .xUnlock = db_unlock,
+    .xCheckReservedLock = db_check_reserved,
+    .xFileControl = db_file_control,
+    .xSectorSize = db_sector_size,
+    .xDeviceCharacteristics = db_device,
+    .xShmMap = db_shm_map,
+    .xShmLock = db_shm_lock,
+    .xShmBarrier = db_shm_barrier,
+    .xShmUnmap = db_shm_unmap,
+    .xFetch = db_fetch,
+    .xUnfetch = db_unfetch,
+};
+
 int gathering_open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
-  // Every file but a WAL is the default VFS's own, in place: nothing in front of it.
-  if ((flags & SQLITE_OPEN_WAL) == 0) return g_base->xOpen(g_base, name, f, flags, out_flags);
-  auto* real = reinterpret_cast<sqlite3_file*>(reinterpret_cast<char*>(f) + kRealAt);
+  const bool is_wal = (flags & SQLITE_OPEN_WAL) != 0, is_db = (flags & SQLITE_OPEN_MAIN_DB) != 0;
+  // Journals, temporary files and the rest are the default VFS's own, in place.
+  if (!is_wal && !is_db) return g_base->xOpen(g_base, name, f, flags, out_flags);
+  sqlite3_file* real = real_behind(f);
   std::memset(real, 0, static_cast<std::size_t>(g_base->szOsFile));
   const int rc = g_base->xOpen(g_base, name, real, flags, out_flags);
   if (rc != SQLITE_OK) {
-    // SQLite calls xClose only when pMethods is set; the default VFS's file closes itself on failure.
+    // SQLite calls xClose after a failed open only when pMethods is set: close the file behind
+    // ourselves if it was left open, and leave ours unset.
     if (real->pMethods != nullptr) real->pMethods->xClose(real);
     f->pMethods = nullptr;
     return rc;
   }
-  new (f) WalFile{{&kWalMethods}, real, nullptr, 0, 0};
+  if (is_db) {
+    new (f) DbFile{{&kDbMethods}, real, nullptr};
+    return SQLITE_OK;
+  }
+  // The WAL's database is open already, and through this VFS: pair them. Unpaired, nothing is
+  // gathered (the WAL is written as it comes).
+  auto* w = new (f) WalFile{{&kWalMethods}, real, nullptr, nullptr, 0, 0};
+  sqlite3_file* main = sqlite3_database_file_object(name);
+  if (main != nullptr && main->pMethods == &kDbMethods) {
+    w->db = &db(main);
+    w->db->wal = w;
+  }
   return SQLITE_OK;
 }
 
@@ -206,7 +347,7 @@ const char* register_once() {
   if (g_base == nullptr) return nullptr;
   static sqlite3_vfs vfs{};
   vfs.iVersion = 2;
-  vfs.szOsFile = std::max(g_base->szOsFile, static_cast<int>(kRealAt) + g_base->szOsFile);
+  vfs.szOsFile = static_cast<int>(kRealAt) + g_base->szOsFile;
   vfs.mxPathname = g_base->mxPathname;
   vfs.zName = "gpunode-gathered-wal";
   vfs.xOpen = gathering_open;

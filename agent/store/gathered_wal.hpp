@@ -1,14 +1,21 @@
 // The SQLite VFS every Database opens through (private to gpunode_store): the platform's default
 // VFS, except that the writes to a WAL file that follow each other in the file are gathered and
-// written as one when SQLite next syncs, reads, sizes, truncates, controls or closes that file.
+// written as one when SQLite next syncs, reads, sizes, truncates, controls or closes that file, or
+// releases the WAL's write lock.
 //
 // Why: SQLite writes a WAL frame as two writes (its 24-byte header, then the page), so a commit of
 // N pages is 2N write calls before its one fdatasync; a reservation's create commits 6 to 11 pages.
 // Gathered, they are one call. Measured here (2 vCPUs, ext4): a 7-page commit with synchronous=OFF
-// 45 -> 25 µs, with synchronous=FULL 200 -> 165 µs (docs/benchmarks.md). Nothing is held past a
-// commit: with synchronous=FULL (which Database::open sets and checks) SQLite syncs the WAL before
-// its index shows the new frames to any reader, and the sync writes what was gathered first. A
-// failed gathered write is the sync's error, so the commit fails as it would have at the write.
+// 45 -> 25 µs, with synchronous=FULL 200 -> 165 µs (docs/benchmarks.md).
+//
+// It needs synchronous=FULL (or EXTRA), which Database::open sets and checks: SQLite then syncs the
+// WAL before its index shows a commit's frames to any reader, and the sync writes what was gathered
+// first. With NORMAL or OFF a reader could be shown frames still gathered: never open a database
+// through it otherwise. What a transaction wrote and did not commit (pages spilled, then rolled
+// back) is written before the write lock is released, so it never lands on frames another
+// connection commits later. A failed gathered write fails the call that wrote it: the sync (the
+// commit fails, as it would have at the write), or a read, size or truncate (as an I/O error, so
+// SQLite rolls the whole transaction back).
 #pragma once
 
 namespace gpunode::store::detail {

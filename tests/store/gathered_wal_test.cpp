@@ -122,6 +122,32 @@ TEST_CASE("gathered WAL: a transaction that spills reads its pages back; its rol
   CHECK(db.integrity_check().has_value());
 }
 
+TEST_CASE(
+    "gathered WAL: what a rolled-back transaction spilled is written before another connection writes") {
+  TempDir dir;
+  const auto file = dir / "state.db";
+  auto a = open_ok(file);
+  exec_ok(a,
+          "CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT); CREATE TABLE u (id INTEGER PRIMARY KEY, x TEXT); "
+          "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400) "
+          "INSERT INTO t (x) SELECT hex(randomblob(1500)) FROM n");
+  auto b = open_ok(file);
+  // t's pages into the database file, the WAL emptied: the update below reads t from the file, not
+  // the WAL. It keeps every size, so SQLite spills pages into the WAL, page 1 stays clean, and
+  // nothing reads the WAL back after the rollback. The spilled frames lie where b's next commit goes.
+  exec_ok(a, "PRAGMA wal_checkpoint(TRUNCATE)");
+  exec_ok(a, "PRAGMA cache_size = 8; BEGIN; UPDATE t SET x = lower(x) WHERE id <= 12");
+  exec_ok(a, "ROLLBACK");
+  for (int i = 1; i <= 5; ++i) exec_ok(b, "INSERT INTO u (x) VALUES ('" + std::to_string(i) + "')");
+  // a reads again: had its spilled frames waited for this read, they would now be written over b's.
+  CHECK(query_int(a, "SELECT count(*) FROM u") == 5);
+  CHECK(query_int(a, "SELECT count(*) FROM t WHERE x <> upper(x)") == 0);
+  CHECK(a.integrity_check().has_value());
+  CHECK(b.integrity_check().has_value());
+  CHECK(count_by_default_vfs(file, "SELECT count(*) FROM u") == 5);
+  CHECK(rows_after_crash(file, dir / "crash", "SELECT count(*) FROM u") == 5);
+}
+
 TEST_CASE("gathered WAL: a commit larger than one gathered write is whole") {
   TempDir dir;
   const auto file = dir / "state.db";
