@@ -107,8 +107,14 @@ int wal_write(sqlite3_file* f, const void* data, int n, sqlite3_int64 off) {
   const bool follows = w.used > 0 && off == w.at + w.used && n <= kMostGathered - w.used;
   if (!follows) {
     if (int rc = write_pending(w); rc != SQLITE_OK) return rc;
-    if (w.db != nullptr && w.pending == nullptr) w.pending = new (std::nothrow) char[kMostGathered];
-    if (w.db == nullptr || w.pending == nullptr || n > kMostGathered) {  // written as it comes
+    if (w.db != nullptr && w.pending == nullptr) {
+      w.pending = new (std::nothrow) char[kMostGathered];
+      if (w.pending == nullptr) {  // no memory for it: unpaired, written as it comes from now on
+        w.db->wal = nullptr;
+        w.db = nullptr;
+      }
+    }
+    if (w.db == nullptr || n > kMostGathered) {  // written as it comes
       g_written.fetch_add(1, std::memory_order_relaxed);
       return io(w.real).xWrite(w.real, data, n, off);
     }
@@ -178,17 +184,24 @@ constexpr sqlite3_io_methods kWalMethods = {
     .xUnfetch = nullptr,
 };
 
-// The database file: every call is the default VFS's, and the release of the WAL's write lock
-// first writes what its WAL gathered. Under synchronous=FULL a commit's frames were written at its
-// sync, so what is left then is a transaction's that did not commit (pages SQLite spilled, then
-// rolled back): written as the default VFS would have, before another connection may write frames
-// where they lie. An error is ignored: those frames are past the last commit, nothing reads them.
+// The database file: every call is the default VFS's. Three of them first write what its WAL
+// gathered: the release of the WAL's write lock; the release of the file's own lock (what ends a
+// transaction in exclusive locking mode, which takes no shared-memory lock); and the barrier SQLite
+// puts between the two copies of its WAL index header (the moment a commit is shown to readers).
+// Under synchronous=FULL a commit's frames were written at its sync, so what is left at the first
+// two is a transaction's that did not commit (pages spilled, then rolled back): written as the
+// default VFS would have, before another connection may write frames where they lie. Its error is
+// logged and dropped: those frames are past the last commit, and nothing reads them.
+void write_pending_at_release(DbFile& d) {
+  if (d.wal == nullptr) return;
+  if (const int rc = write_pending(*d.wal); rc != SQLITE_OK)
+    sqlite3_log(rc, "gathered WAL: frames of a transaction that did not commit were not written");
+}
 int db_shm_lock(sqlite3_file* f, int offset, int n, int flags) {
   auto& d = db(f);
   const int release = SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE;
-  if (d.wal != nullptr && (flags & release) == release && offset <= kWalWriteLock &&
-      kWalWriteLock < offset + n)
-    (void)write_pending(*d.wal);
+  if ((flags & release) == release && offset <= kWalWriteLock && kWalWriteLock < offset + n)
+    write_pending_at_release(d);
   return io(d.real).xShmLock(d.real, offset, n, flags);
 }
 int db_close(sqlite3_file* f) {
@@ -215,6 +228,7 @@ int db_lock(sqlite3_file* f, int level) {
   return io(db(f).real).xLock(db(f).real, level);
 }
 int db_unlock(sqlite3_file* f, int level) {
+  write_pending_at_release(db(f));
   return io(db(f).real).xUnlock(db(f).real, level);
 }
 int db_check_reserved(sqlite3_file* f, int* out) {
@@ -233,6 +247,7 @@ int db_shm_map(sqlite3_file* f, int region, int size, int extend, void volatile*
   return io(db(f).real).xShmMap(db(f).real, region, size, extend, out);
 }
 void db_shm_barrier(sqlite3_file* f) {
+  write_pending_at_release(db(f));
   io(db(f).real).xShmBarrier(db(f).real);
 }
 int db_shm_unmap(sqlite3_file* f, int remove) {
@@ -270,6 +285,30 @@ constexpr sqlite3_io_methods kDbMethods = {
     .xUnfetch = db_unfetch,
 };
 
+// A database file whose default-VFS file has no shared memory (a default VFS without it): the same
+// calls, and none of shared memory or mapping, so SQLite will not put it in WAL mode either.
+constexpr sqlite3_io_methods kDbMethodsNoShm = {
+    .iVersion = 1,
+    .xClose = db_close,
+    .xRead = db_read,
+    .xWrite = db_write,
+    .xTruncate = db_truncate,
+    .xSync = db_sync,
+    .xFileSize = db_file_size,
+    .xLock = db_lock,
+    .xUnlock = db_unlock,
+    .xCheckReservedLock = db_check_reserved,
+    .xFileControl = db_file_control,
+    .xSectorSize = db_sector_size,
+    .xDeviceCharacteristics = db_device,
+    .xShmMap = nullptr,
+    .xShmLock = nullptr,
+    .xShmBarrier = nullptr,
+    .xShmUnmap = nullptr,
+    .xFetch = nullptr,
+    .xUnfetch = nullptr,
+};
+
 int gathering_open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
   const bool is_wal = (flags & SQLITE_OPEN_WAL) != 0, is_db = (flags & SQLITE_OPEN_MAIN_DB) != 0;
   // Journals, temporary files and the rest are the default VFS's own, in place.
@@ -285,14 +324,18 @@ int gathering_open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, i
     return rc;
   }
   if (is_db) {
-    new (f) DbFile{{&kDbMethods}, real, nullptr};
+    const bool shm = real->pMethods->iVersion >= 2 && real->pMethods->xShmMap != nullptr;
+    new (f) DbFile{{shm ? &kDbMethods : &kDbMethodsNoShm}, real, nullptr};
     return SQLITE_OK;
   }
   // The WAL's database is open already, and through this VFS: pair them. Unpaired, nothing is
   // gathered (the WAL is written as it comes).
   auto* w = new (f) WalFile{{&kWalMethods}, real, nullptr, nullptr, 0, 0};
+  // Without power-safe overwrite SQLite pads a commit to the sector and writes the last frame's
+  // tail after the sync: nothing is gathered then.
   sqlite3_file* main = sqlite3_database_file_object(name);
-  if (main != nullptr && main->pMethods == &kDbMethods) {
+  if (main != nullptr && main->pMethods == &kDbMethods &&
+      (main->pMethods->xDeviceCharacteristics(main) & SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0) {
     w->db = &db(main);
     w->db->wal = w;
   }

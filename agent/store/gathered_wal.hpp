@@ -1,7 +1,8 @@
 // The SQLite VFS every Database opens through (private to gpunode_store): the platform's default
 // VFS, except that the writes to a WAL file that follow each other in the file are gathered and
 // written as one when SQLite next syncs, reads, sizes, truncates, controls or closes that file, or
-// releases the WAL's write lock.
+// when its database file releases the WAL's write lock or its own lock, or shows a commit to
+// readers (the barrier inside the WAL index header's write).
 //
 // Why: SQLite writes a WAL frame as two writes (its 24-byte header, then the page), so a commit of
 // N pages is 2N write calls before its one fdatasync; a reservation's create commits 6 to 11 pages.
@@ -10,12 +11,14 @@
 //
 // It needs synchronous=FULL (or EXTRA), which Database::open sets and checks: SQLite then syncs the
 // WAL before its index shows a commit's frames to any reader, and the sync writes what was gathered
-// first. With NORMAL or OFF a reader could be shown frames still gathered: never open a database
-// through it otherwise. What a transaction wrote and did not commit (pages spilled, then rolled
-// back) is written before the write lock is released, so it never lands on frames another
+// first. With NORMAL or OFF the frames would be written at the index's barrier, where a failed
+// write can only be logged: never open a database through it with those. What a transaction wrote
+// and did not commit (pages spilled, then rolled back) is written before the write lock, or in
+// exclusive locking mode the file's lock, is released, so it never lands on frames another
 // connection commits later. A failed gathered write fails the call that wrote it: the sync (the
 // commit fails, as it would have at the write), or a read, size or truncate (as an I/O error, so
-// SQLite rolls the whole transaction back).
+// SQLite rolls the whole transaction back). Without power-safe overwrite (SQLite then writes a
+// commit's last sector after its sync) nothing is gathered.
 #pragma once
 
 namespace gpunode::store::detail {

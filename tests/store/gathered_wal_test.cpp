@@ -131,13 +131,23 @@ TEST_CASE(
           "CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT); CREATE TABLE u (id INTEGER PRIMARY KEY, x TEXT); "
           "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400) "
           "INSERT INTO t (x) SELECT hex(randomblob(1500)) FROM n");
-  auto b = open_ok(file);
   // t's pages into the database file, the WAL emptied: the update below reads t from the file, not
   // the WAL. It keeps every size, so SQLite spills pages into the WAL, page 1 stays clean, and
-  // nothing reads the WAL back after the rollback. The spilled frames lie where b's next commit goes.
+  // nothing reads the WAL back after the rollback. The spilled frames lie where another
+  // connection's next commit goes.
   exec_ok(a, "PRAGMA wal_checkpoint(TRUNCATE)");
-  exec_ok(a, "PRAGMA cache_size = 8; BEGIN; UPDATE t SET x = lower(x) WHERE id <= 12");
-  exec_ok(a, "ROLLBACK");
+  SUBCASE("normal locking: the WAL's write lock ends the transaction") {
+    exec_ok(a, "PRAGMA cache_size = 8; BEGIN; UPDATE t SET x = lower(x) WHERE id <= 12");
+    exec_ok(a, "ROLLBACK");
+  }
+  SUBCASE("exclusive locking left during the transaction: the file's own lock ends it") {
+    exec_ok(a,
+            "PRAGMA locking_mode = EXCLUSIVE; PRAGMA cache_size = 8; BEGIN; "
+            "UPDATE t SET x = lower(x) WHERE id <= 12; PRAGMA locking_mode = NORMAL");
+    exec_ok(a, "ROLLBACK");
+  }
+  // b opens now: a connection in exclusive locking mode keeps every other one out.
+  auto b = open_ok(file);
   for (int i = 1; i <= 5; ++i) exec_ok(b, "INSERT INTO u (x) VALUES ('" + std::to_string(i) + "')");
   // a reads again: had its spilled frames waited for this read, they would now be written over b's.
   CHECK(query_int(a, "SELECT count(*) FROM u") == 5);
