@@ -287,27 +287,17 @@ constexpr sqlite3_io_methods kDbMethods = {
 
 // A database file whose default-VFS file has no shared memory (a default VFS without it): the same
 // calls, and none of shared memory or mapping, so SQLite will not put it in WAL mode either.
-constexpr sqlite3_io_methods kDbMethodsNoShm = {
-    .iVersion = 1,
-    .xClose = db_close,
-    .xRead = db_read,
-    .xWrite = db_write,
-    .xTruncate = db_truncate,
-    .xSync = db_sync,
-    .xFileSize = db_file_size,
-    .xLock = db_lock,
-    .xUnlock = db_unlock,
-    .xCheckReservedLock = db_check_reserved,
-    .xFileControl = db_file_control,
-    .xSectorSize = db_sector_size,
-    .xDeviceCharacteristics = db_device,
-    .xShmMap = nullptr,
-    .xShmLock = nullptr,
-    .xShmBarrier = nullptr,
-    .xShmUnmap = nullptr,
-    .xFetch = nullptr,
-    .xUnfetch = nullptr,
-};
+constexpr sqlite3_io_methods without_shared_memory(sqlite3_io_methods m) {
+  m.iVersion = 1;
+  m.xShmMap = nullptr;
+  m.xShmLock = nullptr;
+  m.xShmBarrier = nullptr;
+  m.xShmUnmap = nullptr;
+  m.xFetch = nullptr;
+  m.xUnfetch = nullptr;
+  return m;
+}
+constexpr sqlite3_io_methods kDbMethodsNoShm = without_shared_memory(kDbMethods);
 
 int gathering_open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
   const bool is_wal = (flags & SQLITE_OPEN_WAL) != 0, is_db = (flags & SQLITE_OPEN_MAIN_DB) != 0;
