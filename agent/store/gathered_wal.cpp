@@ -70,6 +70,13 @@ DbFile& db(sqlite3_file* f) {
 const sqlite3_io_methods& io(sqlite3_file* real) {
   return *real->pMethods;
 }
+// A call SQLite makes of our file, made of the default VFS's file behind it, unchanged.
+template <auto Method, class... Args>
+auto pass(sqlite3_file* f, Args... args) {
+  sqlite3_file* real = real_behind(f);
+  return (real->pMethods->*Method)(real, args...);
+}
+using M = sqlite3_io_methods;
 
 // Writes what is gathered. Whatever the outcome it is not written again: a failure fails the call
 // that asked (a sync fails the commit).
@@ -139,25 +146,10 @@ int wal_file_size(sqlite3_file* f, sqlite3_int64* size) {
   if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
   return io(w.real).xFileSize(w.real, size);
 }
-int wal_lock(sqlite3_file* f, int level) {
-  return io(wal(f).real).xLock(wal(f).real, level);
-}
-int wal_unlock(sqlite3_file* f, int level) {
-  return io(wal(f).real).xUnlock(wal(f).real, level);
-}
-int wal_check_reserved(sqlite3_file* f, int* out) {
-  return io(wal(f).real).xCheckReservedLock(wal(f).real, out);
-}
 int wal_file_control(sqlite3_file* f, int op, void* arg) {
   auto& w = wal(f);
   if (int rc = write_pending_before(w); rc != SQLITE_OK) return rc;
   return io(w.real).xFileControl(w.real, op, arg);
-}
-int wal_sector_size(sqlite3_file* f) {
-  return io(wal(f).real).xSectorSize(wal(f).real);
-}
-int wal_device(sqlite3_file* f) {
-  return io(wal(f).real).xDeviceCharacteristics(wal(f).real);
 }
 
 // Version 1: a WAL file has no shared memory and is never mapped (SQLite asks those of the
@@ -170,12 +162,12 @@ constexpr sqlite3_io_methods kWalMethods = {
     .xTruncate = wal_truncate,
     .xSync = wal_sync,
     .xFileSize = wal_file_size,
-    .xLock = wal_lock,
-    .xUnlock = wal_unlock,
-    .xCheckReservedLock = wal_check_reserved,
+    .xLock = pass<&M::xLock, int>,
+    .xUnlock = pass<&M::xUnlock, int>,
+    .xCheckReservedLock = pass<&M::xCheckReservedLock, int*>,
     .xFileControl = wal_file_control,
-    .xSectorSize = wal_sector_size,
-    .xDeviceCharacteristics = wal_device,
+    .xSectorSize = pass<&M::xSectorSize>,
+    .xDeviceCharacteristics = pass<&M::xDeviceCharacteristics>,
     .xShmMap = nullptr,
     .xShmLock = nullptr,
     .xShmBarrier = nullptr,
@@ -209,49 +201,13 @@ int db_close(sqlite3_file* f) {
   if (d.wal != nullptr) d.wal->db = nullptr;
   return io(d.real).xClose(d.real);
 }
-int db_read(sqlite3_file* f, void* out, int n, sqlite3_int64 off) {
-  return io(db(f).real).xRead(db(f).real, out, n, off);
-}
-int db_write(sqlite3_file* f, const void* data, int n, sqlite3_int64 off) {
-  return io(db(f).real).xWrite(db(f).real, data, n, off);
-}
-int db_truncate(sqlite3_file* f, sqlite3_int64 size) {
-  return io(db(f).real).xTruncate(db(f).real, size);
-}
-int db_sync(sqlite3_file* f, int flags) {
-  return io(db(f).real).xSync(db(f).real, flags);
-}
-int db_file_size(sqlite3_file* f, sqlite3_int64* size) {
-  return io(db(f).real).xFileSize(db(f).real, size);
-}
-int db_lock(sqlite3_file* f, int level) {
-  return io(db(f).real).xLock(db(f).real, level);
-}
 int db_unlock(sqlite3_file* f, int level) {
   write_pending_at_release(db(f));
   return io(db(f).real).xUnlock(db(f).real, level);
 }
-int db_check_reserved(sqlite3_file* f, int* out) {
-  return io(db(f).real).xCheckReservedLock(db(f).real, out);
-}
-int db_file_control(sqlite3_file* f, int op, void* arg) {
-  return io(db(f).real).xFileControl(db(f).real, op, arg);
-}
-int db_sector_size(sqlite3_file* f) {
-  return io(db(f).real).xSectorSize(db(f).real);
-}
-int db_device(sqlite3_file* f) {
-  return io(db(f).real).xDeviceCharacteristics(db(f).real);
-}
-int db_shm_map(sqlite3_file* f, int region, int size, int extend, void volatile** out) {
-  return io(db(f).real).xShmMap(db(f).real, region, size, extend, out);
-}
 void db_shm_barrier(sqlite3_file* f) {
   write_pending_at_release(db(f));
   io(db(f).real).xShmBarrier(db(f).real);
-}
-int db_shm_unmap(sqlite3_file* f, int remove) {
-  return io(db(f).real).xShmUnmap(db(f).real, remove);
 }
 int db_fetch(sqlite3_file* f, sqlite3_int64 off, int n, void** out) {
   *out = nullptr;  // no mapping: SQLite reads instead
@@ -266,21 +222,21 @@ int db_unfetch(sqlite3_file* f, sqlite3_int64 off, void* p) {
 constexpr sqlite3_io_methods kDbMethods = {
     .iVersion = 3,
     .xClose = db_close,
-    .xRead = db_read,
-    .xWrite = db_write,
-    .xTruncate = db_truncate,
-    .xSync = db_sync,
-    .xFileSize = db_file_size,
-    .xLock = db_lock,
+    .xRead = pass<&M::xRead, void*, int, sqlite3_int64>,
+    .xWrite = pass<&M::xWrite, const void*, int, sqlite3_int64>,
+    .xTruncate = pass<&M::xTruncate, sqlite3_int64>,
+    .xSync = pass<&M::xSync, int>,
+    .xFileSize = pass<&M::xFileSize, sqlite3_int64*>,
+    .xLock = pass<&M::xLock, int>,
     .xUnlock = db_unlock,
-    .xCheckReservedLock = db_check_reserved,
-    .xFileControl = db_file_control,
-    .xSectorSize = db_sector_size,
-    .xDeviceCharacteristics = db_device,
-    .xShmMap = db_shm_map,
+    .xCheckReservedLock = pass<&M::xCheckReservedLock, int*>,
+    .xFileControl = pass<&M::xFileControl, int, void*>,
+    .xSectorSize = pass<&M::xSectorSize>,
+    .xDeviceCharacteristics = pass<&M::xDeviceCharacteristics>,
+    .xShmMap = pass<&M::xShmMap, int, int, int, void volatile**>,
     .xShmLock = db_shm_lock,
     .xShmBarrier = db_shm_barrier,
-    .xShmUnmap = db_shm_unmap,
+    .xShmUnmap = pass<&M::xShmUnmap, int>,
     .xFetch = db_fetch,
     .xUnfetch = db_unfetch,
 };
