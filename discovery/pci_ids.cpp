@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 
 namespace gpunode::discovery {
 namespace {
@@ -63,8 +64,19 @@ PciIds PciIds::parse(std::string_view text, const std::vector<std::uint16_t>& ve
     if (!device) continue;
     std::string_view name = name_after(line, 5);
     if (name.empty()) continue;
-    ids.names_.emplace(static_cast<std::uint32_t>(vendor) << 16 | *device, std::string(name));
+    if (ids.names_.size() + name.size() > UINT32_MAX) break;  // 4 GiB of names: not pci.ids
+    ids.entries_.push_back({static_cast<std::uint32_t>(vendor) << 16 | *device,
+                            static_cast<std::uint32_t>(ids.names_.size()),
+                            static_cast<std::uint32_t>(name.size())});
+    ids.names_.append(name);
   }
+  // By key, the file's first name kept where it gives a device twice (stable: the order is the file's).
+  const auto by_key = [](const Entry& a, const Entry& b) { return a.key < b.key; };
+  std::stable_sort(ids.entries_.begin(), ids.entries_.end(), by_key);
+  const auto same_key = [](const Entry& a, const Entry& b) { return a.key == b.key; };
+  ids.entries_.erase(std::unique(ids.entries_.begin(), ids.entries_.end(), same_key), ids.entries_.end());
+  ids.entries_.shrink_to_fit();
+  ids.names_.shrink_to_fit();
   return ids;
 }
 
@@ -95,9 +107,11 @@ error::Result<PciIds> PciIds::load(const std::string& path, const std::vector<st
 }
 
 std::optional<std::string> PciIds::device_name(std::uint16_t vendor, std::uint16_t device) const {
-  auto it = names_.find(static_cast<std::uint32_t>(vendor) << 16 | device);
-  if (it == names_.end()) return std::nullopt;
-  return it->second;
+  const std::uint32_t key = static_cast<std::uint32_t>(vendor) << 16 | device;
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), key,
+                             [](const Entry& e, std::uint32_t k) { return e.key < k; });
+  if (it == entries_.end() || it->key != key) return std::nullopt;
+  return names_.substr(it->offset, it->size);
 }
 
 }  // namespace gpunode::discovery

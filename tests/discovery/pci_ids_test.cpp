@@ -32,6 +32,30 @@ TEST_CASE("pci.ids text: only the wanted vendors, devices not subsystems") {
   CHECK(ids.size() == 3);
 }
 
+TEST_CASE("pci.ids text out of order: every device found; a device given twice keeps its first name") {
+  const char* text =
+      "10de  NVIDIA Corporation\n"
+      "\t2330  GH100 [H100 SXM5 80GB]\n"
+      "\t1e04  TU102\n"
+      "\t2330  a second name for 2330\n"
+      "1002  AMD\n"
+      "\t74a1  MI300X\n"
+      "10de  NVIDIA again\n"
+      "\t0001  first of all\n"
+      "\t2330  a third name\n"
+      "\tffff  last of all\n";
+  PciIds ids = PciIds::parse(text, {0x10de, 0x1002});
+  CHECK(ids.size() == 5);
+  CHECK(ids.device_name(0x10de, 0x2330) == "GH100 [H100 SXM5 80GB]");
+  CHECK(ids.device_name(0x10de, 0x1e04) == "TU102");
+  CHECK(ids.device_name(0x10de, 0x0001) == "first of all");
+  CHECK(ids.device_name(0x10de, 0xffff) == "last of all");
+  CHECK(ids.device_name(0x1002, 0x74a1) == "MI300X");
+  CHECK_FALSE(ids.device_name(0x10de, 0x0000));
+  CHECK_FALSE(ids.device_name(0x1002, 0x2330));  // the same device id under another vendor
+  CHECK_FALSE(ids.device_name(0xffff, 0xffff));
+}
+
 TEST_CASE("garbage and truncated text never throws") {
   PciIds ids = PciIds::parse(std::string_view("10de\n\t\n\t2\n\x01\x02\xff", 12), {0x10de});
   CHECK(ids.size() == 0);
