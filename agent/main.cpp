@@ -7,6 +7,7 @@
 // call costs about what /bin/true does, plus asking the agent for the calls that ask. Not even
 // CLI11, whose validators and iostreams are constructed at start-up in every program that
 // includes it.
+#include <dlfcn.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -149,6 +150,29 @@ int libvirt_hook(int argc, char** argv) {
   return verdict.exit_code;
 }
 
+// The command line, by the tools module. A command it hands back (`run`, `check-config --files`)
+// runs in the daemon module, with the tools module unloaded first: its parser and commands would
+// stay mapped for the daemon's life (module_abi.hpp).
+int run_tools(int argc, char** argv) {
+  auto tools = agent::open_entry(agent::module_beside_executable(agent::kToolsModule), agent::kToolsEntry);
+  if (!tools) {
+    std::fprintf(stderr, "gpunode-agent: %s\n", tools.error().detail.c_str());
+    return agent::kExitInternal;
+  }
+  char** handed = nullptr;
+  const int code = reinterpret_cast<gpunode_agent_tools_main_fn*>(tools->entry)(argc, argv, &handed);
+  if (handed == nullptr) return code;
+  int argc_daemon = 0;
+  while (handed[argc_daemon] != nullptr) ++argc_daemon;
+  // Loaded before the tools module goes, so that the libraries both use stay mapped.
+  auto* daemon =
+      reinterpret_cast<gpunode_agent_main_fn*>(entry_of(agent::kDaemonModule, agent::kDaemonEntry));
+  ::dlclose(tools->module);
+  const int exit_code = daemon != nullptr ? daemon(argc_daemon, handed) : agent::kExitInternal;
+  std::free(handed);
+  return exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,6 +192,10 @@ int main(int argc, char** argv) {
     std::printf("gpunode-agent %s\n", GPUNODE_VERSION);
     return kExitOk;
   }
-  auto* entry = reinterpret_cast<gpunode_agent_main_fn*>(entry_of(agent::kToolsModule, agent::kMainEntry));
-  return entry != nullptr ? entry(argc, argv) : agent::kExitInternal;
+  try {
+    return run_tools(argc, argv);
+  } catch (...) {  // out of memory: the modules' own errors never leave them (module_abi.hpp)
+    std::fprintf(stderr, "gpunode-agent: internal error\n");
+    return agent::kExitInternal;
+  }
 }

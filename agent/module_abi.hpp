@@ -28,12 +28,19 @@
 
 extern "C" {
 
-// gpunode-agent-tools.so's "gpunode_agent_main": gpunode-agent's whole argv (all commands but
-// `libvirt-hook` and a bare `version`), parsed and run as main() would; returns the exit code.
 // gpunode-agent-daemon.so's "gpunode_agent_daemon_main": the argv the tools module writes for it,
 // read by position: `gpunode-agent run --config FILE` or
-// `gpunode-agent check-config --files --config FILE`.
+// `gpunode-agent check-config --files --config FILE`; returns the exit code.
 using gpunode_agent_main_fn = int(int argc, char** argv);
+
+// gpunode-agent-tools.so's "gpunode_agent_tools_main": gpunode-agent's whole argv (all commands but
+// `libvirt-hook` and a bare `version`), parsed and run as main() would; returns the exit code. The
+// daemon module's commands it does not run: it returns 0 with `*daemon_argv` set to the argv it
+// writes for gpunode_agent_daemon_main, null-terminated, in one malloc'ed block (the pointers, then
+// the strings they point to: free(3) of the block releases it); else `*daemon_argv` is null. The
+// executable then loads the daemon module and unloads this one, whose parser a daemon running for
+// months has no use for.
+using gpunode_agent_tools_main_fn = int(int argc, char** argv, char*** daemon_argv);
 
 // gpunode-agent-tools.so's "gpunode_agent_hook_settings": the hook's settings from agent.yaml's
 // `size` bytes at `bytes` (read by the hook from `config_file`, a C string naming it in messages),
@@ -55,7 +62,7 @@ namespace gpunode::agent {
 inline constexpr const char* kToolsModule = "gpunode-agent-tools.so";
 inline constexpr const char* kDaemonModule = "gpunode-agent-daemon.so";
 inline constexpr const char* kProofModule = "gpunode-agent-proof.so";
-inline constexpr const char* kMainEntry = "gpunode_agent_main";
+inline constexpr const char* kToolsEntry = "gpunode_agent_tools_main";
 inline constexpr const char* kDaemonEntry = "gpunode_agent_daemon_main";
 inline constexpr const char* kHookSettingsEntry = "gpunode_agent_hook_settings";
 inline constexpr const char* kVerifyEntry = "gpunode_agent_audit_verify";

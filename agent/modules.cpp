@@ -18,20 +18,7 @@ std::string module_beside_executable(const char* module) {
   return dir + "../lib/gpunode-agent/" + module;
 }
 
-error::Result<std::string> module_beside(const void* symbol, const char* module) {
-  Dl_info self{};
-  // dladdr takes a data pointer; a function's address converts to one on every platform dlopen exists on.
-  if (::dladdr(symbol, &self) == 0 || self.dli_fname == nullptr ||
-      std::string(self.dli_fname).find('/') == std::string::npos) {
-    return error::fail(error::Errc::not_found, std::string("cannot find ") + module +
-                                                   ": the calling module does not know its own path");
-  }
-  std::string path = self.dli_fname;
-  path.erase(path.rfind('/') + 1);
-  return path + module;
-}
-
-error::Result<void*> load_entry(const std::string& path, const char* entry) {
+error::Result<LoadedEntry> open_entry(const std::string& path, const char* entry) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
@@ -39,8 +26,17 @@ error::Result<void*> load_entry(const std::string& path, const char* entry) {
                        "cannot load " + path + ": " + (why != nullptr ? why : "unknown error"));
   }
   void* found = ::dlsym(handle, entry);
-  if (found == nullptr) return error::fail(error::Errc::not_found, path + " has no " + entry);
-  return found;
+  if (found == nullptr) {
+    ::dlclose(handle);
+    return error::fail(error::Errc::not_found, path + " has no " + entry);
+  }
+  return LoadedEntry{handle, found};
+}
+
+error::Result<void*> load_entry(const std::string& path, const char* entry) {
+  auto found = open_entry(path, entry);
+  if (!found) return std::unexpected(std::move(found.error()));
+  return found->entry;
 }
 
 }  // namespace gpunode::agent

@@ -1,8 +1,9 @@
 // gpunode-agent-tools.so: gpunode-agent's command line (all of it but `libvirt-hook`, which
 // main.cpp reads by position) and the commands that map neither OpenSSL, SQLite nor libxml2:
 // `version`, `discover`, `check-config` and `reload` (module_abi.hpp says why commands live in
-// modules). `run` and `check-config --files` are the daemon module's, loaded from here and handed
-// an argv: the files are opened with the agent's own loaders.
+// modules). `run` and `check-config --files` are the daemon module's: their argv goes back to the
+// executable, which loads that module and unloads this one (the files are opened with the agent's
+// own loaders).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <boost/json/serialize.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -27,7 +29,6 @@
 #include "gpunode/discovery/sysfs_reader.hpp"
 #include "hook_settings.hpp"
 #include "module_abi.hpp"
-#include "modules.hpp"
 #include "reload_client.hpp"
 
 namespace {
@@ -112,26 +113,34 @@ int cmd_reload(const std::string& config_file) {
   return verdict.exit_code;
 }
 
-// The daemon module's command, loaded beside this module and handed the argv it reads by
-// position: `run --config FILE`, or `check-config --files --config FILE` (`files`).
-int run_in_daemon(const std::string& config_file, bool files) {
-  auto path = agent::module_beside(reinterpret_cast<const void*>(&run_in_daemon), agent::kDaemonModule);
-  auto entry = path ? agent::load_entry(*path, agent::kDaemonEntry) : std::unexpected(path.error());
-  if (!entry) {
-    fmt::print(stderr, "gpunode-agent: {}\n", entry.error().detail);
-    return agent::kExitInternal;
-  }
+// The daemon module's command, handed back to the executable (module_abi.hpp) as the argv it reads
+// by position: `run --config FILE`, or `check-config --files --config FILE` (`files`).
+int hand_to_daemon(const std::string& config_file, bool files, char*** daemon_argv) {
   std::vector<std::string> args = {"gpunode-agent", files ? "check-config" : "run"};
   if (files) args.emplace_back("--files");
   args.emplace_back("--config");
   args.push_back(config_file);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return reinterpret_cast<gpunode_agent_main_fn*>(*entry)(static_cast<int>(args.size()), argv.data());
+  const std::size_t pointers = (args.size() + 1) * sizeof(char*);
+  std::size_t size = pointers;
+  for (const auto& a : args) size += a.size() + 1;
+  auto* block = static_cast<char*>(std::malloc(size));
+  if (block == nullptr) {
+    fmt::print(stderr, "gpunode-agent: out of memory\n");
+    return agent::kExitInternal;
+  }
+  auto** argv = reinterpret_cast<char**>(block);
+  char* text = block + pointers;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    argv[i] = text;
+    std::memcpy(text, args[i].c_str(), args[i].size() + 1);
+    text += args[i].size() + 1;
+  }
+  argv[args.size()] = nullptr;
+  *daemon_argv = argv;
+  return kExitOk;
 }
 
-int run_command_line(int argc, char** argv) {
+int run_command_line(int argc, char** argv, char*** daemon_argv) {
   CLI::App app{"gpunode-agent: the GPU node agent (discovery, reservations, spot control)", "gpunode-agent"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
@@ -179,9 +188,10 @@ int run_command_line(int argc, char** argv) {
   }
 
   if (discover->parsed()) return cmd_discover(discover_config, host_root, json);
-  if (check->parsed()) return files ? run_in_daemon(check_config, true) : cmd_check_config(check_config);
+  if (check->parsed())
+    return files ? hand_to_daemon(check_config, true, daemon_argv) : cmd_check_config(check_config);
   if (reload->parsed()) return cmd_reload(reload_config);
-  if (run->parsed()) return run_in_daemon(run_config, false);
+  if (run->parsed()) return hand_to_daemon(run_config, false, daemon_argv);
   if (version->parsed()) {
     fmt::print("gpunode-agent {}\n", GPUNODE_VERSION);
     return kExitOk;
@@ -219,7 +229,8 @@ extern "C" GPUNODE_EXPORT int gpunode_agent_hook_settings(const char* config_fil
   return verdict;
 }
 
-extern "C" GPUNODE_EXPORT int gpunode_agent_main(int argc, char** argv) {
-  static_assert(std::is_same_v<decltype(gpunode_agent_main), gpunode_agent_main_fn>);
-  return agent::report_internal_errors([&] { return run_command_line(argc, argv); });
+extern "C" GPUNODE_EXPORT int gpunode_agent_tools_main(int argc, char** argv, char*** daemon_argv) {
+  static_assert(std::is_same_v<decltype(gpunode_agent_tools_main), gpunode_agent_tools_main_fn>);
+  *daemon_argv = nullptr;
+  return agent::report_internal_errors([&] { return run_command_line(argc, argv, daemon_argv); });
 }

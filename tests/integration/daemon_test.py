@@ -85,6 +85,13 @@ def main(c, agent):
             c.check("sd_notify: READY=1 once serving", any("READY=1" in m for m in got), got)
             c.check("sd_notify: the watchdog is petted (WATCHDOG_USEC 0.4 s -> a pet every 0.2 s)",
                     sum("WATCHDOG=1" in m for m in got) >= 3, got)
+            # `run` is parsed by the tools module, which the executable unloads before the daemon
+            # module runs (agent/module_abi.hpp): a daemon running for months maps no parser.
+            with open(f"/proc/{lab.pid}/maps") as f:
+                mapped = {line.split()[-1].rsplit("/", 1)[-1] for line in f if "/" in line}
+            c.check("the running daemon maps its module and not the tools module",
+                    "gpunode-agent-daemon.so" in mapped and "gpunode-agent-tools.so" not in mapped,
+                    sorted(m for m in mapped if m.startswith("gpunode")))
 
             admin = lab.admin()
             # The scheduler's long polls with the default wait (30 s) and the longest (120 s), for a
