@@ -309,7 +309,18 @@ bool NodeService::Impl::admits(const RouteMatch& m, const Caller& c, std::option
   const bool sees = allowed(r::Action::see_node, c);
   if (m.param("nodeId") != opt.node_id || !sees) return false;
   if (m.path->scope == Scope::node) return true;
-  x = find_reservation(m.param("reservationId"), kept);
+  const auto id = m.param("reservationId");
+  // A caller who sees every reservation (allowed to list them all) is not hidden from; any other
+  // sees one only as its audience or manager (may()), so the index of orgs answers first: one
+  // lookup, the same for a missing id and a hidden reservation, live or ended (CONTRACT §10
+  // "Hiding includes time"). Only a reservation linked to the caller's org is read and decided.
+  if (!allowed(r::Action::list_all_reservations, c)) {
+    if (!c.who.org) return false;
+    auto linked = store.org_linked(*c.who.org, id);
+    if (!linked) say(LogLevel::error, "reservation read: " + linked.error().to_string());
+    if (!linked || !*linked) return false;
+  }
+  x = find_reservation(id, kept);
   return x != nullptr && allowed(r::Action::see_reservation, c, x);
 }
 

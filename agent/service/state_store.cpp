@@ -242,6 +242,19 @@ std::expected<std::optional<std::string>, DbError> StateStore::reservation_row(s
   return out;
 }
 
+std::expected<bool, DbError> StateStore::org_linked(std::string_view org, std::string_view id) {
+  bool linked = false;
+  auto done = read(
+      "SELECT 1 FROM reservation_orgs WHERE org = ?1 AND id = ?2",
+      [&](store::Statement&) -> std::expected<void, DbError> {
+        linked = true;
+        return {};
+      },
+      org, id);
+  if (!done) return std::unexpected(done.error());
+  return linked;
+}
+
 std::expected<std::vector<reservations::Reservation>, DbError> StateStore::reservations_after(
     const StoredRows& q) {
   // Both walk an index in id order: reservations_by_ended or the primary key, or reservation_orgs'.

@@ -176,6 +176,10 @@ class StateStore {
   std::expected<std::optional<std::string>, store::DbError> reservation_row(std::string_view id);
   std::expected<reservations::Reservation, store::DbError> parse_reservation(const std::string& id,
                                                                              const std::string& doc) const;
+  // Whether `org` is or was audience or manager of reservation `id`, from reservation_orgs (a
+  // superset: an amend that drops an org leaves its row): one lookup in that index, the same
+  // whether `id` is live, ended or no reservation at all.
+  std::expected<bool, store::DbError> org_linked(std::string_view org, std::string_view id);
   // Up to `q.limit` stored reservations (see StoredRows).
   std::expected<std::vector<reservations::Reservation>, store::DbError> reservations_after(
       const StoredRows& q);

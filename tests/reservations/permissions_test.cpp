@@ -197,3 +197,39 @@ TEST_CASE("may(): a list's OrgIndex answers the relations through reservations a
     }
   }
 }
+
+// The service asks reservation_orgs before it reads a reservation for a caller not allowed to list
+// them all (routes.cpp `admits`, CONTRACT §10 "Hiding includes time"): that holds only while no
+// other caller sees a reservation but through its org being among the audience or managers.
+TEST_CASE("may(): a reservation is seen by a caller allowed to list them all, or by its orgs alone") {
+  std::vector<Caller> callers;
+  for (const auto& [name, c] : kCallers) callers.push_back(c);
+  for (const std::string_view role : {"platform-operator", "platform-admin", "tenant", ""}) {
+    for (const std::optional<std::string>& org :
+         {std::optional<std::string>("org-owner"), std::optional<std::string>("org-aud"),
+          std::optional<std::string>("org-mgr"), std::optional<std::string>(),
+          std::optional<std::string>("")}) {
+      callers.push_back(Caller{
+          "c", org, role.empty() ? std::vector<std::string>{} : std::vector{std::string(role)}, "https"});
+    }
+  }
+  Indexed node;
+  node.add(rsv("rsv_other", {"org-aud"}, {"org-mgr"}, State::active));
+  for (const auto state : {State::scheduled, State::active, State::ended}) {
+    for (const auto& [audience, managers] :
+         {std::pair<std::vector<std::string>, std::vector<std::string>>{{"org-aud"}, {"org-mgr"}},
+          {{"org-mgr"}, {}},
+          {{}, {"org-aud", "org-owner"}},
+          {{}, {}}}) {
+      const auto x = rsv("rsv_x", audience, managers, state);
+      for (const auto& c : callers) {
+        if (!may(Action::see_reservation, c, Subject{kNode, node.view(), &x, {}})) continue;
+        const bool linked = c.org && (std::find(audience.begin(), audience.end(), *c.org) != audience.end() ||
+                                      std::find(managers.begin(), managers.end(), *c.org) != managers.end());
+        CHECK_MESSAGE(
+            (may(Action::list_all_reservations, c, Subject{kNode, node.view(), nullptr, {}}) || linked),
+            fmt::format("{} ({}) sees {} by neither", c.sub, c.org.value_or("no org"), x.id));
+      }
+    }
+  }
+}
