@@ -1,7 +1,8 @@
 // gpunode-agent: the node agent's command line (CONTRACT §1). A thin main that maps libc alone: it
 // answers `libvirt-hook` itself, whole (hook_args.hpp, libvirt_hook.hpp), and a bare `version`,
 // and hands every other command line, as its argv, to gpunode-agent-tools.so, which parses it
-// (CLI11) and runs it or loads the daemon's module (module_abi.hpp says why and which). libvirtd
+// (CLI11) and runs it, or hands back the argv of a command the daemon's module runs: this main then
+// loads that module and unloads the tools module (module_abi.hpp says why and which). libvirtd
 // runs the hook on every event of every domain, so its path maps only what it uses (CONTRACT §9
 // "Speed"): the C++ runtime and fmt are linked into this executable (agent/CMakeLists.txt), so a
 // call costs about what /bin/true does, plus asking the agent for the calls that ask. Not even

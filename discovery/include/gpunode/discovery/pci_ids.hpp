@@ -35,7 +35,8 @@ class PciIds {
     std::uint32_t size;
   };
   std::vector<Entry> entries_;  // sorted by key, one per key (the file's first name for it)
-  std::string names_;           // the kept names, back to back, in the order the file gave them
+  std::string names_;           // every name read, back to back in the file's order (a later
+                                // name of a device given twice too, found by no entry)
 };
 
 }  // namespace gpunode::discovery
