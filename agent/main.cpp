@@ -37,12 +37,13 @@ constexpr int kExitOk = 0;
 constexpr int kRefuse = 1;  // the hook's answer to any error of its own before an answer (CONTRACT §9)
 constexpr int kStdinWaitMs = 5000;  // a non-blocking stdin that stays empty this long: refused
 
-// The entry `entry` of `module`, beside the executable; nullptr (said on stderr) when missing.
-void* entry_of(const char* module, const char* entry) {
-  auto found = agent::load_entry(agent::module_beside_executable(module), entry);
+// The entry `entry` of `module`, beside the executable, with the module's handle; both null (said
+// on stderr) when either is missing.
+agent::LoadedEntry entry_of(const char* module, const char* entry) {
+  auto found = agent::open_entry(agent::module_beside_executable(module), entry);
   if (!found) {
     std::fprintf(stderr, "gpunode-agent: %s\n", found.error().detail.c_str());
-    return nullptr;
+    return {};
   }
   return *found;
 }
@@ -155,20 +156,17 @@ int libvirt_hook(int argc, char** argv) {
 // runs in the daemon module, with the tools module unloaded first: its parser and commands would
 // stay mapped for the daemon's life (module_abi.hpp).
 int run_tools(int argc, char** argv) {
-  auto tools = agent::open_entry(agent::module_beside_executable(agent::kToolsModule), agent::kToolsEntry);
-  if (!tools) {
-    std::fprintf(stderr, "gpunode-agent: %s\n", tools.error().detail.c_str());
-    return agent::kExitInternal;
-  }
+  const auto tools = entry_of(agent::kToolsModule, agent::kToolsEntry);
+  if (tools.entry == nullptr) return agent::kExitInternal;
   char** handed = nullptr;
-  const int code = reinterpret_cast<gpunode_agent_tools_main_fn*>(tools->entry)(argc, argv, &handed);
+  const int code = reinterpret_cast<gpunode_agent_tools_main_fn*>(tools.entry)(argc, argv, &handed);
   if (handed == nullptr) return code;
   int argc_daemon = 0;
   while (handed[argc_daemon] != nullptr) ++argc_daemon;
   // Loaded before the tools module goes, so that the libraries both use stay mapped.
   auto* daemon =
-      reinterpret_cast<gpunode_agent_main_fn*>(entry_of(agent::kDaemonModule, agent::kDaemonEntry));
-  ::dlclose(tools->module);
+      reinterpret_cast<gpunode_agent_main_fn*>(entry_of(agent::kDaemonModule, agent::kDaemonEntry).entry);
+  ::dlclose(tools.module);
   const int exit_code = daemon != nullptr ? daemon(argc_daemon, handed) : agent::kExitInternal;
   std::free(handed);
   return exit_code;
